@@ -1,0 +1,104 @@
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Counter is a go-redis hook that counts what a client sends: round trips
+// (a pipeline is one) and commands by name. Commands go-redis sends on its
+// own while setting up a connection are not counted.
+type Counter struct {
+	roundTrips atomic.Int64
+	mu         sync.Mutex
+	byName     map[string]int64
+}
+
+// RoundTrips is the number of requests sent so far.
+func (c *Counter) RoundTrips() int64 { return c.roundTrips.Load() }
+
+// Commands returns how many commands of each name (lower case) were sent.
+func (c *Counter) Commands() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int64, len(c.byName))
+	for k, v := range c.byName {
+		out[k] = v
+	}
+	return out
+}
+
+func (c *Counter) count(cmds ...redis.Cmder) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byName == nil {
+		c.byName = make(map[string]int64)
+	}
+	for _, cmd := range cmds {
+		c.byName[cmd.Name()]++
+	}
+}
+
+// DialHook implements redis.Hook.
+func (c *Counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook.
+func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.roundTrips.Add(1)
+		c.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook implements redis.Hook.
+func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.roundTrips.Add(1)
+		c.count(cmds...)
+		return next(ctx, cmds)
+	}
+}
+
+// CommandStats returns the server's cumulative calls per command from INFO
+// commandstats (lower-case names such as "get", "evalsha"). Commands run
+// inside Lua scripts are counted there too.
+func CommandStats(ctx context.Context, c redis.UniversalClient) (map[string]int64, error) {
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	stats := make(map[string]int64)
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		// cmdstat_get:calls=5,usec=12,...
+		name, rest, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "cmdstat_"), ":calls=")
+		if !ok {
+			continue
+		}
+		calls, _, _ := strings.Cut(rest, ",")
+		n, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			continue
+		}
+		stats[name] = n
+	}
+	return stats, nil
+}
+
+// Delta returns after-before for every name in after, leaving out zeros.
+func Delta(before, after map[string]int64) map[string]int64 {
+	d := make(map[string]int64)
+	for k, v := range after {
+		if v -= before[k]; v != 0 {
+			d[k] = v
+		}
+	}
+	return d
+}

@@ -1,0 +1,240 @@
+// Package redistest runs real redis-server processes for lockreg's tests and
+// benchmarks, and counts the commands a client sends.
+//
+// A test gets a server from Shared (one per test binary, or the server named
+// by REDIS_ADDR) or from Start (a private one the test may stop and restart).
+// The binary is redis-server from PATH, or REDIS_SERVER. Servers listen on a
+// free loopback port, keep no data on disk, and stop when the test (or, for
+// the shared one, the test binary) ends.
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is a redis-server process, or an external server from REDIS_ADDR.
+type Server struct {
+	addr string
+	// proc is nil for an external server.
+	proc *process
+	bin  string
+	dir  string
+}
+
+type process struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+var shared struct {
+	sync.Mutex
+	srv *Server
+	err error
+}
+
+// Shared returns the server every test of the binary shares: REDIS_ADDR if
+// set, otherwise a redis-server started on first use and stopped by M. Tests
+// sharing it must use their own keys (a registryKey named after the test).
+func Shared(tb testing.TB) *Server {
+	tb.Helper()
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.srv == nil && shared.err == nil {
+		if addr := os.Getenv("REDIS_ADDR"); addr != "" {
+			shared.srv = &Server{addr: addr}
+		} else {
+			shared.srv, shared.err = start()
+		}
+	}
+	if shared.err != nil {
+		tb.Fatal(shared.err)
+	}
+	return shared.srv
+}
+
+// Start starts a private redis-server for one test, stopped when the test
+// ends. Tests that stop or restart Redis use it, even when REDIS_ADDR is set.
+func Start(tb testing.TB) *Server {
+	tb.Helper()
+	s, err := start()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(s.close)
+	return s
+}
+
+// M wraps a test binary's testing.M so that the shared server stops after
+// the tests and before goleak looks for leaked goroutines:
+//
+//	goleak.VerifyTestMain(redistest.M(m))
+func M(m *testing.M) interface{ Run() int } { return mainRunner{m} }
+
+type mainRunner struct{ m *testing.M }
+
+func (r mainRunner) Run() int {
+	code := r.m.Run()
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.srv != nil {
+		shared.srv.close()
+	}
+	return code
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return s.addr }
+
+// Client returns a new client of the server, closed when the test ends.
+func (s *Server) Client(tb testing.TB, hooks ...redis.Hook) *redis.Client {
+	tb.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.addr})
+	for _, h := range hooks {
+		c.AddHook(h)
+	}
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Stop stops the server, which loses all its data (there is no persistence).
+func (s *Server) Stop(tb testing.TB) {
+	tb.Helper()
+	if s.proc == nil {
+		tb.Fatal("redistest: cannot stop the external server of REDIS_ADDR; use redistest.Start")
+	}
+	s.stop()
+}
+
+// Restart starts the stopped server again on the same address, empty.
+func (s *Server) Restart(tb testing.TB) {
+	tb.Helper()
+	if s.proc == nil && s.bin == "" {
+		tb.Fatal("redistest: cannot restart the external server of REDIS_ADDR; use redistest.Start")
+	}
+	s.stop()
+	if err := s.launch(); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func start() (*Server, error) {
+	bin := os.Getenv("REDIS_SERVER")
+	if bin == "" {
+		bin = "redis-server"
+	}
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: redis-server not found (%v); install it (Debian/Ubuntu: apt-get install -y redis-server, or run `make test`, which does), set REDIS_SERVER to its path, or set REDIS_ADDR to a running server", err)
+	}
+	dir, err := os.MkdirTemp("", "redistest-")
+	if err != nil {
+		return nil, fmt.Errorf("redistest: %w", err)
+	}
+	var lastErr error
+	// A free port can be taken by someone else before redis-server binds it.
+	for range 5 {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), bin: path, dir: dir}
+		if lastErr = s.launch(); lastErr == nil {
+			return s, nil
+		}
+	}
+	_ = os.RemoveAll(dir)
+	return nil, lastErr
+}
+
+func (s *Server) launch() error {
+	_, port, _ := net.SplitHostPort(s.addr)
+	logFile := filepath.Join(s.dir, "redis-"+port+".log")
+	cmd := exec.Command(s.bin,
+		"--port", port, "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir,
+		"--logfile", logFile, "--daemonize", "no")
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("redistest: start %s: %w", s.bin, err)
+	}
+	p := &process{cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	s.proc = p
+	if err := s.waitReady(p); err != nil {
+		s.stop()
+		log, _ := os.ReadFile(logFile)
+		return fmt.Errorf("redistest: redis-server on %s did not start: %w\n%s", s.addr, err, log)
+	}
+	return nil
+}
+
+func (s *Server) waitReady(p *process) error {
+	c := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-p.exited:
+			return errors.New("the process exited")
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+	}
+}
+
+// stop terminates the process and waits for it; it keeps the data dir for a
+// restart. For the external server it does nothing.
+func (s *Server) stop() {
+	p := s.proc
+	if p == nil {
+		return
+	}
+	s.proc = nil
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+// close stops the server for good and removes its data dir.
+func (s *Server) close() {
+	s.stop()
+	if s.dir != "" {
+		_ = os.RemoveAll(s.dir)
+	}
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("redistest: find a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,235 @@
+package lockreg
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed obtain.lua
+	obtainLua string
+	//go:embed release.lua
+	releaseLua string
+
+	// Script.Run sends EVALSHA and falls back to EVAL on NOSCRIPT, so a
+	// restarted Redis costs one extra round trip, once.
+	obtainScript  = redis.NewScript(obtainLua)
+	releaseScript = redis.NewScript(releaseLua)
+)
+
+var _ sync.Locker = (*Lock)(nil)
+
+// Lock is the distributed lock for one key of a Registry. Its owner is the
+// goroutine that locked it; the owner may lock it again (each lock matched
+// by an unlock) and must unlock it from the same goroutine. All methods are
+// safe for concurrent use, and all Locks of one key in one registry share
+// one state.
+type Lock struct {
+	r        *Registry
+	key      string
+	redisKey string
+}
+
+// Key returns the key the lock was obtained for.
+func (l *Lock) Key() string { return l.key }
+
+// Lock waits as long as it takes to hold the lock. Redis errors while
+// waiting are logged and retried. It panics with ErrClosed if the registry
+// is or gets closed.
+func (l *Lock) Lock() {
+	if err := l.LockContext(context.Background()); err != nil {
+		panic(err)
+	}
+}
+
+// TryLock makes one attempt, without waiting, and reports whether the
+// calling goroutine now holds the lock. It fails if another goroutine of this
+// registry holds or is acquiring the lock, another owner holds the Redis key,
+// Redis fails (logged), or the registry is closed.
+func (l *Lock) TryLock() bool {
+	return l.acquire(context.Background(), false) == nil
+}
+
+// LockContext waits until the calling goroutine holds the lock, retrying
+// Redis every retry interval, and returns nil; or, when ctx ends first, an
+// error matching both ErrNotObtained and ctx.Err() (joined with the last
+// Redis error, if any). It fails with ErrClosed if the registry is or gets
+// closed.
+func (l *Lock) LockContext(ctx context.Context) error {
+	return l.acquire(ctx, true)
+}
+
+// Unlock releases one level of the caller's hold; the last one deletes the
+// Redis key. Failures are logged; use UnlockContext to see them. Unlock by a
+// goroutine that does not hold the lock panics with ErrNotHeld, as unlocking
+// an unlocked sync.Mutex does.
+func (l *Lock) Unlock() {
+	err := l.UnlockContext(context.Background())
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrNotHeld):
+		panic(err)
+	default:
+		l.r.cfg.logger.Warn("lockreg: unlock failed", "key", l.key, "error", err)
+	}
+}
+
+// UnlockContext releases one level of the caller's hold. At the last level
+// it deletes the Redis key if this registry still owns it, and frees the
+// lock locally in every case. It returns ErrLockLost if the key had expired
+// or had another owner (whose key stays untouched), an ErrRedis error if
+// Redis failed (the key then expires after its lease), and ErrNotHeld,
+// changing nothing, if the caller does not hold the lock.
+func (l *Lock) UnlockContext(ctx context.Context) error {
+	local := l.r.locals.ownedBy(l.key, goroutineID())
+	if local == nil {
+		return fmt.Errorf("%w: key %q", ErrNotHeld, l.key)
+	}
+	local.depth--
+	if local.depth > 0 {
+		return nil
+	}
+	deleted, err := l.releaseRedis(ctx)
+	local.owner.Store(0)
+	l.free(local)
+	if err == nil && !deleted {
+		err = fmt.Errorf("%w: key %q", ErrLockLost, l.key)
+	}
+	return err
+}
+
+func (l *Lock) acquire(ctx context.Context, wait bool) error {
+	r := l.r
+	if r.closing() {
+		return fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
+	}
+	gid := goroutineID()
+	if local := r.locals.ownedBy(l.key, gid); local != nil {
+		local.depth++
+		return nil
+	}
+	local := r.locals.join(l.key)
+	if err := local.lock(ctx, r.closed, wait); err != nil {
+		r.locals.leave(l.key)
+		return l.notAcquired(ctx, err, nil)
+	}
+	if err := l.obtainRedis(ctx, wait, local); err != nil {
+		return err
+	}
+	local.owner.Store(gid)
+	local.depth = 1
+	return nil
+}
+
+// obtainRedis runs obtain.lua until it succeeds or, when wait is false,
+// once. Called with the local mutex held; on failure it gives that up.
+func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) error {
+	r := l.r
+	var (
+		retry   *time.Timer
+		lastErr error
+		// unsure: the last attempt got no answer, so it may have taken the key.
+		unsure bool
+	)
+	for {
+		taken, err := l.tryObtain(ctx)
+		if taken {
+			return nil
+		}
+		unsure = err != nil && !isReply(err)
+		if err != nil && ctx.Err() == nil {
+			if lastErr == nil || lastErr.Error() != err.Error() {
+				r.cfg.logger.Warn("lockreg: Redis error while acquiring; retrying", "key", l.key, "error", err)
+			}
+			lastErr = err
+		}
+		var stop error
+		if !wait {
+			stop = errBusy
+		} else {
+			if retry == nil {
+				retry = time.NewTimer(r.cfg.retryInterval)
+			} else {
+				retry.Reset(r.cfg.retryInterval)
+			}
+			select {
+			case <-retry.C:
+				continue
+			case <-ctx.Done():
+				stop = ctx.Err()
+			case <-r.closed:
+				stop = ErrClosed
+			}
+			retry.Stop()
+		}
+		l.abandon(local, unsure)
+		return l.notAcquired(ctx, stop, lastErr)
+	}
+}
+
+func (l *Lock) tryObtain(ctx context.Context) (bool, error) {
+	n, err := obtainScript.Run(ctx, l.r.client, []string{l.redisKey}, l.r.clientID, l.r.cfg.expireAfter.Milliseconds()).Int()
+	if err != nil {
+		return false, fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
+	}
+	return n == 1, nil
+}
+
+// releaseRedis runs release.lua; deleted reports whether the key was ours.
+func (l *Lock) releaseRedis(ctx context.Context) (deleted bool, err error) {
+	n, err := releaseScript.Run(ctx, l.r.client, []string{l.redisKey}, l.r.clientID).Int()
+	if err != nil {
+		return false, fmt.Errorf("%w: release %q: %w", ErrRedis, l.key, err)
+	}
+	return n == 1, nil
+}
+
+// abandon gives up an acquisition that holds the local mutex but not the
+// Redis key. If the last attempt may have taken the key after all, the
+// local mutex stays held until a background release has removed it:
+// freeing it first would let the next local owner take the key (same client
+// id) and then lose it to that release.
+func (l *Lock) abandon(local *localLock, unsure bool) {
+	if unsure && l.r.goBackground(func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, l.r.cfg.expireAfter)
+		defer cancel()
+		if _, err := l.releaseRedis(ctx); err != nil {
+			l.r.cfg.logger.Debug("lockreg: could not clear an abandoned attempt; its key expires after the lease", "key", l.key, "error", err)
+		}
+		l.free(local)
+	}) {
+		return
+	}
+	l.free(local)
+}
+
+// free releases the local mutex and the caller's place in the registry.
+func (l *Lock) free(local *localLock) {
+	local.unlock()
+	l.r.locals.leave(l.key)
+}
+
+// notAcquired turns the reason an acquisition stopped into its error.
+func (l *Lock) notAcquired(ctx context.Context, reason, lastErr error) error {
+	switch {
+	case reason == errBusy:
+		return errBusy
+	case errors.Is(reason, ErrClosed):
+		return fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
+	default:
+		return errors.Join(fmt.Errorf("%w: key %q: %w", ErrNotObtained, l.key, ctx.Err()), lastErr)
+	}
+}
+
+// isReply reports whether err is an error reply from Redis, which means the
+// script did not take the key, as opposed to a failure with unknown outcome.
+func isReply(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply)
+}

@@ -1,0 +1,192 @@
+package lockreg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+)
+
+// Errors returned by the registry and its locks. Every error lockreg returns
+// is one of these or wraps one, so callers can test with errors.Is.
+var (
+	// ErrNotObtained: LockContext gave up because its context ended. The
+	// returned error also matches the context's error.
+	ErrNotObtained = errors.New("lockreg: lock not obtained before the context ended (another owner held it, or Redis did not answer); retry later or allow a longer deadline")
+	// ErrNotHeld: an unlock by a goroutine that does not hold the lock.
+	ErrNotHeld = errors.New("lockreg: unlock by a goroutine that does not hold the lock; unlock from the goroutine that locked, once per successful lock")
+	// ErrLockLost: at release the Redis key had expired or belonged to
+	// another owner, so the critical section may have overlapped another
+	// holder's.
+	ErrLockLost = errors.New("lockreg: lock lost before release (its Redis key expired or has another owner), so another holder may have overlapped; make the lease (WithExpireAfter) longer than the work")
+	// ErrClosed: the registry was closed.
+	ErrClosed = errors.New("lockreg: registry closed; obtain locks from an open registry made by New")
+	// ErrInvalidOption: New was given an argument it cannot use; the
+	// message names it.
+	ErrInvalidOption = errors.New("lockreg: invalid argument to New; fix the named option")
+	// ErrRedis: a Redis call failed. While waiting, the lock retries; at
+	// release, the key is left to expire after its lease.
+	ErrRedis = errors.New("lockreg: Redis call failed; check that Redis is reachable and healthy")
+)
+
+const (
+	defaultExpireAfter   = 30 * time.Second
+	defaultRetryInterval = 100 * time.Millisecond
+)
+
+// Option configures a Registry; pass options to New.
+type Option func(*config)
+
+type config struct {
+	expireAfter   time.Duration
+	retryInterval time.Duration
+	logger        *slog.Logger
+	errs          []error // option errors, reported together by New
+}
+
+// WithExpireAfter sets the lease of a lock's Redis key: if the holder's
+// process dies, other processes can take the lock this long after its last
+// acquisition. Default 30s; at least 1ms, in whole milliseconds.
+func WithExpireAfter(d time.Duration) Option {
+	return func(c *config) {
+		if d < time.Millisecond {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithExpireAfter(%v): the lease must be at least 1ms", ErrInvalidOption, d))
+		}
+		c.expireAfter = d.Truncate(time.Millisecond)
+	}
+}
+
+// WithRetryInterval sets the pause between Redis attempts while a lock is
+// held by another process. Default 100ms; it must be shorter than the lease.
+func WithRetryInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithRetryInterval(%v): the interval must be positive", ErrInvalidOption, d))
+		}
+		c.retryInterval = d
+	}
+}
+
+// WithLogger sets where the registry reports what it cannot return: Redis
+// errors while waiting, and failed releases from Unlock. Default
+// slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l == nil {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithLogger(nil): pass a logger, or omit the option for slog.Default()", ErrInvalidOption))
+		}
+		c.logger = l
+	}
+}
+
+// Registry hands out distributed locks that share one Redis namespace
+// (registryKey) and one client id. Create one per process and namespace with
+// New, and Close it when done.
+type Registry struct {
+	client      redis.UniversalClient
+	registryKey string
+	clientID    string // the value of every Redis key this registry holds
+	cfg         config
+	locals      localLocks
+
+	closed chan struct{} // closed by Close
+	stop   context.CancelFunc
+	// stopCtx bounds background work; Close cancels it.
+	stopCtx context.Context
+
+	mu         sync.Mutex // guards isClosed and background.Add against Close
+	isClosed   bool
+	background sync.WaitGroup
+}
+
+// New creates a registry whose locks live in Redis under registryKey. The
+// registry gets a random client id: registries in any process that share a
+// registryKey exclude each other; registries with different registryKeys
+// never interfere.
+func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Registry, error) {
+	cfg := config{expireAfter: defaultExpireAfter, retryInterval: defaultRetryInterval, logger: slog.Default()}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	errs := cfg.errs
+	if client == nil {
+		errs = append(errs, fmt.Errorf("%w: client is nil: pass a go-redis client", ErrInvalidOption))
+	}
+	if registryKey == "" {
+		errs = append(errs, fmt.Errorf("%w: registryKey is empty: pass the Redis key prefix for this registry's locks", ErrInvalidOption))
+	}
+	if len(cfg.errs) == 0 && cfg.retryInterval >= cfg.expireAfter {
+		errs = append(errs, fmt.Errorf("%w: WithRetryInterval(%v) must be shorter than WithExpireAfter(%v)", ErrInvalidOption, cfg.retryInterval, cfg.expireAfter))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	cfg.errs = nil
+	stopCtx, stop := context.WithCancel(context.Background())
+	return &Registry{
+		client:      client,
+		registryKey: registryKey,
+		clientID:    uuid.NewString(),
+		cfg:         cfg,
+		locals:      newLocalLocks(),
+		closed:      make(chan struct{}),
+		stop:        stop,
+		stopCtx:     stopCtx,
+	}, nil
+}
+
+// Obtain returns the lock for key. It is cheap and keeps nothing in the
+// registry: locks for the same key, obtained at any time, share one state.
+// Obtain panics if key is empty.
+func (r *Registry) Obtain(key string) *Lock {
+	if key == "" {
+		panic("lockreg: Obtain with an empty key; name the resource to lock")
+	}
+	return &Lock{r: r, key: key, redisKey: r.registryKey + ":{" + key + "}"}
+}
+
+// Close stops the registry: acquisitions that are waiting, and any later
+// ones, fail with ErrClosed. Locks still held stay held (their owners may
+// still unlock them); their Redis keys expire after the lease. Close waits
+// for the registry's background work to end, and is idempotent.
+func (r *Registry) Close() error {
+	r.mu.Lock()
+	if !r.isClosed {
+		r.isClosed = true
+		close(r.closed)
+		r.stop()
+	}
+	r.mu.Unlock()
+	r.background.Wait()
+	return nil
+}
+
+// goBackground runs fn in a goroutine that Close waits for, with a context
+// that Close cancels. It reports false, and runs nothing, once closed.
+func (r *Registry) goBackground(fn func(ctx context.Context)) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.isClosed {
+		return false
+	}
+	r.background.Add(1)
+	go func() {
+		defer r.background.Done()
+		fn(r.stopCtx)
+	}()
+	return true
+}
+
+func (r *Registry) closing() bool {
+	select {
+	case <-r.closed:
+		return true
+	default:
+		return false
+	}
+}
