@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -134,25 +135,27 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) err
 	var (
 		retry   *time.Timer
 		lastErr error
-		// unsure: the last attempt got no answer, so it may have taken the key.
-		unsure bool
 	)
 	for {
-		taken, err := l.tryObtain(ctx)
+		taken, err, gaveUp := l.attempt(ctx, local)
+		if gaveUp {
+			return l.notAcquired(ctx, ctx.Err(), lastErr)
+		}
 		if taken {
 			return nil
 		}
-		unsure = err != nil && !isReply(err)
-		if err != nil && ctx.Err() == nil {
+		if errors.Is(err, ErrClosed) {
+			l.free(local)
+			return l.notAcquired(ctx, err, lastErr)
+		}
+		if err != nil {
 			if lastErr == nil || lastErr.Error() != err.Error() {
 				r.cfg.logger.Warn("lockreg: Redis error while acquiring; retrying", "key", l.key, "error", err)
 			}
 			lastErr = err
 		}
-		var stop error
-		if !wait {
-			stop = errBusy
-		} else {
+		stop := errBusy
+		if wait {
 			if retry == nil {
 				retry = time.NewTimer(r.cfg.retryInterval)
 			} else {
@@ -168,8 +171,43 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) err
 			}
 			retry.Stop()
 		}
-		l.abandon(local, unsure)
+		l.abandon(local, mayHaveRun(err))
 		return l.notAcquired(ctx, stop, lastErr)
+	}
+}
+
+// attempt runs obtain.lua once. A go-redis client need not honour ctx while
+// Redis is slow to answer (ContextTimeoutEnabled is off by default), so with
+// a cancellable ctx the call runs in a goroutine: if ctx ends first, attempt
+// reports gaveUp at once and leaves the local mutex to that goroutine,
+// which settles it when Redis answers.
+func (l *Lock) attempt(ctx context.Context, local *localLock) (taken bool, err error, gaveUp bool) {
+	if ctx.Done() == nil {
+		taken, err = l.tryObtain(ctx)
+		return taken, err, false
+	}
+	type result struct {
+		taken bool
+		err   error
+	}
+	answer, left := make(chan result), make(chan struct{})
+	started := l.r.goBackground(func(stopCtx context.Context) {
+		taken, err := l.tryObtain(context.WithoutCancel(ctx))
+		select {
+		case answer <- result{taken, err}:
+		case <-left:
+			l.settle(stopCtx, local, taken || mayHaveRun(err))
+		}
+	})
+	if !started {
+		return false, ErrClosed, false
+	}
+	select {
+	case a := <-answer:
+		return a.taken, a.err, false
+	case <-ctx.Done():
+		close(left)
+		return false, nil, true
 	}
 }
 
@@ -191,20 +229,25 @@ func (l *Lock) releaseRedis(ctx context.Context) (deleted bool, err error) {
 }
 
 // abandon gives up an acquisition that holds the local mutex but not the
-// Redis key. If the last attempt may have taken the key after all, the
-// local mutex stays held until a background release has removed it:
-// freeing it first would let the next local owner take the key (same client
-// id) and then lose it to that release.
-func (l *Lock) abandon(local *localLock, unsure bool) {
-	if unsure && l.r.goBackground(func(ctx context.Context) {
+// Redis key, settling it in the background if a release is needed.
+func (l *Lock) abandon(local *localLock, mayHoldKey bool) {
+	if mayHoldKey && l.r.goBackground(func(ctx context.Context) { l.settle(ctx, local, true) }) {
+		return
+	}
+	l.free(local)
+}
+
+// settle frees the local mutex of a given-up acquisition. If the attempt
+// may have taken the Redis key, it deletes the key (owner-checked) first:
+// freeing first would let the next local owner take the key (it carries the
+// same client id) and then lose it to this release.
+func (l *Lock) settle(ctx context.Context, local *localLock, mayHoldKey bool) {
+	if mayHoldKey {
 		ctx, cancel := context.WithTimeout(ctx, l.r.cfg.expireAfter)
 		defer cancel()
 		if _, err := l.releaseRedis(ctx); err != nil {
 			l.r.cfg.logger.Debug("lockreg: could not clear an abandoned attempt; its key expires after the lease", "key", l.key, "error", err)
 		}
-		l.free(local)
-	}) {
-		return
 	}
 	l.free(local)
 }
@@ -227,9 +270,16 @@ func (l *Lock) notAcquired(ctx context.Context, reason, lastErr error) error {
 	}
 }
 
-// isReply reports whether err is an error reply from Redis, which means the
-// script did not take the key, as opposed to a failure with unknown outcome.
-func isReply(err error) bool {
+// mayHaveRun reports whether a failed call may have run its script after
+// all: a timeout, a cancelled context or a broken connection can come after
+// Redis ran it. An error reply from Redis, or no connection to be had,
+// means it did not.
+func mayHaveRun(err error) bool {
+	if err == nil {
+		return false
+	}
 	var reply redis.Error
-	return errors.As(err, &reply)
+	var netErr *net.OpError
+	return !errors.As(err, &reply) && !errors.Is(err, redis.ErrPoolTimeout) &&
+		!(errors.As(err, &netErr) && netErr.Op == "dial")
 }

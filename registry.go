@@ -121,7 +121,7 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 		errs = append(errs, fmt.Errorf("%w: registryKey is empty: pass the Redis key prefix for this registry's locks", ErrInvalidOption))
 	}
 	if len(cfg.errs) == 0 && cfg.retryInterval >= cfg.expireAfter {
-		errs = append(errs, fmt.Errorf("%w: WithRetryInterval(%v) must be shorter than WithExpireAfter(%v)", ErrInvalidOption, cfg.retryInterval, cfg.expireAfter))
+		errs = append(errs, fmt.Errorf("%w: the retry interval (WithRetryInterval, %v) must be shorter than the lease (WithExpireAfter, %v)", ErrInvalidOption, cfg.retryInterval, cfg.expireAfter))
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)

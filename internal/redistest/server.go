@@ -1,5 +1,5 @@
 // Package redistest runs real redis-server processes for lockreg's tests and
-// benchmarks, and counts the commands a client sends.
+// benchmarks.
 //
 // A test gets a server from Shared (one per test binary, or the server named
 // by REDIS_ADDR) or from Start (a private one the test may stop and restart).
@@ -165,7 +165,8 @@ func (s *Server) launch() error {
 	cmd := exec.Command(s.bin,
 		"--port", port, "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--logfile", logFile, "--daemonize", "no")
+		"--logfile", logFile, "--daemonize", "no",
+		"--enable-debug-command", "local") // DEBUG SLEEP, for fault tests
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("redistest: start %s: %w", s.bin, err)
 	}

@@ -1,4 +1,6 @@
-package redistest
+// Package redisstat measures the Redis traffic of lockreg's tests, benchmarks
+// and demo: what a client sends, and what the server ran.
+package redisstat
 
 import (
 	"bufio"
@@ -13,7 +15,8 @@ import (
 
 // Counter is a go-redis hook that counts what a client sends: round trips
 // (a pipeline is one) and commands by name. Commands go-redis sends on its
-// own while setting up a connection are not counted.
+// own while setting up a connection (HELLO, CLIENT SETINFO) count too, so
+// measure deltas after a warm-up.
 type Counter struct {
 	roundTrips atomic.Int64
 	mu         sync.Mutex

@@ -1,0 +1,692 @@
+package lockreg
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/lockreg/lockreg/internal/redisstat"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(redistest.M(m))
+}
+
+// newRegistry makes a registry on client, namespaced by the test's name and
+// closed when the test ends; registries of one test share the namespace.
+func newRegistry(t testing.TB, client redis.UniversalClient, opts ...Option) *Registry {
+	t.Helper()
+	opts = append([]Option{WithLogger(slog.New(slog.DiscardHandler))}, opts...)
+	r, err := New(client, "lockreg-test:"+t.Name(), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, r.Close()) })
+	return r
+}
+
+// inGoroutine runs fn in a new goroutine, which is not the owner of anything
+// the caller holds, and waits for it.
+func inGoroutine(fn func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	<-done
+}
+
+// syncBuffer is a log destination that tests can read while the registry
+// writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func TestGoroutineIDMatchesRuntime(t *testing.T) {
+	// goid reads the id from the runtime's g struct; a Go release that moves
+	// it must fail here, not silently merge owners.
+	stackID := func() int64 {
+		buf := make([]byte, 64)
+		buf = buf[:runtime.Stack(buf, false)]
+		id, err := strconv.ParseInt(strings.Fields(string(buf))[1], 10, 64)
+		require.NoError(t, err)
+		return id
+	}
+	require.Equal(t, stackID(), goroutineID())
+	var ids [2]int64
+	inGoroutine(func() {
+		ids[0] = goroutineID()
+		ids[1] = stackID()
+	})
+	require.Equal(t, ids[1], ids[0])
+	require.NotEqual(t, goroutineID(), ids[0])
+}
+
+func TestNewRejectsBadArguments(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	cases := []struct {
+		name   string
+		client redis.UniversalClient
+		key    string
+		opts   []Option
+		names  string // what the message must name
+	}{
+		{"nil client", nil, "k", nil, "client is nil"},
+		{"empty registryKey", client, "", nil, "registryKey is empty"},
+		{"zero lease", client, "k", []Option{WithExpireAfter(0)}, "WithExpireAfter(0s)"},
+		{"negative lease", client, "k", []Option{WithExpireAfter(-time.Second)}, "WithExpireAfter(-1s)"},
+		{"sub-millisecond lease", client, "k", []Option{WithExpireAfter(time.Microsecond)}, "WithExpireAfter(1µs)"},
+		{"lease shorter than default retry", client, "k", []Option{WithExpireAfter(50 * time.Millisecond)}, "(WithRetryInterval, 100ms) must be shorter than the lease (WithExpireAfter, 50ms)"},
+		{"zero retry", client, "k", []Option{WithRetryInterval(0)}, "WithRetryInterval(0s)"},
+		{"negative retry", client, "k", []Option{WithRetryInterval(-time.Millisecond)}, "WithRetryInterval(-1ms)"},
+		{"retry equal to lease", client, "k", []Option{WithExpireAfter(time.Second), WithRetryInterval(time.Second)}, "retry interval (WithRetryInterval, 1s) must be shorter than the lease (WithExpireAfter, 1s)"},
+		{"retry longer than default lease", client, "k", []Option{WithRetryInterval(time.Minute)}, "(WithRetryInterval, 1m0s) must be shorter than the lease (WithExpireAfter, 30s)"},
+		{"nil logger", client, "k", []Option{WithLogger(nil)}, "WithLogger(nil)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := New(tc.client, tc.key, tc.opts...)
+			require.Nil(t, r)
+			require.ErrorIs(t, err, ErrInvalidOption)
+			require.Contains(t, err.Error(), tc.names)
+		})
+	}
+
+	r, err := New(client, "k", WithExpireAfter(1500*time.Microsecond), WithRetryInterval(500*time.Microsecond))
+	require.NoError(t, err)
+	require.Equal(t, time.Millisecond, r.cfg.expireAfter, "the lease is kept in whole milliseconds, as PX takes it")
+	require.NoError(t, r.Close())
+}
+
+func TestObtainEmptyKeyPanics(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	require.PanicsWithValue(t, "lockreg: Obtain with an empty key; name the resource to lock", func() { r.Obtain("") })
+}
+
+func TestRedisKeyHoldsClientIDWithLease(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r1 := newRegistry(t, client, WithExpireAfter(7*time.Second))
+	r2 := newRegistry(t, client)
+	require.NotEqual(t, r1.clientID, r2.clientID)
+	_, err := uuid.Parse(r1.clientID)
+	require.NoError(t, err)
+
+	lock := r1.Obtain("order-1")
+	require.Equal(t, "order-1", lock.Key())
+	lock.Lock()
+	redisKey := "lockreg-test:" + t.Name() + ":{order-1}"
+	require.Equal(t, r1.clientID, client.Get(ctx, redisKey).Val())
+	ttl := client.PTTL(ctx, redisKey).Val()
+	require.Greater(t, ttl, 6*time.Second)
+	require.LessOrEqual(t, ttl, 7*time.Second)
+
+	lock.Unlock()
+	require.Zero(t, client.Exists(ctx, redisKey).Val(), "the last unlock deletes the key")
+}
+
+func TestRegistriesWithSameRegistryKeyExclude(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r1 := newRegistry(t, client)
+	r2 := newRegistry(t, client)
+
+	r1.Obtain("k").Lock()
+	require.False(t, r2.Obtain("k").TryLock())
+	ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+	defer cancel()
+	err := r2.Obtain("k").LockContext(ctx)
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Zero(t, r2.locals.size(), "a failed acquisition leaves no local state")
+
+	r1.Obtain("k").Unlock()
+	require.True(t, r2.Obtain("k").TryLock())
+	r2.Obtain("k").Unlock()
+}
+
+func TestRegistriesWithDifferentRegistryKeysDoNotInterfere(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	a, err := New(client, "lockreg-test:"+t.Name()+":a")
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := New(client, "lockreg-test:"+t.Name()+":b")
+	require.NoError(t, err)
+	defer b.Close()
+
+	a.Obtain("k").Lock()
+	require.True(t, b.Obtain("k").TryLock())
+	b.Obtain("k").Unlock()
+	a.Obtain("k").Unlock()
+}
+
+func TestReentrantLockingMakesNoRedisCalls(t *testing.T) {
+	ctx := context.Background()
+	var counter redisstat.Counter
+	srv := redistest.Shared(t)
+	client := srv.Client(t) // for checks, not counted
+	r := newRegistry(t, srv.Client(t, &counter))
+	lock := r.Obtain("k")
+	lock.Lock() // loads both scripts into Redis, so no NOSCRIPT fallback below
+	lock.Unlock()
+
+	lock.Lock()
+	before := counter.RoundTrips()
+	require.True(t, lock.TryLock())
+	require.NoError(t, lock.LockContext(ctx))
+	lock.Lock()
+	require.True(t, r.Obtain("k").TryLock(), "another Lock value of the same key shares the hold")
+	for range 4 {
+		require.NoError(t, lock.UnlockContext(ctx))
+	}
+	require.Equal(t, before, counter.RoundTrips(), "re-locking and inner unlocks stay local")
+	require.Equal(t, int64(1), client.Exists(ctx, "lockreg-test:"+t.Name()+":{k}").Val(), "still held at depth 1")
+
+	require.NoError(t, lock.UnlockContext(ctx))
+	require.Equal(t, before+1, counter.RoundTrips(), "the last unlock is one release call")
+	require.Zero(t, client.Exists(ctx, "lockreg-test:"+t.Name()+":{k}").Val())
+	require.Zero(t, r.locals.size())
+}
+
+func TestOtherGoroutinesOfTheOwnerWaitLocally(t *testing.T) {
+	var counter redisstat.Counter
+	r := newRegistry(t, redistest.Shared(t).Client(t, &counter))
+	lock := r.Obtain("k")
+	lock.Lock()
+
+	before := counter.RoundTrips()
+	inGoroutine(func() {
+		require.False(t, lock.TryLock(), "a goroutine started by the owner is not the owner")
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, lock.LockContext(ctx), ErrNotObtained)
+	})
+	require.Equal(t, before, counter.RoundTrips(), "waiting behind a local owner costs no Redis traffic")
+
+	acquired := make(chan struct{})
+	released := make(chan struct{})
+	go func() {
+		lock.Lock()
+		close(acquired)
+		lock.Unlock()
+		close(released)
+	}()
+	select {
+	case <-acquired:
+		t.Fatal("a second goroutine acquired a held lock")
+	case <-time.After(100 * time.Millisecond):
+	}
+	lock.Unlock()
+	<-acquired
+	<-released
+	require.Zero(t, r.locals.size())
+}
+
+// inFlight is a go-redis hook that records how many acquisition scripts run
+// at once.
+type inFlight struct {
+	now, max, total atomic.Int64
+}
+
+func (f *inFlight) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *inFlight) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (f *inFlight) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() != "evalsha" && cmd.Name() != "eval" {
+			return next(ctx, cmd)
+		}
+		f.total.Add(1)
+		n := f.now.Add(1)
+		for m := f.max.Load(); n > m && !f.max.CompareAndSwap(m, n); m = f.max.Load() {
+		}
+		// Widen the window in which a second caller would overlap.
+		time.Sleep(2 * time.Millisecond)
+		defer f.now.Add(-1)
+		return next(ctx, cmd)
+	}
+}
+
+func TestOnlyOneGoroutinePerRegistryPollsRedis(t *testing.T) {
+	srv := redistest.Shared(t)
+	holder := newRegistry(t, srv.Client(t))
+	holder.Obtain("k").Lock()
+	defer holder.Obtain("k").Unlock()
+
+	var flight inFlight
+	const interval = 20 * time.Millisecond
+	waiters := newRegistry(t, srv.Client(t, &flight), WithRetryInterval(interval))
+	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.ErrorIs(t, waiters.Obtain("k").LockContext(ctx), ErrNotObtained)
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, int64(1), flight.max.Load(), "at most one goroutine per registry and key talks to Redis")
+	// One poller makes about 400ms/(20ms+2ms) attempts; eight would make
+	// eight times as many.
+	require.Less(t, flight.total.Load(), int64(2*400/20), "attempts grow with time, not with waiters")
+	require.Greater(t, flight.total.Load(), int64(400/20/4), "the poller keeps retrying")
+	require.Zero(t, waiters.locals.size())
+}
+
+func TestReleaseHandsOverWithoutWaitingForTheLease(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r1 := newRegistry(t, client, WithExpireAfter(1000*time.Second))
+	r2 := newRegistry(t, client, WithExpireAfter(1000*time.Second))
+	for range 3 {
+		r1.Obtain("k").Lock()
+		require.False(t, r2.Obtain("k").TryLock())
+		r1.Obtain("k").Unlock()
+		require.True(t, r2.Obtain("k").TryLock(), "free right after unlock, not after the 1000s lease")
+		r2.Obtain("k").Unlock()
+	}
+}
+
+func TestExpiredLockIsReportedLostAndSuccessorKept(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	var logs syncBuffer
+	r1 := newRegistry(t, client, WithExpireAfter(50*time.Millisecond), WithRetryInterval(10*time.Millisecond),
+		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	r2 := newRegistry(t, client, WithExpireAfter(time.Minute))
+	redisKey := "lockreg-test:" + t.Name() + ":{k}"
+
+	lock := r1.Obtain("k")
+	lock.Lock()
+	// The holder outlives its lease and a second registry takes the key.
+	require.NoError(t, r2.Obtain("k").LockContext(ctx))
+	require.Equal(t, r2.clientID, client.Get(ctx, redisKey).Val())
+
+	err := lock.UnlockContext(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	require.Contains(t, err.Error(), `"k"`)
+	require.Equal(t, r2.clientID, client.Get(ctx, redisKey).Val(), "the successor's key survives")
+	require.Greater(t, client.PTTL(ctx, redisKey).Val(), 50*time.Second, "and keeps its lease")
+	require.Zero(t, r1.locals.size(), "the local mutex is freed")
+
+	// Unlock, which cannot return the error, logs it at warning level.
+	r2.Obtain("k").Unlock()
+	lock.Lock()
+	require.NoError(t, client.Set(ctx, redisKey, "someone-else", time.Minute).Err())
+	lock.Unlock()
+	require.Contains(t, logs.String(), "level=WARN")
+	require.Contains(t, logs.String(), ErrLockLost.Error())
+	require.Equal(t, "someone-else", client.Get(ctx, redisKey).Val())
+}
+
+func TestFailedAttemptLeavesOwnerKeyUntouched(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client, WithExpireAfter(10*time.Second))
+	other := newRegistry(t, client, WithExpireAfter(1000*time.Second), WithRetryInterval(10*time.Millisecond))
+	redisKey := "lockreg-test:" + t.Name() + ":{k}"
+
+	holder.Obtain("k").Lock()
+	defer holder.Obtain("k").Unlock()
+	require.NoError(t, client.PExpire(ctx, redisKey, 5*time.Second).Err())
+
+	require.False(t, other.Obtain("k").TryLock())
+	tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, other.Obtain("k").LockContext(tctx), ErrNotObtained)
+
+	require.Equal(t, holder.clientID, client.Get(ctx, redisKey).Val())
+	ttl := client.PTTL(ctx, redisKey).Val()
+	require.LessOrEqual(t, ttl, 5*time.Second, "failed attempts never extend another owner's lease")
+	require.Greater(t, ttl, 4*time.Second)
+	require.Zero(t, other.locals.size())
+
+	// Nor does an unlock attempt by a registry that never held it.
+	inGoroutine(func() {
+		require.ErrorIs(t, other.Obtain("k").UnlockContext(ctx), ErrNotHeld)
+	})
+	require.Equal(t, holder.clientID, client.Get(ctx, redisKey).Val())
+}
+
+func TestRedisDown(t *testing.T) {
+	srv := redistest.Start(t)
+	r := newRegistry(t, srv.Client(t), WithRetryInterval(20*time.Millisecond))
+	// A client that gives up on a dead server at once, so that attempts
+	// fail inside the deadline rather than in go-redis's own retries.
+	failFast := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialerRetries: 1})
+	defer failFast.Close()
+	rFast := newRegistry(t, failFast, WithRetryInterval(20*time.Millisecond))
+	srv.Stop(t)
+
+	require.False(t, r.Obtain("k").TryLock())
+	for _, reg := range []*Registry{r, rFast} {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		start := time.Now()
+		err := reg.Obtain("k").LockContext(ctx)
+		cancel()
+		require.ErrorIs(t, err, ErrNotObtained)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Less(t, time.Since(start), time.Second, "returns by its deadline")
+		if reg == rFast {
+			require.ErrorIs(t, err, ErrRedis, "the last Redis error is joined")
+			require.Contains(t, err.Error(), "connection refused")
+		}
+	}
+	require.Zero(t, rFast.locals.size())
+	// The default client's attempt was cut short by the deadline while
+	// dialing; as it may have reached Redis, a background release clears it
+	// before the local state goes (here: once go-redis gives up dialing).
+	require.Eventually(t, func() bool { return r.locals.size() == 0 }, 10*time.Second, 10*time.Millisecond)
+
+	srv.Restart(t)
+	lock := r.Obtain("k")
+	require.NoError(t, lock.LockContext(context.Background()), "works again once Redis is back")
+	lock.Unlock()
+}
+
+func TestRedisRestartWhileHeldIsReportedAtRelease(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	lock.Lock()
+
+	srv.Restart(t) // no persistence: the key is gone
+
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
+	require.Zero(t, r.locals.size())
+	require.NoError(t, lock.LockContext(ctx), "the next acquisition works normally")
+	require.Equal(t, r.clientID, client.Get(ctx, "lockreg-test:"+t.Name()+":{k}").Val())
+	require.NoError(t, lock.UnlockContext(ctx))
+}
+
+func TestUnlockWhenRedisFailsStillFreesLocally(t *testing.T) {
+	srv := redistest.Start(t)
+	r := newRegistry(t, srv.Client(t))
+	lock := r.Obtain("k")
+	lock.Lock()
+	srv.Stop(t)
+
+	err := lock.UnlockContext(context.Background())
+	require.ErrorIs(t, err, ErrRedis)
+	require.NotErrorIs(t, err, ErrLockLost)
+	require.Zero(t, r.locals.size(), "the local mutex is freed even when Redis fails")
+}
+
+func TestCancelWhileWaitingLocally(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t), WithRetryInterval(5*time.Second))
+	lock := r.Obtain("k")
+	lock.Lock()
+	defer lock.Unlock()
+
+	inGoroutine(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(50*time.Millisecond, cancel)
+		start := time.Now()
+		err := lock.LockContext(ctx)
+		require.ErrorIs(t, err, ErrNotObtained)
+		require.ErrorIs(t, err, context.Canceled)
+		require.Less(t, time.Since(start), time.Second, "returns well within one retry interval")
+	})
+	require.Equal(t, 1, refsOf(r, "k"), "the cancelled waiter left")
+}
+
+func TestCancelWhileSpinning(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	waiter := newRegistry(t, client, WithRetryInterval(5*time.Second))
+	holder.Obtain("k").Lock()
+	defer holder.Obtain("k").Unlock()
+
+	cctx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	err := waiter.Obtain("k").LockContext(cctx)
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, ErrRedis, "no Redis error happened")
+	require.Less(t, time.Since(start), time.Second, "returns well within one retry interval")
+	require.Zero(t, waiter.locals.size())
+	require.Equal(t, holder.clientID, client.Get(ctx, "lockreg-test:"+t.Name()+":{k}").Val())
+}
+
+func TestAbandonedAttemptIsCleanedUp(t *testing.T) {
+	// The attempt reaches Redis, but its answer comes after the caller gave
+	// up: the key it took must not block other registries for the lease.
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	client := srv.Client(t)
+	r := newRegistry(t, client, WithExpireAfter(1000*time.Second))
+	other := newRegistry(t, admin)
+	r.Obtain("k").Lock() // loads the scripts: the attempt below must run, not fail NOSCRIPT
+	r.Obtain("k").Unlock()
+
+	require.NoError(t, admin.Ping(ctx).Err()) // connected, so DEBUG SLEEP goes out at once
+	slept := make(chan error, 1)
+	go func() { slept <- admin.Do(ctx, "DEBUG", "SLEEP", "0.5").Err() }()
+	time.Sleep(50 * time.Millisecond)
+	tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	require.ErrorIs(t, r.Obtain("k").LockContext(tctx), ErrNotObtained)
+	require.Less(t, time.Since(start), 300*time.Millisecond, "returns at its deadline, not when Redis wakes")
+	require.NoError(t, <-slept)
+
+	// The attempt ran once Redis woke; the registry settles it in the
+	// background and only then drops the key's local state.
+	require.Eventually(t, func() bool { return r.locals.size() == 0 }, 5*time.Second, time.Millisecond)
+	require.True(t, other.Obtain("k").TryLock(), "no key left behind for the 1000s lease")
+	other.Obtain("k").Unlock()
+}
+
+func TestUnlockByNonOwner(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("order-7")
+
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrNotHeld, "never locked")
+	lock.Lock()
+	defer lock.Unlock()
+	inGoroutine(func() {
+		err := lock.UnlockContext(ctx)
+		require.ErrorIs(t, err, ErrNotHeld)
+		require.Contains(t, err.Error(), `"order-7"`)
+		defer func() {
+			v := recover()
+			err, ok := v.(error)
+			require.True(t, ok, "Unlock by a non-owner panics with an error, got %v", v)
+			require.ErrorIs(t, err, ErrNotHeld)
+			require.Contains(t, err.Error(), `"order-7"`)
+		}()
+		lock.Unlock()
+	})
+	require.Equal(t, r.clientID, client.Get(ctx, "lockreg-test:"+t.Name()+":{order-7}").Val(), "still held")
+	require.True(t, lock.TryLock(), "the owner still holds it (reentrantly)")
+	lock.Unlock()
+}
+
+func TestCloseStopsAcquisitions(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	other := newRegistry(t, client)
+	r, err := New(client, "lockreg-test:"+t.Name(), WithRetryInterval(5*time.Second))
+	require.NoError(t, err)
+
+	held := r.Obtain("held")
+	held.Lock()
+	other.Obtain("remote").Lock() // r's waiter below spins in Redis
+	defer other.Obtain("remote").Unlock()
+
+	waitErrs := make(chan error, 2)
+	go func() { waitErrs <- r.Obtain("held").LockContext(ctx) }()   // waits locally
+	go func() { waitErrs <- r.Obtain("remote").LockContext(ctx) }() // waits in Redis
+	require.Eventually(t, func() bool { return r.locals.size() == 2 && refsOf(r, "held") == 2 }, time.Second, time.Millisecond)
+
+	require.NoError(t, r.Close())
+	require.NoError(t, r.Close(), "Close is idempotent")
+	for range 2 {
+		select {
+		case err := <-waitErrs:
+			require.ErrorIs(t, err, ErrClosed)
+		case <-time.After(time.Second):
+			t.Fatal("a waiting acquisition did not end at Close")
+		}
+	}
+	require.ErrorIs(t, r.Obtain("x").LockContext(ctx), ErrClosed)
+	require.False(t, r.Obtain("x").TryLock())
+	require.PanicsWithError(t, fmt.Errorf("%w: cannot lock %q", ErrClosed, "x").Error(), func() { r.Obtain("x").Lock() })
+
+	redisKey := "lockreg-test:" + t.Name() + ":{held}"
+	require.Equal(t, r.clientID, client.Get(ctx, redisKey).Val(), "Close leaves held keys to their lease")
+	require.NoError(t, held.UnlockContext(ctx), "a holder can still unlock after Close")
+	require.Zero(t, client.Exists(ctx, redisKey).Val())
+	require.Zero(t, r.locals.size())
+}
+
+// refsOf is how many goroutines hold or wait for key in r.
+func refsOf(r *Registry, key string) int {
+	var refs int
+	r.locals.m.Compute(key, func(l *localLock, loaded bool) (*localLock, bool) {
+		if loaded {
+			refs = l.refs
+		}
+		return l, !loaded
+	})
+	return refs
+}
+
+func TestLocksOfOneKeyShareState(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	a, b := r.Obtain("k"), r.Obtain("k")
+	a.Lock()
+	b.Lock() // reentrant: same key, same owner
+	inGoroutine(func() {
+		require.False(t, a.TryLock())
+		require.False(t, b.TryLock())
+	})
+	b.Unlock()
+	inGoroutine(func() { require.False(t, b.TryLock(), "still held at depth 1") })
+	a.Unlock()
+	inGoroutine(func() {
+		require.True(t, b.TryLock())
+		b.Unlock()
+	})
+}
+
+func heapInUse() uint64 {
+	var m runtime.MemStats
+	for range 3 {
+		runtime.GC()
+	}
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+func TestRegistryForgetsKeysNoLongerUsed(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	before := heapInUse()
+	for i := range 1_000_000 {
+		_ = r.Obtain("obtained-" + strconv.Itoa(i))
+	}
+	const noise = 1 << 20
+	require.Less(t, int64(heapInUse())-int64(before), int64(noise), "Obtain keeps nothing")
+
+	var wg sync.WaitGroup
+	const workers, keys = 8, 20_000
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < keys; i += workers {
+				lock := r.Obtain("locked-" + strconv.Itoa(i))
+				lock.Lock()
+				lock.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	require.Zero(t, r.locals.size())
+	require.Less(t, int64(heapInUse())-int64(before), int64(noise), "released keys leave no state behind")
+}
+
+func TestMutualExclusionStress(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Shared(t)
+	counterClient := srv.Client(t)
+	counterKey := "lockreg-test:" + t.Name() + ":counter"
+	const registries, goroutines, increments = 4, 8, 250
+
+	var inside, overlaps atomic.Int32
+	var wg sync.WaitGroup
+	for range registries {
+		r := newRegistry(t, srv.Client(t), WithRetryInterval(5*time.Millisecond))
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lock := r.Obtain("counter")
+				for range increments {
+					if !assert.NoError(t, lock.LockContext(ctx)) {
+						return
+					}
+					if inside.Add(1) != 1 {
+						overlaps.Add(1)
+					}
+					// A non-atomic read-modify-write: only the lock keeps it exact.
+					n, err := counterClient.Get(ctx, counterKey).Int()
+					if err != nil && !errors.Is(err, redis.Nil) {
+						t.Error(err)
+					}
+					assert.NoError(t, counterClient.Set(ctx, counterKey, n+1, 0).Err())
+					inside.Add(-1)
+					assert.NoError(t, lock.UnlockContext(ctx))
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	require.Zero(t, overlaps.Load(), "two holders overlapped")
+	n, err := counterClient.Get(ctx, counterKey).Int()
+	require.NoError(t, err)
+	require.Equal(t, registries*goroutines*increments, n)
+}
+
+// The doc comment and error texts promise a few things; keep them honest.
+func TestErrorsSayWhatToDo(t *testing.T) {
+	for _, err := range []error{ErrNotObtained, ErrNotHeld, ErrLockLost, ErrClosed, ErrInvalidOption, ErrRedis} {
+		require.Regexp(t, regexp.MustCompile(`^lockreg: .+; .+`), err.Error())
+	}
+}
