@@ -50,6 +50,24 @@ var shared struct {
 // sharing it must use their own keys (a registryKey named after the test).
 func Shared(tb testing.TB) *Server {
 	tb.Helper()
+	s, err := sharedServer()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// SharedAddr is the shared server's address, for Example functions, which
+// have no testing.TB. It panics if no server can be had.
+func SharedAddr() string {
+	s, err := sharedServer()
+	if err != nil {
+		panic(err)
+	}
+	return s.addr
+}
+
+func sharedServer() (*Server, error) {
 	shared.Lock()
 	defer shared.Unlock()
 	if shared.srv == nil && shared.err == nil {
@@ -59,10 +77,7 @@ func Shared(tb testing.TB) *Server {
 			shared.srv, shared.err = start()
 		}
 	}
-	if shared.err != nil {
-		tb.Fatal(shared.err)
-	}
-	return shared.srv
+	return shared.srv, shared.err
 }
 
 // Start starts a private redis-server for one test, stopped when the test

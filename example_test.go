@@ -1,0 +1,90 @@
+package lockreg_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// redisAddr is the test binary's redis-server; in an application it is your
+// Redis's address.
+var redisAddr = redistest.SharedAddr
+
+// The basic pattern: one registry per process and namespace, one lock per
+// business key, held for the critical section.
+func Example() {
+	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer client.Close()
+	registry, err := lockreg.New(client, "example:orders")
+	if err != nil {
+		panic(err)
+	}
+	defer registry.Close()
+
+	lock := registry.Obtain("order-42")
+	lock.Lock()
+	defer lock.Unlock()
+	fmt.Println("only one process at a time works on", lock.Key())
+	// Output: only one process at a time works on order-42
+}
+
+// LockContext gives up when its context ends; the error then matches both
+// ErrNotObtained and the context's error.
+func ExampleLock_LockContext() {
+	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer client.Close()
+	// Two registries stand for two processes.
+	billing, _ := lockreg.New(client, "example:accounts")
+	defer billing.Close()
+	reports, _ := lockreg.New(client, "example:accounts")
+	defer reports.Close()
+
+	billing.Obtain("account-7").Lock()
+	defer billing.Obtain("account-7").Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err := reports.Obtain("account-7").LockContext(ctx)
+	fmt.Println(errors.Is(err, lockreg.ErrNotObtained), errors.Is(err, context.DeadlineExceeded))
+	// Output: true true
+}
+
+// The goroutine that holds a lock may take it again; each lock needs its
+// unlock, and only the last one releases the key in Redis.
+func ExampleLock_reentrant() {
+	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer client.Close()
+	registry, _ := lockreg.New(client, "example:jobs")
+	defer registry.Close()
+
+	transfer := func(lock *lockreg.Lock) {
+		lock.Lock() // already held by this goroutine: no Redis call
+		defer lock.Unlock()
+		fmt.Println("transfer under", lock.Key())
+	}
+	lock := registry.Obtain("job-1")
+	lock.Lock()
+	transfer(registry.Obtain("job-1"))
+	lock.Unlock()
+
+	// Another goroutine waits until the last unlock.
+	done := make(chan bool)
+	go func() {
+		ok := lock.TryLock()
+		if ok {
+			lock.Unlock()
+		}
+		done <- ok
+	}()
+	got := <-done
+	fmt.Println("free after the last unlock:", got)
+	// Output:
+	// transfer under job-1
+	// free after the last unlock: true
+}
