@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -13,19 +14,17 @@ import (
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
-// Figures in README.md come from:
-//
-//	go test -run '^$' -bench . -count 10 . | tee bench.txt && benchstat bench.txt
+// Figures in README.md come from `make bench`.
 
 // BenchmarkGoroutineID compares the two ways of telling goroutines apart
 // that ownership could use; lockreg uses goid.
 func BenchmarkGoroutineID(b *testing.B) {
-	b.Run("goid", func(b *testing.B) {
+	b.Run("impl=goid", func(b *testing.B) {
 		for b.Loop() {
 			_ = goroutineID()
 		}
 	})
-	b.Run("runtime.Stack", func(b *testing.B) {
+	b.Run("impl=runtime.Stack", func(b *testing.B) {
 		buf := make([]byte, 64)
 		for b.Loop() {
 			n := runtime.Stack(buf, false)
@@ -51,32 +50,46 @@ func BenchmarkReentrant(b *testing.B) {
 	b.ReportMetric(float64(counter.RoundTrips()-before)/float64(b.N), "roundtrips/op")
 }
 
-// BenchmarkUncontended is a Lock+Unlock cycle on one key beside its
-// physical floor, two PING round trips on the same client, in one run.
+// BenchmarkUncontended is a Lock+Unlock cycle on one key, measured in pairs
+// with its physical floor, two PING round trips on the same client: each
+// iteration times both, in alternating order, so that noise on a shared
+// machine hits both alike. x-floor is the ratio of their totals.
 func BenchmarkUncontended(b *testing.B) {
-	client := redistest.Shared(b).Client(b)
 	ctx := context.Background()
-	b.Run("2xPING", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if err := client.Ping(ctx).Err(); err != nil {
-				b.Fatal(err)
-			}
+	client := redistest.Shared(b).Client(b)
+	lock := newRegistry(b, client).Obtain("k")
+	lock.Lock() // loads the scripts
+	lock.Unlock()
+	pings := func() {
+		for range 2 {
 			if err := client.Ping(ctx).Err(); err != nil {
 				b.Fatal(err)
 			}
 		}
-	})
-	b.Run("lockreg", func(b *testing.B) {
-		lock := newRegistry(b, client).Obtain("k")
-		lock.Lock() // loads the scripts
+	}
+	cycle := func() {
+		lock.Lock()
 		lock.Unlock()
-		b.ReportAllocs()
-		for b.Loop() {
-			lock.Lock()
-			lock.Unlock()
+	}
+	var floor, lockreg time.Duration
+	timed := func(fn func(), total *time.Duration) {
+		start := time.Now()
+		fn()
+		*total += time.Since(start)
+	}
+	i := 0
+	for b.Loop() {
+		if i++; i%2 == 0 {
+			timed(pings, &floor)
+			timed(cycle, &lockreg)
+		} else {
+			timed(cycle, &lockreg)
+			timed(pings, &floor)
 		}
-	})
+	}
+	b.ReportMetric(float64(floor.Nanoseconds())/float64(b.N), "floor-ns/op")
+	b.ReportMetric(float64(lockreg.Nanoseconds())/float64(b.N), "lockreg-ns/op")
+	b.ReportMetric(float64(lockreg)/float64(floor), "x-floor")
 }
 
 // BenchmarkHotKey has 64 goroutines of one registry take turns on one key.

@@ -5,6 +5,7 @@ package redisstat
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,10 +14,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Counter is a go-redis hook that counts what a client sends: round trips
-// (a pipeline is one) and commands by name. Commands go-redis sends on its
-// own while setting up a connection (HELLO, CLIENT SETINFO) count too, so
-// measure deltas after a warm-up.
+// Counter is a go-redis hook that counts what a client sends for its
+// callers: round trips (a pipeline is one) and commands by name. The
+// handshake go-redis sends on each new connection (HELLO, CLIENT SETINFO,
+// CLIENT MAINT_NOTIFICATIONS)
+// is left out: it is a cost per connection, not per operation.
 type Counter struct {
 	roundTrips atomic.Int64
 	mu         sync.Mutex
@@ -38,6 +40,10 @@ func (c *Counter) Commands() map[string]int64 {
 }
 
 func (c *Counter) count(cmds ...redis.Cmder) {
+	if isHandshake(cmds) {
+		return
+	}
+	c.roundTrips.Add(1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.byName == nil {
@@ -48,13 +54,32 @@ func (c *Counter) count(cmds ...redis.Cmder) {
 	}
 }
 
+func isHandshake(cmds []redis.Cmder) bool {
+	for _, cmd := range cmds {
+		switch cmd.Name() {
+		case "hello":
+		case "client":
+			if len(cmd.Args()) < 2 {
+				return false
+			}
+			switch strings.ToLower(fmt.Sprint(cmd.Args()[1])) {
+			case "setinfo", "maint_notifications":
+			default:
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // DialHook implements redis.Hook.
 func (c *Counter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 // ProcessHook implements redis.Hook.
 func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.roundTrips.Add(1)
 		c.count(cmd)
 		return next(ctx, cmd)
 	}
@@ -63,7 +88,6 @@ func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // ProcessPipelineHook implements redis.Hook.
 func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.roundTrips.Add(1)
 		c.count(cmds...)
 		return next(ctx, cmds)
 	}

@@ -1,0 +1,38 @@
+# make test  - installs redis-server if missing (Debian/Ubuntu, as root or
+#              with sudo), then vets, checks formatting and runs every test
+#              with the race detector against real Redis.
+# make demo  - the demo, on an in-process Redis (nothing to install).
+# make bench - the in-package benchmarks, 10 interleaved runs, summarized by
+#              benchstat (the uncontended cycle is timed in pairs with
+#              its floor, two PINGs: see x-floor).
+
+GO ?= go
+BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
+
+.PHONY: test demo bench redis-server
+
+test: redis-server
+	$(GO) vet ./...
+	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) test -race -count=1 ./...
+
+demo:
+	$(GO) run ./cmd/lockdemo
+
+bench: redis-server
+	@# One benchmark run at a time, ten times over, so that noise on this
+	@# shared machine hits every variant alike.
+	for i in 1 2 3 4 5 6 7 8 9 10; do $(GO) test -run '^$$' -bench . -count 1 . || exit 1; done | tee bench.txt
+	$(BENCHSTAT) bench.txt
+	$(BENCHSTAT) -filter '.name:GoroutineID' -col /impl bench.txt
+
+redis-server:
+	@if [ -n "$$REDIS_ADDR" ] || command -v "$${REDIS_SERVER:-redis-server}" >/dev/null 2>&1; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "redis-server is missing: install Redis 6.2 or later with your OS's package manager, or set REDIS_SERVER or REDIS_ADDR"; exit 1; \
+	fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null 2>&1; then sudo=sudo; else \
+		echo "redis-server is missing: run 'apt-get install -y redis-server' as root"; exit 1; \
+	fi; \
+	echo "installing redis-server from the OS packages"; \
+	$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq redis-server >/dev/null
