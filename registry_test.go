@@ -651,6 +651,44 @@ func TestRegistryForgetsKeysNoLongerUsed(t *testing.T) {
 	require.Less(t, int64(heapInUse())-int64(before), int64(noise), "released keys leave no state behind")
 }
 
+func TestKeyStateNeverSplitsUnderChurn(t *testing.T) {
+	// Goroutines come and go on one key, so its local state is dropped and
+	// made again all the time; a split state would let two hold it at once.
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	var inside, overlaps, acquired atomic.Int32
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 100 {
+				lock := r.Obtain("churn") // a fresh Lock value every time
+				if (g+i)%3 == 0 {
+					if !lock.TryLock() {
+						continue
+					}
+				} else {
+					lock.Lock()
+				}
+				acquired.Add(1)
+				if inside.Add(1) != 1 {
+					overlaps.Add(1)
+				}
+				runtime.Gosched()
+				inside.Add(-1)
+				lock.Unlock()
+				if i%10 == 0 {
+					time.Sleep(time.Millisecond) // let the key's state drop
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.Zero(t, overlaps.Load())
+	require.Greater(t, acquired.Load(), int32(16*100/2))
+	require.Zero(t, r.locals.size())
+}
+
 func TestMutualExclusionStress(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Shared(t)
