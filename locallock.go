@@ -26,6 +26,9 @@ type localLock struct {
 	// depth counts the owner's unmatched locks. Only the owner touches it;
 	// the hand-over through sem orders one owner's writes before the next's.
 	depth int
+	// hold is the current acquisition while some goroutine owns the key in
+	// Redis; the watchdog reads it to renew the lease.
+	hold atomic.Pointer[hold]
 	// refs counts goroutines that hold or wait for the key. It is changed
 	// only inside localLocks' Compute calls, which serialize per key.
 	refs int

@@ -1,15 +1,27 @@
--- Takes or refreshes the lock, atomically.
--- KEYS[1]: the lock's Redis key; ARGV[1]: the registry's client id;
--- ARGV[2]: the lease in milliseconds.
--- Returns 1 when this registry holds the key afterwards, 0 when another
--- owner does (its value and TTL are left untouched).
+-- Takes or refreshes the lock and draws its fencing token, atomically.
+-- KEYS[1]: the lock's Redis key; KEYS[2]: its fence key (same slot).
+-- ARGV[1]: the registry's client id; ARGV[2]: the lease in milliseconds.
+-- Returns the new fencing token (> 0) when this registry holds the key
+-- afterwards, 0 when another owner does (its value and TTL untouched).
 local owner = redis.call('GET', KEYS[1])
-if owner == ARGV[1] then
+if owner and owner ~= ARGV[1] then
+  return 0
+end
+if owner then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if not owner then
+else
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
 end
-return 0
+-- The token is the larger of the last token + 1 and the server clock in
+-- microseconds: the stored token keeps tokens strictly increasing while it
+-- lives, and the clock keeps them increasing after Redis lost the stored
+-- one (a restart without persistence, a failover to a lagging replica).
+-- Microseconds stay below 2^53, exact in Lua's doubles.
+local now = redis.call('TIME')
+local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local last = tonumber(redis.call('GET', KEYS[2]))
+if last and last >= token then
+  token = last + 1
+end
+redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[2])
+return token

@@ -35,6 +35,7 @@ type Lock struct {
 	r        *Registry
 	key      string
 	redisKey string
+	fenceKey string
 }
 
 // Key returns the key the lock was obtained for.
@@ -97,6 +98,7 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 		return nil
 	}
 	deleted, err := l.releaseRedis(ctx)
+	local.hold.Store(nil)
 	local.owner.Store(0)
 	l.free(local)
 	if err == nil && !deleted {
@@ -120,33 +122,62 @@ func (l *Lock) acquire(ctx context.Context, wait bool) error {
 		r.locals.leave(l.key)
 		return l.notAcquired(ctx, err, nil)
 	}
-	if err := l.obtainRedis(ctx, wait, local); err != nil {
+	h, err := l.obtainRedis(ctx, wait, local)
+	if err != nil {
 		return err
 	}
+	local.hold.Store(h)
 	local.owner.Store(gid)
 	local.depth = 1
 	return nil
 }
 
+// Token returns the fencing token of the calling goroutine's hold, or 0 if
+// it holds nothing. Every fresh acquisition of a key, by any registry, gets
+// a token greater than all earlier ones of that key; re-locks by the owner
+// keep it. Pass it with every write the lock protects, and have the store
+// reject a write whose token is lower than one it has seen: that stops a
+// holder that lost its lock (a long pause past the lease) from doing harm.
+func (l *Lock) Token() int64 {
+	if local := l.r.locals.ownedBy(l.key, goroutineID()); local != nil {
+		return local.hold.Load().token
+	}
+	return 0
+}
+
+// Lost returns a channel that is closed when the calling goroutine's hold
+// may have been lost: renewal found the Redis key gone or owned by someone
+// else, or the lease ran out unrenewed (renewal off, past WithMaxHold,
+// Redis unreachable, or the registry closed). It fires within one renewal
+// interval (expireAfter/3) of the loss. Stop the protected work when it
+// fires; the unlock will then report ErrLockLost. A goroutine that holds
+// nothing gets a closed channel.
+func (l *Lock) Lost() <-chan struct{} {
+	if local := l.r.locals.ownedBy(l.key, goroutineID()); local != nil {
+		return local.hold.Load().lost
+	}
+	return closedSignal
+}
+
 // obtainRedis runs obtain.lua until it succeeds or, when wait is false,
 // once. Called with the local mutex held; on failure it gives that up.
-func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) error {
+func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) (*hold, error) {
 	r := l.r
 	var (
 		retry   *time.Timer
 		lastErr error
 	)
 	for {
-		taken, err, gaveUp := l.attempt(ctx, local)
+		h, err, gaveUp := l.attempt(ctx, local)
 		if gaveUp {
-			return l.notAcquired(ctx, ctx.Err(), lastErr)
+			return nil, l.notAcquired(ctx, ctx.Err(), lastErr)
 		}
-		if taken {
-			return nil
+		if h != nil {
+			return h, nil
 		}
 		if errors.Is(err, ErrClosed) {
 			l.free(local)
-			return l.notAcquired(ctx, err, lastErr)
+			return nil, l.notAcquired(ctx, err, lastErr)
 		}
 		if err != nil {
 			if lastErr == nil || lastErr.Error() != err.Error() {
@@ -172,7 +203,7 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) err
 			retry.Stop()
 		}
 		l.abandon(local, mayHaveRun(err))
-		return l.notAcquired(ctx, stop, lastErr)
+		return nil, l.notAcquired(ctx, stop, lastErr)
 	}
 }
 
@@ -181,42 +212,105 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) err
 // a cancellable ctx the call runs in a goroutine: if ctx ends first, attempt
 // reports gaveUp at once and leaves the local mutex to that goroutine,
 // which settles it when Redis answers.
-func (l *Lock) attempt(ctx context.Context, local *localLock) (taken bool, err error, gaveUp bool) {
+func (l *Lock) attempt(ctx context.Context, local *localLock) (h *hold, err error, gaveUp bool) {
 	if ctx.Done() == nil {
-		taken, err = l.tryObtain(ctx)
-		return taken, err, false
+		h, err = l.tryObtain(ctx)
+		return h, err, false
 	}
 	type result struct {
-		taken bool
-		err   error
+		h   *hold
+		err error
 	}
 	answer, left := make(chan result), make(chan struct{})
 	started := l.r.goBackground(func(stopCtx context.Context) {
-		taken, err := l.tryObtain(context.WithoutCancel(ctx))
+		h, err := l.tryObtain(context.WithoutCancel(ctx))
 		select {
-		case answer <- result{taken, err}:
+		case answer <- result{h, err}:
 		case <-left:
-			l.settle(stopCtx, local, taken || mayHaveRun(err))
+			l.settle(stopCtx, local, h != nil || mayHaveRun(err))
 		}
 	})
 	if !started {
-		return false, ErrClosed, false
+		return nil, ErrClosed, false
 	}
 	select {
 	case a := <-answer:
-		return a.taken, a.err, false
+		return a.h, a.err, false
 	case <-ctx.Done():
 		close(left)
-		return false, nil, true
+		return nil, nil, true
 	}
 }
 
-func (l *Lock) tryObtain(ctx context.Context) (bool, error) {
-	n, err := obtainScript.Run(ctx, l.r.client, []string{l.redisKey}, l.r.clientID, l.r.cfg.expireAfter.Milliseconds()).Int()
-	if err != nil {
-		return false, fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
+// tryObtain runs obtain.lua once and returns the hold it took, or nil if
+// another owner holds the key. With WithWaitReplicas, a hold too few
+// replicas acknowledged is released again and reported as ErrNotReplicated.
+func (l *Lock) tryObtain(ctx context.Context) (*hold, error) {
+	r := l.r
+	keys := []string{l.redisKey, l.fenceKey}
+	lease := r.cfg.expireAfter.Milliseconds()
+	sent := time.Now()
+	var token int64
+	var err error
+	if r.cfg.waitReplicas == 0 {
+		if token, err = obtainScript.Run(ctx, r.client, keys, r.clientID, lease).Int64(); err != nil {
+			err = fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
+		}
+	} else {
+		token, err = l.obtainReplicated(ctx, keys, lease)
 	}
-	return n == 1, nil
+	if err != nil {
+		return nil, err
+	}
+	if token == 0 {
+		return nil, nil
+	}
+	return newHold(l.redisKey, token, sent, r.cfg.expireAfter), nil
+}
+
+// obtainReplicated sends obtain.lua and WAIT in one pipeline, on one
+// connection to the key's primary, as WAIT counts the acknowledgements of
+// that connection's writes.
+func (l *Lock) obtainReplicated(ctx context.Context, keys []string, lease int64) (int64, error) {
+	r := l.r
+	node := redis.Cmdable(r.client)
+	if cluster, ok := r.client.(*redis.ClusterClient); ok {
+		primary, err := cluster.MasterForKey(ctx, l.redisKey)
+		if err != nil {
+			return 0, fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
+		}
+		node = primary
+	}
+	var obtained *redis.Cmd
+	var acks *redis.Cmd
+	run := func() error {
+		_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			obtained = obtainScript.EvalSha(ctx, p, keys, r.clientID, lease)
+			acks = p.Do(ctx, "WAIT", r.cfg.waitReplicas, r.cfg.waitTimeout.Milliseconds())
+			return nil
+		})
+		return err
+	}
+	err := run()
+	if err != nil && redis.HasErrorPrefix(obtained.Err(), "NOSCRIPT") {
+		if err = obtainScript.Load(ctx, node).Err(); err == nil {
+			err = run()
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
+	}
+	token, _ := obtained.Int64()
+	acked, _ := acks.Int64()
+	if token == 0 || acked >= int64(r.cfg.waitReplicas) {
+		return token, nil
+	}
+	// Too few replicas have the key: a failover now could lose it. Give it
+	// back rather than hold a lock that might not survive.
+	if _, err := l.releaseRedis(ctx); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("%w: %d of %d replicas acknowledged %q within %v", ErrNotReplicated, acked, r.cfg.waitReplicas, l.key, r.cfg.waitTimeout)
 }
 
 // releaseRedis runs release.lua; deleted reports whether the key was ours.
@@ -275,7 +369,7 @@ func (l *Lock) notAcquired(ctx context.Context, reason, lastErr error) error {
 // Redis ran it. An error reply from Redis, or no connection to be had,
 // means it did not.
 func mayHaveRun(err error) bool {
-	if err == nil {
+	if err == nil || errors.Is(err, ErrNotReplicated) {
 		return false
 	}
 	var reply redis.Error

@@ -32,6 +32,10 @@ var (
 	// ErrRedis: a Redis call failed. While waiting, the lock retries; at
 	// release, the key is left to expire after its lease.
 	ErrRedis = errors.New("lockreg: Redis call failed; check that Redis is reachable and healthy")
+	// ErrNotReplicated: with WithWaitReplicas, fewer replicas acknowledged
+	// an acquisition than required; the key was released and the attempt
+	// counts as failed.
+	ErrNotReplicated = errors.New("lockreg: fewer replicas acknowledged the lock than WithWaitReplicas requires; check the replicas' health or require fewer")
 )
 
 const (
@@ -46,6 +50,10 @@ type config struct {
 	expireAfter   time.Duration
 	retryInterval time.Duration
 	logger        *slog.Logger
+	renewal       bool
+	maxHold       time.Duration // 0: renew for as long as the lock is held
+	waitReplicas  int           // 0: no WAIT
+	waitTimeout   time.Duration
 	errs          []error // option errors, reported together by New
 }
 
@@ -84,6 +92,44 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
+// WithRenewal turns the lease watchdog on (the default) or off. While on,
+// the registry extends the lease of every key it holds each expireAfter/3,
+// in batched, owner-checked script calls, so work may outlast the lease.
+// Off, the lease is fixed: a hold that outlasts it is lost (see Lock.Lost).
+func WithRenewal(on bool) Option {
+	return func(c *config) { c.renewal = on }
+}
+
+// WithMaxHold stops renewing a hold d after it was taken, so a forgotten
+// unlock cannot keep a key alive for ever: the lease then runs out and the
+// holder is told through Lock.Lost. Default: no limit. It needs renewal on.
+func WithMaxHold(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithMaxHold(%v): the limit must be positive; omit the option for none", ErrInvalidOption, d))
+		}
+		c.maxHold = d
+	}
+}
+
+// WithWaitReplicas makes every acquisition wait, in the same round trip,
+// until n replicas acknowledged it (Redis WAIT), for at most timeout. With
+// fewer acknowledgements the registry releases the key and counts the
+// attempt as failed (ErrNotReplicated), retrying while the deadline allows.
+// This narrows, but does not close, the window in which a failover to a
+// replica loses a lock: WAIT does not make Redis strongly consistent.
+func WithWaitReplicas(n int, timeout time.Duration) Option {
+	return func(c *config) {
+		if n < 1 {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithWaitReplicas(%d, …): n must be at least 1; omit the option to not wait", ErrInvalidOption, n))
+		}
+		if timeout < time.Millisecond {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithWaitReplicas(…, %v): the timeout must be at least 1ms (WAIT 0 would block for ever)", ErrInvalidOption, timeout))
+		}
+		c.waitReplicas, c.waitTimeout = n, timeout
+	}
+}
+
 // Registry hands out distributed locks that share one Redis namespace
 // (registryKey) and one client id. Create one per process and namespace with
 // New, and Close it when done.
@@ -109,7 +155,7 @@ type Registry struct {
 // registryKey exclude each other; registries with different registryKeys
 // never interfere.
 func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Registry, error) {
-	cfg := config{expireAfter: defaultExpireAfter, retryInterval: defaultRetryInterval, logger: slog.Default()}
+	cfg := config{expireAfter: defaultExpireAfter, retryInterval: defaultRetryInterval, logger: slog.Default(), renewal: true}
 	for _, opt := range opts {
 		opt(&cfg)
 	}
@@ -123,12 +169,18 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 	if len(cfg.errs) == 0 && cfg.retryInterval >= cfg.expireAfter {
 		errs = append(errs, fmt.Errorf("%w: the retry interval (WithRetryInterval, %v) must be shorter than the lease (WithExpireAfter, %v)", ErrInvalidOption, cfg.retryInterval, cfg.expireAfter))
 	}
+	if cfg.maxHold > 0 && !cfg.renewal {
+		errs = append(errs, fmt.Errorf("%w: WithMaxHold needs renewal, which WithRenewal(false) turned off; drop one of them", ErrInvalidOption))
+	}
+	if _, isRing := client.(*redis.Ring); isRing && cfg.waitReplicas > 0 {
+		errs = append(errs, fmt.Errorf("%w: WithWaitReplicas does not work with a redis.Ring; use a Client, FailoverClient or ClusterClient", ErrInvalidOption))
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	cfg.errs = nil
 	stopCtx, stop := context.WithCancel(context.Background())
-	return &Registry{
+	r := &Registry{
 		client:      client,
 		registryKey: registryKey,
 		clientID:    uuid.NewString(),
@@ -137,7 +189,9 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 		closed:      make(chan struct{}),
 		stop:        stop,
 		stopCtx:     stopCtx,
-	}, nil
+	}
+	r.goBackground(r.watch)
+	return r, nil
 }
 
 // Obtain returns the lock for key. It is cheap and keeps nothing in the
@@ -147,13 +201,16 @@ func (r *Registry) Obtain(key string) *Lock {
 	if key == "" {
 		panic("lockreg: Obtain with an empty key; name the resource to lock")
 	}
-	return &Lock{r: r, key: key, redisKey: r.registryKey + ":{" + key + "}"}
+	redisKey := r.registryKey + ":{" + key + "}"
+	return &Lock{r: r, key: key, redisKey: redisKey, fenceKey: redisKey + ":fence"}
 }
 
 // Close stops the registry: acquisitions that are waiting, and any later
-// ones, fail with ErrClosed. Locks still held stay held (their owners may
-// still unlock them); their Redis keys expire after the lease. Close waits
-// for the registry's background work to end, and is idempotent.
+// ones, fail with ErrClosed, and renewal stops. Locks still held stay held
+// (their owners may still unlock them) until their Redis keys expire after
+// the lease; as nothing renews them any more, their Lost channels close.
+// Close waits for the registry's background work to end, and is
+// idempotent.
 func (r *Registry) Close() error {
 	r.mu.Lock()
 	if !r.isClosed {
@@ -163,6 +220,7 @@ func (r *Registry) Close() error {
 	}
 	r.mu.Unlock()
 	r.background.Wait()
+	r.forEachHold(func(h *hold) { h.lose() })
 	return nil
 }
 

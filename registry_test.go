@@ -329,7 +329,7 @@ func TestExpiredLockIsReportedLostAndSuccessorKept(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	var logs syncBuffer
 	r1 := newRegistry(t, client, WithExpireAfter(50*time.Millisecond), WithRetryInterval(10*time.Millisecond),
-		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		WithRenewal(false), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	r2 := newRegistry(t, client, WithExpireAfter(time.Minute))
 	redisKey := "lockreg-test:" + t.Name() + ":{k}"
 

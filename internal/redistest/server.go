@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -32,6 +33,7 @@ type Server struct {
 	proc *process
 	bin  string
 	dir  string
+	args []string // extra redis-server arguments, kept for Restart
 }
 
 type process struct {
@@ -145,7 +147,32 @@ func (s *Server) Restart(tb testing.TB) {
 	}
 }
 
-func start() (*Server, error) {
+// StartReplica starts a private redis-server replicating primary, and waits
+// until the replication link is up.
+func StartReplica(tb testing.TB, primary *Server) *Server {
+	tb.Helper()
+	host, port, _ := net.SplitHostPort(primary.addr)
+	s, err := start("--replicaof", host, port)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(s.close)
+	c := redis.NewClient(&redis.Options{Addr: s.addr})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, _ := c.Info(context.Background(), "replication").Result()
+		if strings.Contains(info, "master_link_status:up") {
+			return s
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redistest: replica %s never linked to %s:\n%s", s.addr, primary.addr, info)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func start(args ...string) (*Server, error) {
 	bin := os.Getenv("REDIS_SERVER")
 	if bin == "" {
 		bin = "redis-server"
@@ -165,7 +192,7 @@ func start() (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), bin: path, dir: dir}
+		s := &Server{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), bin: path, dir: dir, args: args}
 		if lastErr = s.launch(); lastErr == nil {
 			return s, nil
 		}
@@ -177,11 +204,14 @@ func start() (*Server, error) {
 func (s *Server) launch() error {
 	_, port, _ := net.SplitHostPort(s.addr)
 	logFile := filepath.Join(s.dir, "redis-"+port+".log")
-	cmd := exec.Command(s.bin,
+	args := append([]string{
 		"--port", port, "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--logfile", logFile, "--daemonize", "no",
-		"--enable-debug-command", "local") // DEBUG SLEEP, for fault tests
+		"--enable-debug-command", "local", // DEBUG SLEEP, for fault tests
+		"--repl-diskless-sync-delay", "0", // replicas sync at once
+	}, s.args...)
+	cmd := exec.Command(s.bin, args...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("redistest: start %s: %w", s.bin, err)
 	}

@@ -1,0 +1,177 @@
+package lockreg
+
+import (
+	"context"
+	_ "embed"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed renew.lua
+	renewLua    string
+	renewScript = redis.NewScript(renewLua)
+)
+
+// renewBatch is the most keys one renewal script call carries, so that a
+// registry holding many keys neither sends one call per key nor blocks
+// Redis for long with one huge script.
+const renewBatch = 100
+
+// hold is one fresh acquisition of a key: from depth 0 to 1 and back.
+type hold struct {
+	redisKey string
+	token    int64
+	taken    time.Time // when the acquiring attempt was sent
+	// leaseEnd (unix ns) is when the lease ends at the latest: measured
+	// from when the last successful acquisition or renewal was sent, so it
+	// never overestimates the real lease.
+	leaseEnd atomic.Int64
+	lost     chan struct{}
+	loseOnce sync.Once
+}
+
+func newHold(redisKey string, token int64, sent time.Time, lease time.Duration) *hold {
+	h := &hold{redisKey: redisKey, token: token, taken: sent, lost: make(chan struct{})}
+	h.leaseEnd.Store(sent.Add(lease).UnixNano())
+	return h
+}
+
+func (h *hold) lose() { h.loseOnce.Do(func() { close(h.lost) }) }
+
+func (h *hold) isLost() bool {
+	select {
+	case <-h.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+// closedSignal is what Lost returns to a goroutine that holds nothing.
+var closedSignal = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+func (r *Registry) forEachHold(fn func(*hold)) {
+	r.locals.m.Range(func(_ string, l *localLock) bool {
+		if h := l.hold.Load(); h != nil {
+			fn(h)
+		}
+		return true
+	})
+}
+
+// watch is the registry's one watchdog goroutine: every expireAfter/3 it
+// renews the leases of all held keys and signals the holds it finds lost.
+func (r *Registry) watch(ctx context.Context) {
+	ticker := time.NewTicker(r.cfg.expireAfter / 3)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			r.renewHolds(ctx)
+		}
+	}
+}
+
+func (r *Registry) renewHolds(ctx context.Context) {
+	if r.cfg.renewal {
+		var due []*hold
+		now := time.Now()
+		r.forEachHold(func(h *hold) {
+			if !h.isLost() && (r.cfg.maxHold == 0 || now.Sub(h.taken) < r.cfg.maxHold) {
+				due = append(due, h)
+			}
+		})
+		for _, batch := range r.renewalBatches(due) {
+			r.renew(ctx, batch)
+		}
+	}
+	// A lease that ran out unrenewed (renewal off, past WithMaxHold, or
+	// Redis unreachable) may have passed to another owner.
+	now := time.Now().UnixNano()
+	r.forEachHold(func(h *hold) {
+		if now >= h.leaseEnd.Load() {
+			h.lose()
+		}
+	})
+}
+
+// renewalBatches cuts holds into script calls of at most renewBatch keys;
+// on Redis Cluster each call's keys share a slot, as a script's must.
+func (r *Registry) renewalBatches(holds []*hold) [][]*hold {
+	_, cluster := r.client.(*redis.ClusterClient)
+	bySlot := make(map[int][]*hold)
+	for _, h := range holds {
+		slot := 0
+		if cluster {
+			slot = clusterSlot(h.redisKey)
+		}
+		bySlot[slot] = append(bySlot[slot], h)
+	}
+	var batches [][]*hold
+	for _, group := range bySlot {
+		for len(group) > 0 {
+			n := min(len(group), renewBatch)
+			batches = append(batches, group[:n])
+			group = group[n:]
+		}
+	}
+	return batches
+}
+
+// renew extends the leases of one batch. Errors are logged and the batch
+// is tried again on the next tick; a key found gone or taken is lost.
+func (r *Registry) renew(ctx context.Context, batch []*hold) {
+	keys := make([]string, len(batch))
+	for i, h := range batch {
+		keys[i] = h.redisKey
+	}
+	sent := time.Now()
+	renewed, err := renewScript.Run(ctx, r.client, keys, r.clientID, r.cfg.expireAfter.Milliseconds()).Int64Slice()
+	if err != nil {
+		if ctx.Err() == nil {
+			r.cfg.logger.Warn("lockreg: lease renewal failed; retrying on the next tick", "keys", len(keys), "error", err)
+		}
+		return
+	}
+	leaseEnd := sent.Add(r.cfg.expireAfter).UnixNano()
+	for i, h := range batch {
+		if i < len(renewed) && renewed[i] == 1 {
+			h.leaseEnd.Store(leaseEnd)
+		} else {
+			h.lose()
+		}
+	}
+}
+
+// clusterSlot is key's Redis Cluster hash slot: CRC16 (XMODEM) of its hash
+// tag, or of the whole key if it has none, modulo 16384.
+func clusterSlot(key string) int {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
+			key = key[open+1 : open+1+n]
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}

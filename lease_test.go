@@ -1,0 +1,293 @@
+package lockreg
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redisstat"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// requireFires waits for ch to close within limit and returns how long it
+// took.
+func requireFires(t *testing.T, ch <-chan struct{}, limit time.Duration, msg string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	select {
+	case <-ch:
+		return time.Since(start)
+	case <-time.After(limit):
+		t.Fatalf("%s: no signal within %v", msg, limit)
+		return 0
+	}
+}
+
+func requireOpen(t *testing.T, ch <-chan struct{}, msg string) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatal(msg)
+	default:
+	}
+}
+
+func TestRenewalKeepsAHoldFiveTimesTheLease(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	const lease = 300 * time.Millisecond
+	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(10*time.Millisecond))
+	other := newRegistry(t, client)
+	lock := r.Obtain("k")
+	lock.Lock()
+
+	for end := time.Now().Add(5 * lease); time.Now().Before(end); time.Sleep(lease / 4) {
+		require.False(t, other.Obtain("k").TryLock(), "the renewed lease keeps other owners out")
+		requireOpen(t, lock.Lost(), "a renewed hold was reported lost")
+	}
+	require.NoError(t, lock.UnlockContext(ctx))
+}
+
+func TestLeaseRunsOutWithoutRenewal(t *testing.T) {
+	ctx := context.Background()
+	const lease = 200 * time.Millisecond
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(10*time.Millisecond), WithRenewal(false))
+	lock := r.Obtain("k")
+	start := time.Now()
+	lock.Lock()
+	first := lock.Token()
+
+	requireFires(t, lock.Lost(), lease+lease/3+500*time.Millisecond, "lease ran out")
+	require.GreaterOrEqual(t, time.Since(start), lease, "not before the lease ends")
+	// The signal counts the lease from when the acquisition was sent, so it
+	// may come a moment before Redis expires the key.
+	require.Eventually(t, func() bool {
+		return client.Exists(ctx, "lockreg-test:"+t.Name()+":{k}").Val() == 0
+	}, 100*time.Millisecond, time.Millisecond)
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
+
+	// Nothing stale is left: the next hold is fresh.
+	lock.Lock()
+	requireOpen(t, lock.Lost(), "a fresh hold starts unlost")
+	require.Greater(t, lock.Token(), first)
+	lock.Unlock()
+}
+
+func TestKeyTakenBehindTheHoldersBackIsSignalled(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	const lease = 1500 * time.Millisecond
+	interval := lease / 3
+	for name, steal := range map[string]func(redisKey string) error{
+		"deleted":     func(redisKey string) error { return client.Del(ctx, redisKey).Err() },
+		"overwritten": func(redisKey string) error { return client.Set(ctx, redisKey, "intruder", time.Minute).Err() },
+	} {
+		t.Run(name, func(t *testing.T) {
+			redisKey := "lockreg-test:" + t.Name() + ":{k}"
+			r := newRegistry(t, client, WithExpireAfter(lease))
+			lock := r.Obtain("k")
+			lock.Lock()
+			require.NoError(t, steal(redisKey))
+			took := requireFires(t, lock.Lost(), interval+500*time.Millisecond, "key "+name)
+			t.Logf("signalled %v after the key was %s (renewal interval %v)", took, name, interval)
+			require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
+			if name == "overwritten" {
+				require.Equal(t, "intruder", client.Get(ctx, redisKey).Val(), "the other owner's key is untouched")
+				require.NoError(t, client.Del(ctx, redisKey).Err())
+			}
+			require.True(t, lock.TryLock(), "the next acquisition works normally")
+			requireOpen(t, lock.Lost(), "and starts unlost")
+			lock.Unlock()
+		})
+	}
+}
+
+func TestMaxHoldStopsRenewal(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	const lease, maxHold = 300 * time.Millisecond, 450 * time.Millisecond
+	r := newRegistry(t, client, WithExpireAfter(lease), WithMaxHold(maxHold))
+	other := newRegistry(t, client, WithRetryInterval(10*time.Millisecond))
+	lock := r.Obtain("k")
+	start := time.Now()
+	lock.Lock()
+
+	requireFires(t, lock.Lost(), maxHold+lease+lease/3+500*time.Millisecond, "renewal stopped at the limit")
+	require.Greater(t, time.Since(start), maxHold, "renewed until the limit")
+	tctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	require.NoError(t, other.Obtain("k").LockContext(tctx), "the key expired")
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
+	other.Obtain("k").Unlock()
+
+	_, err := New(client, "k", WithMaxHold(time.Second), WithRenewal(false))
+	require.ErrorIs(t, err, ErrInvalidOption)
+	require.ErrorContains(t, err, "WithMaxHold needs renewal")
+	_, err = New(client, "k", WithMaxHold(0))
+	require.ErrorContains(t, err, "WithMaxHold(0s)")
+}
+
+func TestRenewalOutlastsTransientErrors(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	var logs syncBuffer
+	const lease = 900 * time.Millisecond
+	r := newRegistry(t, srv.Client(t), WithExpireAfter(lease), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	lock := r.Obtain("k")
+	lock.Lock()
+
+	// Scripts are refused for a while: every renewal in that window fails.
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "default", "-evalsha", "-eval").Err())
+	require.Eventually(t, func() bool { return logs.String() != "" }, lease, time.Millisecond)
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "default", "+@all").Err())
+	require.Contains(t, logs.String(), "lease renewal failed; retrying on the next tick")
+
+	time.Sleep(2 * lease)
+	requireOpen(t, lock.Lost(), "renewal resumed after the errors")
+	require.NoError(t, lock.UnlockContext(ctx))
+}
+
+func TestRenewalIsBatched(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const held, lease = 1000, 900 * time.Millisecond
+	r := newRegistry(t, srv.Client(t), WithExpireAfter(lease))
+	locks := make([]*Lock, held)
+	for i := range locks {
+		locks[i] = r.Obtain("k" + strconv.Itoa(i))
+		locks[i].Lock()
+	}
+	time.Sleep(lease / 2) // past the first tick, which loads the script
+	before, err := redisstat.CommandStats(ctx, admin)
+	require.NoError(t, err)
+	time.Sleep(3 * lease)
+	after, err := redisstat.CommandStats(ctx, admin)
+	require.NoError(t, err)
+	delta := redisstat.Delta(before, after)
+
+	// Each tick renews every held key once (one PEXPIRE inside the script);
+	// the script calls are what the registry sends.
+	calls, renewals := delta["evalsha"]+delta["eval"], delta["pexpire"]
+	require.GreaterOrEqual(t, renewals, int64(5*held), "about nine ticks in three leases")
+	require.LessOrEqual(t, calls*held, renewals*10, "1,000 held locks cost at most 10 renewal calls per tick")
+	t.Logf("%.1f ticks: %d renewal calls, %d PEXPIREs", float64(renewals)/held, calls, renewals)
+
+	for _, lock := range locks {
+		requireOpen(t, lock.Lost(), "a renewed hold was reported lost")
+		require.NoError(t, lock.UnlockContext(ctx))
+	}
+}
+
+func TestCloseSignalsHeldLocksLost(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r, err := New(client, "lockreg-test:"+t.Name())
+	require.NoError(t, err)
+	lock := r.Obtain("k")
+	lock.Lock()
+	requireOpen(t, lock.Lost(), "held")
+	require.NoError(t, r.Close())
+	requireFires(t, lock.Lost(), time.Second, "nothing renews after Close")
+	require.NoError(t, lock.UnlockContext(context.Background()))
+}
+
+func TestTokensIncreaseAcrossRegistries(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	registries := []*Registry{newRegistry(t, client), newRegistry(t, client), newRegistry(t, client)}
+	var last int64
+	for i := range 30 {
+		lock := registries[i%3].Obtain("k")
+		require.Zero(t, lock.Token(), "nothing held yet")
+		lock.Lock()
+		token := lock.Token()
+		require.Greater(t, token, last, "acquisition %d", i)
+		last = token
+
+		lock.Lock()
+		require.Equal(t, token, lock.Token(), "a re-lock keeps the token")
+		inGoroutine(func() { require.Zero(t, lock.Token(), "another goroutine holds nothing") })
+		lock.Unlock()
+		lock.Unlock()
+	}
+}
+
+func TestTokensIncreaseAcrossRedisDataLoss(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	take := func() int64 {
+		lock.Lock()
+		defer lock.Unlock()
+		return lock.Token()
+	}
+	t1 := take()
+	t2 := take()
+	require.Greater(t, t2, t1)
+
+	srv.Restart(t) // no persistence: the lock, the stored token and the scripts are gone
+	t3 := take()
+	require.Greater(t, t3, t2, "a stored counter alone would restart at 1")
+
+	// While the stored token lives it wins over the clock, so a server clock
+	// stepping back cannot hand out a lower token.
+	future := t3 + int64(time.Hour/time.Microsecond)
+	require.NoError(t, client.Set(ctx, "lockreg-test:"+t.Name()+":{k}:fence", future, time.Minute).Err())
+	require.Equal(t, future+1, take())
+}
+
+func TestWaitReplicas(t *testing.T) {
+	ctx := context.Background()
+	primary := redistest.Start(t)
+	replica := redistest.StartReplica(t, primary)
+	client := primary.Client(t)
+	r := newRegistry(t, client, WithWaitReplicas(1, 300*time.Millisecond), WithRetryInterval(50*time.Millisecond))
+	other := newRegistry(t, client)
+
+	lock := r.Obtain("k")
+	require.NoError(t, lock.LockContext(ctx))
+	require.Positive(t, lock.Token())
+	redisKey := "lockreg-test:" + t.Name() + ":{k}"
+	require.Equal(t, r.clientID, replica.Client(t).Get(ctx, redisKey).Val(), "the replica has the lock once it is held")
+	require.NoError(t, lock.UnlockContext(ctx))
+
+	replica.Stop(t)
+	tctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	err := lock.LockContext(tctx)
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, ErrNotReplicated)
+	require.ErrorContains(t, err, "0 of 1 replicas acknowledged")
+	require.False(t, lock.TryLock())
+	requireNoLocalState(t, r)
+	require.True(t, other.Obtain("k").TryLock(), "an unacknowledged acquisition releases its key")
+	other.Obtain("k").Unlock()
+
+	_, err = New(client, "k", WithWaitReplicas(0, time.Second))
+	require.ErrorContains(t, err, "WithWaitReplicas(0, …)")
+	_, err = New(client, "k", WithWaitReplicas(1, 0))
+	require.ErrorContains(t, err, "WAIT 0 would block for ever")
+}
+
+func TestLostForNonHolderIsClosed(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	requireFires(t, r.Obtain("k").Lost(), 10*time.Millisecond, "holding nothing")
+}
+
+func TestClusterSlot(t *testing.T) {
+	// Reference values from the Redis Cluster specification.
+	require.Equal(t, 12739, clusterSlot("123456789"))
+	require.Equal(t, clusterSlot("user1000"), clusterSlot("{user1000}.following"))
+	require.Equal(t, clusterSlot("user1000"), clusterSlot("{user1000}.followers"))
+	require.Equal(t, clusterSlot("bar"), clusterSlot("foo{bar}{zap}"))
+	require.Equal(t, clusterSlot("{bar"), clusterSlot("foo{{bar}}zap"))
+	require.NotEqual(t, clusterSlot("bar"), clusterSlot("foo{}{bar}"), "an empty tag hashes the whole key")
+	require.Equal(t, clusterSlot("k"), clusterSlot("reg:{k}:fence"), "a lock's keys share a slot")
+}
