@@ -43,14 +43,7 @@ func newHold(redisKey string, token int64, sent time.Time, lease time.Duration) 
 
 func (h *hold) lose() { h.loseOnce.Do(func() { close(h.lost) }) }
 
-func (h *hold) isLost() bool {
-	select {
-	case <-h.lost:
-		return true
-	default:
-		return false
-	}
-}
+func (h *hold) isLost() bool { return isClosed(h.lost) }
 
 // closedSignal is what Lost returns to a goroutine that holds nothing.
 var closedSignal = func() chan struct{} {

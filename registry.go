@@ -240,9 +240,11 @@ func (r *Registry) goBackground(fn func(ctx context.Context)) bool {
 	return true
 }
 
-func (r *Registry) closing() bool {
+func (r *Registry) closing() bool { return isClosed(r.closed) }
+
+func isClosed(ch <-chan struct{}) bool {
 	select {
-	case <-r.closed:
+	case <-ch:
 		return true
 	default:
 		return false
