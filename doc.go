@@ -27,9 +27,9 @@
 //     the retry interval (100ms by default) until the context ends. A failed
 //     attempt never touches another owner's key.
 //  3. The lease. The key expires after WithExpireAfter (30s by default), so
-//     a crashed holder cannot block the key for ever. The holder must finish
-//     within the lease: past it another process may take the key, and the
-//     holder learns of it only at release, as ErrLockLost.
+//     a crashed holder cannot block the key for ever. While the key is held,
+//     the registry's watchdog renews it every expireAfter/3, so work may
+//     outlast the lease (see below).
 //
 // Unlock undoes one level of the hold. The last one runs release.lua, which
 // deletes the key only if it still holds this registry's client id, so a
@@ -43,16 +43,58 @@
 // key deleted inside one script (no deleting a lock that expired and was
 // taken by someone else between a GET and a DEL); reentrancy is counted
 // locally per goroutine; waiters inside one process queue on the local
-// mutex instead of polling Redis.
+// mutex instead of polling Redis; work longer than the lease is covered by
+// renewal, and a holder that lost its lease anyway is told (Lost) and
+// fenced off (Token).
 //
-// A lease-based lock cannot stop a holder that stalls beyond its lease (a
-// long GC pause, a stopped process) from acting after losing the lock, and
-// Redis replication is asynchronous, so a failover can lose a lock. Keep
-// the lease well above the longest critical section.
+// # Leases, loss and fencing
+//
+// One watchdog goroutine per registry renews the leases of all keys it
+// holds, every expireAfter/3, with one owner-checked script call per 100
+// keys. A renewal error is logged and retried on the next tick. Renewal
+// stops when the key is released, when it is found gone or owned by
+// someone else, after WithMaxHold, or at Close; WithRenewal(false) turns it
+// off and leaves a fixed lease.
+//
+// A holder learns that its hold may be lost through Lock.Lost, a channel
+// closed when renewal found the key gone or taken, or when the lease ran
+// out unrenewed (renewal off or stopped, or Redis unreachable for a whole
+// lease). It fires within one renewal interval of the loss; the lease is
+// counted from when the acquisition or renewal was sent, so it errs on the
+// early side. Its unlock then returns ErrLockLost.
+//
+// What is guaranteed: while a holder's lease is live, no other registry
+// holds the key, and no registry deletes or extends another owner's key.
+// What is not: a lease cannot stop a holder that stalls past it (a long GC
+// pause, a stopped process, a slow network) from acting after it lost the
+// lock, before it can see the signal. Redis replication is asynchronous, so
+// a failover to a replica that had not yet received the key can hand the
+// lock to a second owner; WithWaitReplicas narrows that window by waiting
+// for replicas to acknowledge each acquisition, but does not close it.
+//
+// Fencing tokens close both gaps for storage that checks them. Every fresh
+// acquisition of a key gets a token (Lock.Token) greater than every earlier
+// token of that key, from any registry, drawn by the same script call that
+// takes the key. The storage remembers the highest token it has seen and
+// rejects writes with a lower one, so a stale holder's late write fails.
+//
+// Tokens must keep rising even when Redis loses its data (a restart
+// without persistence, a failover to a lagging replica), where a stored
+// counter alone would restart at 1. The token is therefore the larger of
+// the stored last token + 1 and the Redis server's clock in microseconds
+// (TIME). Every token is at most its issue time plus the few acquisitions
+// that can fall into one microsecond, so after a data loss the clock alone
+// is ahead of every earlier token; while the stored token lives (one lease
+// after the last acquisition), it also covers the clock stepping back. The
+// argument needs the servers' clocks not to step back by more than the time
+// since the key's last acquisition, nor a replica's clock to lag its
+// primary's by more than that: true for NTP-synchronised servers at any
+// realistic acquisition rate of one key.
 //
 // # Errors
 //
 // Every error is one of the package's sentinels or wraps one: ErrNotObtained
 // (the context ended first; it also matches the context's error),
-// ErrNotHeld, ErrLockLost, ErrClosed, ErrInvalidOption and ErrRedis.
+// ErrNotHeld, ErrLockLost, ErrClosed, ErrInvalidOption, ErrRedis and
+// ErrNotReplicated.
 package lockreg

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -87,4 +88,55 @@ func ExampleLock_reentrant() {
 	// Output:
 	// transfer under job-1
 	// free after the last unlock: true
+}
+
+// fencedStore stands for storage that checks fencing tokens: it remembers
+// the highest token it has seen and rejects writes with a lower one.
+type fencedStore struct {
+	mu      sync.Mutex
+	highest int64
+	value   string
+}
+
+var errStaleToken = errors.New("stale fencing token: the writer lost its lock")
+
+func (s *fencedStore) Write(token int64, value string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if token < s.highest {
+		return errStaleToken
+	}
+	s.highest, s.value = token, value
+	return nil
+}
+
+// A holder that stalls past its lease can still try to write; the token
+// lets the storage turn it away.
+func ExampleLock_Token() {
+	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer client.Close()
+	// A fixed 100ms lease stands for a holder paused for longer than its lease.
+	slow, _ := lockreg.New(client, "example:docs", lockreg.WithExpireAfter(100*time.Millisecond),
+		lockreg.WithRetryInterval(10*time.Millisecond), lockreg.WithRenewal(false))
+	defer slow.Close()
+	fast, _ := lockreg.New(client, "example:docs")
+	defer fast.Close()
+	store := &fencedStore{}
+
+	stale := slow.Obtain("doc-1")
+	stale.Lock()
+	staleToken := stale.Token()
+	<-stale.Lost() // the lease ran out while "paused"
+
+	lock := fast.Obtain("doc-1")
+	lock.Lock()
+	fmt.Println("new holder writes:", store.Write(lock.Token(), "v2"))
+	lock.Unlock()
+
+	fmt.Println("stale holder writes:", store.Write(staleToken, "v1"))
+	fmt.Println("stale holder unlocks:", errors.Is(stale.UnlockContext(context.Background()), lockreg.ErrLockLost))
+	// Output:
+	// new holder writes: <nil>
+	// stale holder writes: stale fencing token: the writer lost its lock
+	// stale holder unlocks: true
 }
