@@ -281,28 +281,28 @@ func (l *Lock) obtainReplicated(ctx context.Context, keys []string, lease int64)
 		}
 		node = primary
 	}
-	var obtained *redis.Cmd
-	var acks *redis.Cmd
-	run := func() error {
-		_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+	var obtained, acks *redis.Cmd
+	run := func() {
+		// Each command's own error is read below; Pipelined's is the first.
+		_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
 			obtained = obtainScript.EvalSha(ctx, p, keys, r.clientID, lease)
 			acks = p.Do(ctx, "WAIT", r.cfg.waitReplicas, r.cfg.waitTimeout.Milliseconds())
 			return nil
 		})
-		return err
 	}
-	err := run()
-	if err != nil && redis.HasErrorPrefix(obtained.Err(), "NOSCRIPT") {
-		if err = obtainScript.Load(ctx, node).Err(); err == nil {
-			err = run()
+	run()
+	if redis.HasErrorPrefix(obtained.Err(), "NOSCRIPT") {
+		if err := obtainScript.Load(ctx, node).Err(); err != nil {
+			return 0, fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
 		}
+		run()
 	}
+	token, err := obtained.Int64()
 	if err != nil {
 		return 0, fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
 	}
-	token, _ := obtained.Int64()
-	acked, _ := acks.Int64()
-	if token == 0 || acked >= int64(r.cfg.waitReplicas) {
+	acked, err := acks.Int64()
+	if token == 0 || (err == nil && acked >= int64(r.cfg.waitReplicas)) {
 		return token, nil
 	}
 	// Too few replicas have the key: a failover now could lose it. Give it
@@ -310,7 +310,7 @@ func (l *Lock) obtainReplicated(ctx context.Context, keys []string, lease int64)
 	if _, err := l.releaseRedis(ctx); err != nil {
 		return 0, err
 	}
-	return 0, fmt.Errorf("%w: %d of %d replicas acknowledged %q within %v", ErrNotReplicated, acked, r.cfg.waitReplicas, l.key, r.cfg.waitTimeout)
+	return 0, errors.Join(fmt.Errorf("%w: %d of %d replicas acknowledged %q within %v", ErrNotReplicated, acked, r.cfg.waitReplicas, l.key, r.cfg.waitTimeout), err)
 }
 
 // releaseRedis runs release.lua; deleted reports whether the key was ours.
