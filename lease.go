@@ -26,7 +26,11 @@ const renewBatch = 100
 type hold struct {
 	redisKey string
 	token    int64
-	taken    time.Time // when the acquiring attempt was sent
+	taken    time.Time // when this hold began (for WithMaxHold)
+	// redisTaken is when the registry took the key in Redis; handoffs
+	// counts the local hand-offs since. Both bound the run of hand-offs.
+	redisTaken time.Time
+	handoffs   int
 	// leaseEnd (unix ns) is when the lease ends at the latest: measured
 	// from when the last successful acquisition or renewal was sent, so it
 	// never overestimates the real lease.
@@ -36,9 +40,32 @@ type hold struct {
 }
 
 func newHold(redisKey string, token int64, sent time.Time, lease time.Duration) *hold {
-	h := &hold{redisKey: redisKey, token: token, taken: sent, lost: make(chan struct{})}
+	h := &hold{redisKey: redisKey, token: token, taken: sent, redisTaken: sent, lost: make(chan struct{})}
 	h.leaseEnd.Store(sent.Add(lease).UnixNano())
 	return h
+}
+
+// handoff returns the hold to pass, with the Redis key, to the next local
+// waiter, or nil when h must go back to Redis: hand-offs are off, h may be
+// lost, nobody waits, or the run of hand-offs reached its bound, after
+// which other registries get their turn. The next hold's token is one more:
+// no other registry can draw a token meanwhile, as the key stays held, and
+// the release stores the last one handed out.
+func (r *Registry) handoff(h *hold, local *localLock) *hold {
+	if r.cfg.handoffMax == 0 || h.handoffs >= r.cfg.handoffMax || h.isLost() ||
+		time.Since(h.redisTaken) >= r.cfg.handoffFor || !local.waited() {
+		return nil
+	}
+	next := &hold{
+		redisKey:   h.redisKey,
+		token:      h.token + 1,
+		taken:      time.Now(),
+		redisTaken: h.redisTaken,
+		handoffs:   h.handoffs + 1,
+		lost:       make(chan struct{}),
+	}
+	next.leaseEnd.Store(h.leaseEnd.Load())
+	return next
 }
 
 func (h *hold) lose() { h.loseOnce.Do(func() { close(h.lost) }) }
@@ -130,6 +157,7 @@ func (r *Registry) renew(ctx context.Context, batch []*hold) {
 		keys[i] = h.redisKey
 	}
 	sent := time.Now()
+	r.stats.renewCalls.Add(1)
 	renewed, err := renewScript.Run(ctx, r.client, keys, r.clientID, r.cfg.expireAfter.Milliseconds()).Int64Slice()
 	if err != nil {
 		if ctx.Err() == nil {

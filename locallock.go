@@ -3,6 +3,8 @@ package lockreg
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/petermattis/goid"
@@ -15,47 +17,100 @@ var errBusy = errors.New("lockreg: held by another goroutine")
 // localLock is the in-process side of one key: a reentrant mutex owned by a
 // goroutine, which waiters can abandon when their context ends. Only the
 // owner talks to Redis for the key, so in-process contention and reentrancy
-// cost no Redis traffic.
+// cost no Redis traffic. Waiters are served in arrival order, and an unlock
+// passes the mutex straight to the longest waiter, so nobody can barge in.
 type localLock struct {
-	// sem holds a token while some goroutine owns the key or is acquiring it
-	// in Redis. Blocked senders are served in arrival order.
-	sem chan struct{}
+	mu     sync.Mutex
+	locked bool      // some goroutine owns the key or is acquiring it in Redis
+	queue  []*waiter // goroutines waiting for the mutex, oldest first
 	// owner is the goroutine id of the holder, 0 while none holds the key
 	// (also while the next owner is still acquiring it in Redis).
 	owner atomic.Int64
 	// depth counts the owner's unmatched locks. Only the owner touches it;
-	// the hand-over through sem orders one owner's writes before the next's.
+	// the hand-over through mu orders one owner's writes before the next's.
 	depth int
 	// hold is the current acquisition while some goroutine owns the key in
 	// Redis; the watchdog reads it to renew the lease.
 	hold atomic.Pointer[hold]
+	// yieldUntil (unix ns) asks the next local owner to wait before its
+	// first Redis attempt, so that remote waiters get their turn after a
+	// bounded run of local hand-offs.
+	yieldUntil atomic.Int64
+	// wake carries release notifications to the goroutine acquiring the key
+	// in Redis (one per registry and key, as it holds the mutex).
+	wake chan struct{}
 	// refs counts goroutines that hold or wait for the key. It is changed
 	// only inside localLocks' Compute calls, which serialize per key.
 	refs int
 }
 
+// waiter is one goroutine queued for a localLock. It receives the mutex
+// through grant, with the Redis hold it inherits, or nil if it must take
+// the key in Redis itself.
+type waiter struct{ grant chan *hold }
+
 // lock takes the mutex, waiting unless wait is false (then errBusy), until
-// ctx ends (ctx.Err()) or closed is closed (ErrClosed).
-func (l *localLock) lock(ctx context.Context, closed <-chan struct{}, wait bool) error {
-	select {
-	case l.sem <- struct{}{}:
-		return nil
-	default:
+// ctx ends (ctx.Err()) or closed is closed (ErrClosed). It returns the Redis
+// hold handed over with the mutex, if any.
+func (l *localLock) lock(ctx context.Context, closed <-chan struct{}, wait bool) (*hold, error) {
+	l.mu.Lock()
+	if !l.locked {
+		l.locked = true
+		l.mu.Unlock()
+		return nil, nil
 	}
 	if !wait {
-		return errBusy
+		l.mu.Unlock()
+		return nil, errBusy
 	}
+	w := &waiter{grant: make(chan *hold, 1)}
+	l.queue = append(l.queue, w)
+	l.mu.Unlock()
+
+	var reason error
 	select {
-	case l.sem <- struct{}{}:
-		return nil
+	case h := <-w.grant:
+		return h, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		reason = ctx.Err()
 	case <-closed:
-		return ErrClosed
+		reason = ErrClosed
 	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if i := slices.Index(l.queue, w); i >= 0 {
+		l.queue = slices.Delete(l.queue, i, i+1)
+		return nil, reason
+	}
+	// The mutex was granted as we gave up: it is ours after all.
+	return <-w.grant, nil
 }
 
-func (l *localLock) unlock() { <-l.sem }
+// waited reports whether some goroutine waits for the mutex.
+func (l *localLock) waited() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.queue) > 0
+}
+
+// unlock passes the mutex, with h, to the longest waiter and reports true;
+// with nobody waiting it frees the mutex, unless h is a hold to hand over,
+// in which case the caller keeps the mutex (and must release h itself).
+func (l *localLock) unlock(h *hold) (handedOver bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.queue) > 0 {
+		w := l.queue[0]
+		l.queue[0] = nil
+		l.queue = l.queue[1:]
+		w.grant <- h
+		return true
+	}
+	if h == nil {
+		l.locked = false
+	}
+	return false
+}
 
 // localLocks holds the localLock of every key some goroutine holds or waits
 // for, and drops it when the last one leaves, so memory follows the keys in
@@ -73,7 +128,7 @@ func newLocalLocks() localLocks {
 func (ls localLocks) join(key string) *localLock {
 	l, _ := ls.m.Compute(key, func(l *localLock, loaded bool) (*localLock, bool) {
 		if !loaded {
-			l = &localLock{sem: make(chan struct{}, 1)}
+			l = &localLock{wake: make(chan struct{}, 1)}
 		}
 		l.refs++
 		return l, false

@@ -1,10 +1,16 @@
 -- Takes or refreshes the lock and draws its fencing token, atomically.
--- KEYS[1]: the lock's Redis key; KEYS[2]: its fence key (same slot).
--- ARGV[1]: the registry's client id; ARGV[2]: the lease in milliseconds.
+-- KEYS[1]: the lock's Redis key; KEYS[2]: its fence key; KEYS[3]: its
+-- waiting marker (all in one slot).
+-- ARGV[1]: the registry's client id; ARGV[2]: the lease in milliseconds;
+-- ARGV[3]: how long, in milliseconds, a failed attempt marks the key as
+-- waited for.
 -- Returns the new fencing token (> 0) when this registry holds the key
 -- afterwards, 0 when another owner does (its value and TTL untouched).
 local owner = redis.call('GET', KEYS[1])
 if owner and owner ~= ARGV[1] then
+  -- Tell the holder that another registry waits, so that it publishes the
+  -- release and ends its run of local hand-offs.
+  redis.call('SET', KEYS[3], '1', 'PX', ARGV[3])
   return 0
 end
 if owner then

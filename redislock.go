@@ -32,10 +32,9 @@ var _ sync.Locker = (*Lock)(nil)
 // safe for concurrent use, and all Locks of one key in one registry share
 // one state.
 type Lock struct {
-	r        *Registry
-	key      string
-	redisKey string
-	fenceKey string
+	r    *Registry
+	key  string
+	keys []string // in Redis: the lock, its fence (token) and its waiting marker
 }
 
 // Key returns the key the lock was obtained for.
@@ -83,13 +82,15 @@ func (l *Lock) Unlock() {
 }
 
 // UnlockContext releases one level of the caller's hold. At the last level
-// it deletes the Redis key if this registry still owns it, and frees the
-// lock locally in every case. It returns ErrLockLost if the key had expired
-// or had another owner (whose key stays untouched), an ErrRedis error if
-// Redis failed (the key then expires after its lease), and ErrNotHeld,
-// changing nothing, if the caller does not hold the lock.
+// it passes the hold to a waiting goroutine of this registry, within the
+// WithLocalHandoff bounds, or deletes the Redis key if this registry still
+// owns it; either way the lock is freed locally. It returns ErrLockLost if
+// the key had expired or had another owner (whose key stays untouched), an
+// ErrRedis error if Redis failed (the key then expires after its lease),
+// and ErrNotHeld, changing nothing, if the caller does not hold the lock.
 func (l *Lock) UnlockContext(ctx context.Context) error {
-	local := l.r.locals.ownedBy(l.key, goroutineID())
+	r := l.r
+	local := r.locals.ownedBy(l.key, goroutineID())
 	if local == nil {
 		return fmt.Errorf("%w: key %q", ErrNotHeld, l.key)
 	}
@@ -97,11 +98,22 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 	if local.depth > 0 {
 		return nil
 	}
-	deleted, err := l.releaseRedis(ctx)
+	h := local.hold.Load()
 	local.hold.Store(nil)
 	local.owner.Store(0)
+	r.stats.held.Add(-1)
+	if next := r.handoff(h, local); next != nil && local.unlock(next) {
+		r.locals.leave(l.key)
+		return nil
+	}
+	released, err := l.releaseRedis(ctx, h)
+	if released == releasedWhileWaited {
+		// Another registry waits: let it take the key before our next
+		// local waiter tries, or that waiter would nearly always win.
+		local.yieldUntil.Store(time.Now().Add(r.yield).UnixNano())
+	}
 	l.free(local)
-	if err == nil && !deleted {
+	if err == nil && released == notOurs {
 		err = fmt.Errorf("%w: key %q", ErrLockLost, l.key)
 	}
 	return err
@@ -117,18 +129,23 @@ func (l *Lock) acquire(ctx context.Context, wait bool) error {
 		local.depth++
 		return nil
 	}
+	start := time.Now()
 	local := r.locals.join(l.key)
-	if err := local.lock(ctx, r.closed, wait); err != nil {
+	h, err := local.lock(ctx, r.closed, wait)
+	if err != nil {
 		r.locals.leave(l.key)
 		return l.notAcquired(ctx, err, nil)
 	}
-	h, err := l.obtainRedis(ctx, wait, local)
-	if err != nil {
-		return err
+	handedOver := h != nil
+	if !handedOver {
+		if h, err = l.obtainRedis(ctx, wait, local); err != nil {
+			return err
+		}
 	}
 	local.hold.Store(h)
 	local.owner.Store(gid)
 	local.depth = 1
+	r.stats.acquired(time.Since(start), handedOver)
 	return nil
 }
 
@@ -167,6 +184,15 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) (*h
 		retry   *time.Timer
 		lastErr error
 	)
+	if err := l.yield(ctx, local); err != nil {
+		l.free(local)
+		return nil, l.notAcquired(ctx, err, nil)
+	}
+	// A notification from before this first attempt says nothing new.
+	select {
+	case <-local.wake:
+	default:
+	}
 	for {
 		h, err, gaveUp := l.attempt(ctx, local)
 		if gaveUp {
@@ -187,6 +213,13 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) (*h
 		}
 		stop := errBusy
 		if wait {
+			if r.cfg.pubSub && !r.subscribed.Load() {
+				// Subscribe, then check again: a release between the failed
+				// attempt and the subscription must not be missed.
+				if err := r.subscribe(ctx); err == nil {
+					continue
+				}
+			}
 			if retry == nil {
 				retry = time.NewTimer(r.cfg.retryInterval)
 			} else {
@@ -194,6 +227,8 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) (*h
 			}
 			select {
 			case <-retry.C:
+				continue
+			case <-local.wake:
 				continue
 			case <-ctx.Done():
 				stop = ctx.Err()
@@ -247,35 +282,33 @@ func (l *Lock) attempt(ctx context.Context, local *localLock) (h *hold, err erro
 // replicas acknowledged is released again and reported as ErrNotReplicated.
 func (l *Lock) tryObtain(ctx context.Context) (*hold, error) {
 	r := l.r
-	keys := []string{l.redisKey, l.fenceKey}
-	lease := r.cfg.expireAfter.Milliseconds()
+	r.stats.acquireCalls.Add(1)
 	sent := time.Now()
 	var token int64
 	var err error
 	if r.cfg.waitReplicas == 0 {
-		if token, err = obtainScript.Run(ctx, r.client, keys, r.clientID, lease).Int64(); err != nil {
+		token, err = obtainScript.Run(ctx, r.client, l.keys, r.clientID, r.cfg.expireAfter.Milliseconds(), r.markWaiting).Int64()
+		if err != nil {
 			err = fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
 		}
 	} else {
-		token, err = l.obtainReplicated(ctx, keys, lease)
-	}
-	if err != nil {
-		return nil, err
+		token, err = l.obtainReplicated(ctx)
 	}
 	if token == 0 {
-		return nil, nil
+		r.stats.failed.Add(1)
+		return nil, err
 	}
-	return newHold(l.redisKey, token, sent, r.cfg.expireAfter), nil
+	return newHold(l.keys[0], token, sent, r.cfg.expireAfter), nil
 }
 
 // obtainReplicated sends obtain.lua and WAIT in one pipeline, on one
 // connection to the key's primary, as WAIT counts the acknowledgements of
 // that connection's writes.
-func (l *Lock) obtainReplicated(ctx context.Context, keys []string, lease int64) (int64, error) {
+func (l *Lock) obtainReplicated(ctx context.Context) (int64, error) {
 	r := l.r
 	node := redis.Cmdable(r.client)
 	if cluster, ok := r.client.(*redis.ClusterClient); ok {
-		primary, err := cluster.MasterForKey(ctx, l.redisKey)
+		primary, err := cluster.MasterForKey(ctx, l.keys[0])
 		if err != nil {
 			return 0, fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
 		}
@@ -285,7 +318,7 @@ func (l *Lock) obtainReplicated(ctx context.Context, keys []string, lease int64)
 	run := func() {
 		// Each command's own error is read below; Pipelined's is the first.
 		_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
-			obtained = obtainScript.EvalSha(ctx, p, keys, r.clientID, lease)
+			obtained = obtainScript.EvalSha(ctx, p, l.keys, r.clientID, r.cfg.expireAfter.Milliseconds(), r.markWaiting)
 			acks = p.Do(ctx, "WAIT", r.cfg.waitReplicas, r.cfg.waitTimeout.Milliseconds())
 			return nil
 		})
@@ -307,19 +340,57 @@ func (l *Lock) obtainReplicated(ctx context.Context, keys []string, lease int64)
 	}
 	// Too few replicas have the key: a failover now could lose it. Give it
 	// back rather than hold a lock that might not survive.
-	if _, err := l.releaseRedis(ctx); err != nil {
+	if _, err := l.releaseRedis(ctx, nil); err != nil {
 		return 0, err
 	}
 	return 0, errors.Join(fmt.Errorf("%w: %d of %d replicas acknowledged %q within %v", ErrNotReplicated, acked, r.cfg.waitReplicas, l.key, r.cfg.waitTimeout), err)
 }
 
-// releaseRedis runs release.lua; deleted reports whether the key was ours.
-func (l *Lock) releaseRedis(ctx context.Context) (deleted bool, err error) {
-	n, err := releaseScript.Run(ctx, l.r.client, []string{l.redisKey}, l.r.clientID).Int()
-	if err != nil {
-		return false, fmt.Errorf("%w: release %q: %w", ErrRedis, l.key, err)
+// What release.lua found.
+const (
+	notOurs             = 0 // the key had expired or has another owner
+	released            = 1
+	releasedWhileWaited = 2 // released, and another registry waits for it
+)
+
+// releaseRedis runs release.lua for h, or, with h nil, for an attempt
+// that may have taken the key.
+func (l *Lock) releaseRedis(ctx context.Context, h *hold) (int64, error) {
+	r := l.r
+	r.stats.releaseCalls.Add(1)
+	var handedOutToken int64
+	if h != nil && h.handoffs > 0 {
+		handedOutToken = h.token
 	}
-	return n == 1, nil
+	channel := ""
+	if r.cfg.pubSub {
+		channel = r.channel
+	}
+	found, err := releaseScript.Run(ctx, r.client, l.keys, r.clientID, handedOutToken, r.cfg.expireAfter.Milliseconds(), channel, l.key).Int64()
+	if err != nil {
+		return notOurs, fmt.Errorf("%w: release %q: %w", ErrRedis, l.key, err)
+	}
+	return found, nil
+}
+
+// yield waits, before the first Redis attempt, while the last local owner
+// asked it to leave the key to another registry for a moment.
+func (l *Lock) yield(ctx context.Context, local *localLock) error {
+	until := local.yieldUntil.Swap(0)
+	wait := time.Until(time.Unix(0, until))
+	if until == 0 || wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-l.r.closed:
+		return ErrClosed
+	}
 }
 
 // abandon gives up an acquisition that holds the local mutex but not the
@@ -339,7 +410,7 @@ func (l *Lock) settle(ctx context.Context, local *localLock, mayHoldKey bool) {
 	if mayHoldKey {
 		ctx, cancel := context.WithTimeout(ctx, l.r.cfg.expireAfter)
 		defer cancel()
-		if _, err := l.releaseRedis(ctx); err != nil {
+		if _, err := l.releaseRedis(ctx, nil); err != nil {
 			l.r.cfg.logger.Debug("lockreg: could not clear an abandoned attempt; its key expires after the lease", "key", l.key, "error", err)
 		}
 	}
@@ -348,7 +419,7 @@ func (l *Lock) settle(ctx context.Context, local *localLock, mayHoldKey bool) {
 
 // free releases the local mutex and the caller's place in the registry.
 func (l *Lock) free(local *localLock) {
-	local.unlock()
+	local.unlock(nil)
 	l.r.locals.leave(l.key)
 }
 

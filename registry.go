@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -41,6 +42,12 @@ var (
 const (
 	defaultExpireAfter   = 30 * time.Second
 	defaultRetryInterval = 100 * time.Millisecond
+	defaultHandoffMax    = 16
+	defaultHandoffFor    = 10 * time.Millisecond
+	// pubSubYield is how long a registry leaves a key it just released to
+	// a waiting registry, which learns of the release by pub/sub within a
+	// round trip or two, before its own next local waiter tries.
+	pubSubYield = 2 * time.Millisecond
 )
 
 // Option configures a Registry; pass options to New.
@@ -54,6 +61,9 @@ type config struct {
 	maxHold       time.Duration // 0: renew for as long as the lock is held
 	waitReplicas  int           // 0: no WAIT
 	waitTimeout   time.Duration
+	pubSub        bool
+	handoffMax    int // 0: no local hand-offs
+	handoffFor    time.Duration
 	errs          []error // option errors, reported together by New
 }
 
@@ -130,6 +140,31 @@ func WithWaitReplicas(n int, timeout time.Duration) Option {
 	}
 }
 
+// WithPubSub turns release notifications on (the default) or off. On, a
+// release that another registry waits for is published, and waiters, which
+// share one subscription per registry, wake at once instead of at their
+// next retry; the retry stays as the safety net for lost messages. Off,
+// waiters poll every retry interval (Spring's SPIN_LOCK).
+func WithPubSub(on bool) Option {
+	return func(c *config) { c.pubSub = on }
+}
+
+// WithLocalHandoff bounds local hand-offs: when the owner unlocks while
+// another goroutine of this registry waits for the key, the registry passes
+// the hold to it without a Redis round trip (the key stays held, the
+// fencing token rises by one), at most n times in a row and for at most d
+// since the key was taken in Redis; then it releases the key in Redis so
+// that other registries get their turn. Default 16 and 10ms; n = 0 turns
+// hand-offs off.
+func WithLocalHandoff(n int, d time.Duration) Option {
+	return func(c *config) {
+		if n < 0 || (n > 0 && d <= 0) {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithLocalHandoff(%d, %v): n must be at least 0 and, when above 0, d positive", ErrInvalidOption, n, d))
+		}
+		c.handoffMax, c.handoffFor = n, d
+	}
+}
+
 // Registry hands out distributed locks that share one Redis namespace
 // (registryKey) and one client id. Create one per process and namespace with
 // New, and Close it when done.
@@ -139,6 +174,18 @@ type Registry struct {
 	clientID    string // the value of every Redis key this registry holds
 	cfg         config
 	locals      localLocks
+	stats       counters
+	// channel carries release notifications of this registryKey.
+	channel string
+	// yield is how long a release that another registry waits for keeps
+	// this registry's next local waiter back.
+	yield time.Duration
+	// markWaiting is how long (ms) a failed attempt marks its key as waited
+	// for: two retry intervals, so a polling waiter keeps it alive.
+	markWaiting int64
+
+	subscribeMu sync.Mutex // serializes opening the subscription
+	subscribed  atomic.Bool
 
 	closed chan struct{} // closed by Close
 	stop   context.CancelFunc
@@ -155,7 +202,10 @@ type Registry struct {
 // registryKey exclude each other; registries with different registryKeys
 // never interfere.
 func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Registry, error) {
-	cfg := config{expireAfter: defaultExpireAfter, retryInterval: defaultRetryInterval, logger: slog.Default(), renewal: true}
+	cfg := config{
+		expireAfter: defaultExpireAfter, retryInterval: defaultRetryInterval, logger: slog.Default(),
+		renewal: true, pubSub: true, handoffMax: defaultHandoffMax, handoffFor: defaultHandoffFor,
+	}
 	for _, opt := range opts {
 		opt(&cfg)
 	}
@@ -186,10 +236,17 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 		clientID:    uuid.NewString(),
 		cfg:         cfg,
 		locals:      newLocalLocks(),
+		channel:     registryKey + ":released",
+		yield:       cfg.retryInterval,
+		markWaiting: 2 * cfg.retryInterval.Milliseconds(),
 		closed:      make(chan struct{}),
 		stop:        stop,
 		stopCtx:     stopCtx,
 	}
+	if cfg.pubSub {
+		r.yield = min(pubSubYield, cfg.retryInterval)
+	}
+	r.markWaiting = max(r.markWaiting, 2)
 	r.goBackground(r.watch)
 	return r, nil
 }
@@ -202,7 +259,7 @@ func (r *Registry) Obtain(key string) *Lock {
 		panic("lockreg: Obtain with an empty key; name the resource to lock")
 	}
 	redisKey := r.registryKey + ":{" + key + "}"
-	return &Lock{r: r, key: key, redisKey: redisKey, fenceKey: redisKey + ":fence"}
+	return &Lock{r: r, key: key, keys: []string{redisKey, redisKey + ":fence", redisKey + ":waiting"}}
 }
 
 // Close stops the registry: acquisitions that are waiting, and any later

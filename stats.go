@@ -1,0 +1,117 @@
+package lockreg
+
+import (
+	"math/bits"
+	"sync/atomic"
+	"time"
+)
+
+// Stats is a snapshot of a registry's counters, cumulative since New
+// unless marked "now".
+type Stats struct {
+	// Acquisitions counts fresh holds (depth 0 to 1), local hand-offs
+	// included; reentrant re-locks are not counted.
+	Acquisitions int64
+	// LocalHandoffs counts holds passed to a waiting goroutine of this
+	// registry without a Redis round trip.
+	LocalHandoffs int64
+	// FailedAttempts counts acquisition calls to Redis that did not take
+	// the key: another owner held it, too few replicas acknowledged, or
+	// the call failed.
+	FailedAttempts int64
+	// AcquireCalls, ReleaseCalls and RenewCalls count the calls sent to
+	// Redis of each kind (each one round trip; with WithWaitReplicas an
+	// acquisition's WAIT rides in the same round trip).
+	AcquireCalls, ReleaseCalls, RenewCalls int64
+	// Notifications counts release notifications received by the
+	// registry's subscription.
+	Notifications int64
+	// Held is the number of keys the registry holds now.
+	Held int64
+	// Tracked is the number of keys with local state now: held or waited
+	// for.
+	Tracked int
+	// Wait summarizes how long fresh acquisitions waited, from the call to
+	// the hold, local waiting included.
+	Wait WaitStats
+}
+
+// WaitStats summarizes acquisition waits. The quantiles are upper bounds
+// read off power-of-two buckets (1µs, 2µs, 4µs, ...), so they overstate by
+// up to 2x; Mean and Max are exact.
+type WaitStats struct {
+	Count               int64
+	Mean, P50, P99, Max time.Duration
+}
+
+// waitBuckets: bucket i counts waits shorter than 2^i µs (the last one,
+// everything longer).
+const waitBuckets = 40
+
+// counters are the registry's live statistics: atomics only, so that the
+// hot path never takes a lock for them.
+type counters struct {
+	acquisitions, handoffs, failed                atomic.Int64
+	acquireCalls, releaseCalls, renewCalls, notes atomic.Int64
+	held                                          atomic.Int64
+	waitCount, waitTotal, waitMax                 atomic.Int64
+	waits                                         [waitBuckets]atomic.Int64
+}
+
+func (c *counters) acquired(waited time.Duration, handedOff bool) {
+	c.acquisitions.Add(1)
+	if handedOff {
+		c.handoffs.Add(1)
+	}
+	c.held.Add(1)
+	c.waitCount.Add(1)
+	c.waitTotal.Add(int64(waited))
+	for m := c.waitMax.Load(); int64(waited) > m && !c.waitMax.CompareAndSwap(m, int64(waited)); m = c.waitMax.Load() {
+	}
+	c.waits[min(bits.Len64(uint64(waited/time.Microsecond)), waitBuckets-1)].Add(1)
+}
+
+// Stats returns a snapshot of the registry's counters. Each counter is
+// read atomically, the set of them not: under load they may be a few
+// events apart.
+func (r *Registry) Stats() Stats {
+	c := &r.stats
+	s := Stats{
+		Acquisitions:   c.acquisitions.Load(),
+		LocalHandoffs:  c.handoffs.Load(),
+		FailedAttempts: c.failed.Load(),
+		AcquireCalls:   c.acquireCalls.Load(),
+		ReleaseCalls:   c.releaseCalls.Load(),
+		RenewCalls:     c.renewCalls.Load(),
+		Notifications:  c.notes.Load(),
+		Held:           c.held.Load(),
+		Tracked:        r.locals.size(),
+	}
+	w := &s.Wait
+	w.Count = c.waitCount.Load()
+	w.Max = time.Duration(c.waitMax.Load())
+	if w.Count == 0 {
+		return s
+	}
+	w.Mean = time.Duration(c.waitTotal.Load() / w.Count)
+	var buckets [waitBuckets]int64
+	var total int64
+	for i := range buckets {
+		buckets[i] = c.waits[i].Load()
+		total += buckets[i]
+	}
+	w.P50 = quantile(buckets[:], total, 0.50)
+	w.P99 = quantile(buckets[:], total, 0.99)
+	return s
+}
+
+// quantile is the upper bound of the bucket holding the q-quantile.
+func quantile(buckets []int64, total int64, q float64) time.Duration {
+	rank := int64(q * float64(total))
+	for i, n := range buckets {
+		if rank -= n; rank < 0 {
+			return time.Duration(1<<i) * time.Microsecond
+		}
+	}
+	return time.Duration(1<<(len(buckets)-1)) * time.Microsecond
+}

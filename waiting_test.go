@@ -1,0 +1,357 @@
+package lockreg
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redisstat"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// waitUntilWaiting returns once r has failed an attempt and holds its
+// subscription (with pub/sub on), so that the next release must wake it.
+func waitUntilWaiting(t *testing.T, r *Registry) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return r.Stats().FailedAttempts > 0 && (!r.cfg.pubSub || r.subscribed.Load())
+	}, 5*time.Second, time.Millisecond)
+}
+
+// lockInBackground starts lock.LockContext in a goroutine that unlocks at
+// once; the channel reports the error and when the lock was taken.
+func lockInBackground(ctx context.Context, lock *Lock) <-chan time.Time {
+	taken := make(chan time.Time, 1)
+	go func() {
+		if err := lock.LockContext(ctx); err != nil {
+			close(taken)
+			return
+		}
+		taken <- time.Now()
+		lock.Unlock()
+	}()
+	return taken
+}
+
+func TestNotificationWakesARemoteWaiterAtOnce(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	waiter := newRegistry(t, client, WithRetryInterval(5*time.Second))
+	holder.Obtain("k").Lock()
+
+	taken := lockInBackground(context.Background(), waiter.Obtain("k"))
+	waitUntilWaiting(t, waiter)
+	released := time.Now()
+	holder.Obtain("k").Unlock()
+	at, ok := <-taken
+	require.True(t, ok, "the waiter acquired")
+	latency := at.Sub(released)
+	t.Logf("release to acquisition: %v (retry interval 5s)", latency)
+	require.Less(t, latency, time.Second, "woken by the notification, not the 5s retry")
+	require.Equal(t, int64(1), waiter.Stats().Notifications)
+}
+
+func TestLostNotificationCostsOnlyTheRetry(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	holder := newRegistry(t, srv.Client(t))
+	const retry = 300 * time.Millisecond
+	waiter := newRegistry(t, srv.Client(t), WithRetryInterval(retry))
+	holder.Obtain("k").Lock()
+
+	taken := lockInBackground(ctx, waiter.Obtain("k"))
+	waitUntilWaiting(t, waiter)
+	killed, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), killed, "the waiter's subscription")
+	holder.Obtain("k").Unlock()
+	select {
+	case _, ok := <-taken:
+		require.True(t, ok, "the waiter acquired")
+	case <-time.After(2*retry + time.Second):
+		t.Fatal("the waiter never acquired after its notification was lost")
+	}
+}
+
+func TestOneSubscriptionPerRegistryWhateverTheKeys(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	holder := newRegistry(t, srv.Client(t))
+	waiters := []*Registry{newRegistry(t, srv.Client(t)), newRegistry(t, srv.Client(t))}
+	const keys = 50
+	for i := range keys {
+		holder.Obtain("k" + strconv.Itoa(i)).Lock()
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, w := range waiters {
+		for i := range keys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = w.Obtain("k" + strconv.Itoa(i)).LockContext(wctx)
+			}()
+		}
+	}
+	require.Eventually(t, func() bool {
+		return waiters[0].Stats().FailedAttempts >= keys && waiters[1].Stats().FailedAttempts >= keys
+	}, 5*time.Second, time.Millisecond)
+
+	subs, err := admin.PubSubNumSub(ctx, waiters[0].channel).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(2), subs[waiters[0].channel], "one subscription per registry, for 50 keys each")
+	list, err := admin.ClientList(ctx).Result()
+	require.NoError(t, err)
+	require.Equal(t, 2, strings.Count(list, "sub=1"), "one subscribed connection per registry")
+	require.Equal(t, 0, strings.Count(list, "psub=1"), "no patterns")
+	cancel()
+	wg.Wait()
+}
+
+func TestWithoutPubSubWaitersOnlyPoll(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	holder := newRegistry(t, srv.Client(t))
+	waiter := newRegistry(t, srv.Client(t), WithPubSub(false), WithRetryInterval(50*time.Millisecond))
+	holder.Obtain("k").Lock()
+	taken := lockInBackground(ctx, waiter.Obtain("k"))
+	waitUntilWaiting(t, waiter)
+	holder.Obtain("k").Unlock()
+	_, ok := <-taken
+	require.True(t, ok)
+	subs, err := admin.PubSubNumSub(ctx, waiter.channel).Result()
+	require.NoError(t, err)
+	require.Zero(t, subs[waiter.channel])
+	require.Zero(t, waiter.Stats().Notifications)
+}
+
+func TestLocalHandoffIsBoundedSoRemoteWaitersGetTheirTurn(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	hot := newRegistry(t, client)
+	remote := newRegistry(t, client)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lock := hot.Obtain("k")
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				lock.Lock()
+				lock.Unlock()
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+	require.Eventually(t, func() bool { return hot.Stats().LocalHandoffs > 100 }, 5*time.Second, time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for range 5 {
+		start := time.Now()
+		lock := remote.Obtain("k")
+		require.NoError(t, lock.LockContext(ctx), "the remote waiter is not starved")
+		waited := time.Since(start)
+		lock.Unlock()
+		t.Logf("remote waiter waited %v while 64 local goroutines hammered the key", waited)
+		require.Less(t, waited, time.Second, "within the hand-off bound (16 or 10ms) plus a few round trips")
+	}
+}
+
+func TestLocalHandoffRaisesTheToken(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	other := newRegistry(t, client)
+	lock := r.Obtain("k")
+	var (
+		mu     sync.Mutex
+		tokens []int64
+	)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				lock.Lock()
+				mu.Lock()
+				tokens = append(tokens, lock.Token())
+				mu.Unlock()
+				lock.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	require.Positive(t, r.Stats().LocalHandoffs)
+	require.True(t, slices.IsSorted(tokens), "tokens rise with every hold")
+	require.Len(t, slices.Compact(slices.Clone(tokens)), len(tokens), "and never repeat")
+	// The release stored the last handed-out token: the next registry's
+	// token is above it even within the same microsecond.
+	other.Obtain("k").Lock()
+	require.Greater(t, other.Obtain("k").Token(), tokens[len(tokens)-1])
+	other.Obtain("k").Unlock()
+}
+
+func TestLocalWaitersAreServedInArrivalOrder(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t), WithLocalHandoff(0, 0))
+	lock := r.Obtain("k")
+	lock.Lock()
+	local, _ := r.locals.m.Load("k")
+	queued := func() int {
+		local.mu.Lock()
+		defer local.mu.Unlock()
+		return len(local.queue)
+	}
+	var (
+		mu    sync.Mutex
+		order []int
+		wg    sync.WaitGroup
+	)
+	const waiters = 10
+	for i := range waiters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lock.Lock()
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			lock.Unlock()
+		}()
+		require.Eventually(t, func() bool { return queued() == i+1 }, time.Second, time.Millisecond)
+	}
+	lock.Unlock()
+	wg.Wait()
+	require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, order)
+}
+
+func TestLocalWaitsStayNearTheMeanUnderContention(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	var (
+		mu    sync.Mutex
+		waits []time.Duration
+		wg    sync.WaitGroup
+	)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lock := r.Obtain("k")
+			for range 100 {
+				start := time.Now()
+				lock.Lock()
+				w := time.Since(start)
+				time.Sleep(100 * time.Microsecond)
+				lock.Unlock()
+				mu.Lock()
+				waits = append(waits, w)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	var total time.Duration
+	for _, w := range waits {
+		total += w
+	}
+	mean := total / time.Duration(len(waits))
+	longest := slices.Max(waits)
+	t.Logf("%d waits: mean %v, longest %v (%.1fx)", len(waits), mean, longest, float64(longest)/float64(mean))
+	// FIFO service bounds a wait by the seven goroutines ahead; the slack
+	// covers Redis round trips every 16 hand-offs and a noisy machine.
+	require.Less(t, longest, 10*mean)
+}
+
+func TestStatsMatchTheCommandsSent(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	var counter redisstat.Counter
+	r := newRegistry(t, srv.Client(t, &counter), WithExpireAfter(300*time.Millisecond), WithRetryInterval(20*time.Millisecond))
+	other := newRegistry(t, srv.Client(t))
+	warm := r.Obtain("warm") // loads the three scripts, so no NOSCRIPT retries below
+	warm.Lock()
+	require.Eventually(t, func() bool { return r.Stats().RenewCalls > 0 }, time.Second, time.Millisecond)
+	warm.Unlock()
+	before, statsBefore := counter.RoundTrips(), r.Stats()
+
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lock := r.Obtain("k")
+			for range 20 {
+				assert.NoError(t, lock.LockContext(ctx))
+				time.Sleep(time.Millisecond)
+				assert.NoError(t, lock.UnlockContext(ctx))
+			}
+		}()
+	}
+	for range 5 {
+		lock := other.Obtain("k")
+		lock.Lock()
+		time.Sleep(30 * time.Millisecond)
+		lock.Unlock()
+	}
+	hold := r.Obtain("held")
+	hold.Lock()
+	time.Sleep(400 * time.Millisecond) // renewals
+	hold.Unlock()
+	wg.Wait()
+
+	s := r.Stats()
+	calls := (s.AcquireCalls - statsBefore.AcquireCalls) + (s.ReleaseCalls - statsBefore.ReleaseCalls) + (s.RenewCalls - statsBefore.RenewCalls)
+	require.Equal(t, counter.RoundTrips()-before, calls, "every round trip is in Stats")
+	require.Equal(t, statsBefore.Acquisitions+8*20+1, s.Acquisitions)
+	require.Positive(t, s.LocalHandoffs)
+	require.Positive(t, s.FailedAttempts)
+	require.Positive(t, s.RenewCalls)
+	require.Positive(t, s.Notifications, "other's releases woke r's waiter")
+	require.Zero(t, s.Held)
+	require.Zero(t, s.Tracked)
+	require.Equal(t, s.Acquisitions, s.Wait.Count)
+	require.Positive(t, s.Wait.Max)
+	require.LessOrEqual(t, s.Wait.Mean, s.Wait.Max)
+	require.LessOrEqual(t, s.Wait.P50, s.Wait.P99)
+
+	hold.Lock()
+	require.Equal(t, int64(1), r.Stats().Held)
+	require.Equal(t, 1, r.Stats().Tracked)
+	hold.Unlock()
+}
+
+var handoffOptionCases = []struct {
+	n    int
+	d    time.Duration
+	want string
+}{
+	{-1, time.Millisecond, "WithLocalHandoff(-1, 1ms)"},
+	{4, 0, "WithLocalHandoff(4, 0s)"},
+}
+
+func TestLocalHandoffOptionIsValidated(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	for _, tc := range handoffOptionCases {
+		_, err := New(client, "k", WithLocalHandoff(tc.n, tc.d))
+		require.ErrorIs(t, err, ErrInvalidOption)
+		require.ErrorContains(t, err, tc.want)
+	}
+	r, err := New(client, "k", WithLocalHandoff(0, 0))
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+}
