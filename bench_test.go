@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
@@ -92,37 +93,77 @@ func BenchmarkUncontended(b *testing.B) {
 	b.ReportMetric(float64(lockreg)/float64(floor), "x-floor")
 }
 
-// BenchmarkHotKey has 64 goroutines of one registry take turns on one key.
-// It reports what the client sends per acquisition (roundtrips/op) and what
-// the server runs, script bodies included (servercmds/op).
+// BenchmarkHotKey has 64 goroutines of one registry take turns on one key,
+// with local hand-offs (the default) and without. It reports what the
+// client sends per acquisition (roundtrips/op), what the server runs,
+// script bodies included (servercmds/op), and, for a second registry with
+// its own connection that keeps taking the key meanwhile (standing in for
+// another process), its longest wait (remote-maxwait-ms).
 func BenchmarkHotKey(b *testing.B) {
-	srv := redistest.Shared(b)
-	admin := srv.Client(b)
-	var counter redisstat.Counter
-	r := newRegistry(b, srv.Client(b, &counter))
-	lock := r.Obtain("hot")
-	lock.Lock() // loads the scripts and dials the first connection
-	lock.Unlock()
-
-	statsBefore := commandStats(b, admin)
-	before := counter.RoundTrips()
-	b.SetParallelism(64 / runtime.GOMAXPROCS(0))
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			lock.Lock()
+	for _, handoff := range []bool{true, false} {
+		b.Run(fmt.Sprintf("handoff=%v", handoff), func(b *testing.B) {
+			srv := redistest.Shared(b)
+			admin := srv.Client(b)
+			var counter redisstat.Counter
+			var opts []Option
+			if !handoff {
+				opts = append(opts, WithLocalHandoff(0, 0))
+			}
+			r := newRegistry(b, srv.Client(b, &counter), opts...)
+			remote := newRegistry(b, srv.Client(b)).Obtain("hot")
+			lock := r.Obtain("hot")
+			lock.Lock() // loads the scripts and dials the first connection
 			lock.Unlock()
-		}
-	})
-	b.StopTimer()
-	server := redisstat.Delta(statsBefore, commandStats(b, admin))
-	delete(server, "info")
-	var serverCmds int64
-	for _, n := range server {
-		serverCmds += n
+
+			type remoteResult struct {
+				acquisitions int
+				longest      time.Duration
+			}
+			stopRemote := make(chan struct{})
+			remoteDone := make(chan remoteResult)
+			go func() {
+				var res remoteResult
+				for {
+					select {
+					case <-stopRemote:
+						remoteDone <- res
+						return
+					default:
+					}
+					start := time.Now()
+					remote.Lock()
+					res.longest = max(res.longest, time.Since(start))
+					res.acquisitions++
+					remote.Unlock()
+				}
+			}()
+			statsBefore := commandStats(b, admin)
+			before := counter.RoundTrips()
+			b.SetParallelism(64 / runtime.GOMAXPROCS(0))
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					lock.Lock()
+					lock.Unlock()
+				}
+			})
+			b.StopTimer()
+			server := redisstat.Delta(statsBefore, commandStats(b, admin))
+			close(stopRemote)
+			rem := <-remoteDone
+			delete(server, "info")
+			var serverCmds int64
+			for _, n := range server {
+				serverCmds += n
+			}
+			// Round trips are the hammering registry's; server commands are
+			// both registries', per acquisition of either.
+			b.ReportMetric(float64(counter.RoundTrips()-before)/float64(b.N), "roundtrips/op")
+			b.ReportMetric(float64(serverCmds)/float64(b.N+rem.acquisitions), "servercmds/op")
+			b.ReportMetric(float64(rem.longest)/float64(time.Millisecond), "remote-maxwait-ms")
+			b.ReportMetric(float64(rem.acquisitions), "remote-acquisitions")
+		})
 	}
-	b.ReportMetric(float64(counter.RoundTrips()-before)/float64(b.N), "roundtrips/op")
-	b.ReportMetric(float64(serverCmds)/float64(b.N), "servercmds/op")
 }
 
 func commandStats(b *testing.B, c redis.UniversalClient) map[string]int64 {

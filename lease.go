@@ -104,6 +104,7 @@ func (r *Registry) watch(ctx context.Context) {
 }
 
 func (r *Registry) renewHolds(ctx context.Context) {
+	r.dropStaleYields()
 	if r.cfg.renewal {
 		var due []*hold
 		now := time.Now()
@@ -123,6 +124,16 @@ func (r *Registry) renewHolds(ctx context.Context) {
 		if now >= h.leaseEnd.Load() {
 			h.lose()
 		}
+	})
+}
+
+// dropStaleYields forgets yields no acquisition came for.
+func (r *Registry) dropStaleYields() {
+	r.yields.Range(func(key string, _ time.Time) bool {
+		r.yields.Compute(key, func(until time.Time, loaded bool) (time.Time, bool) {
+			return until, !loaded || time.Now().After(until)
+		})
+		return true
 	})
 }
 

@@ -32,10 +32,6 @@ type localLock struct {
 	// hold is the current acquisition while some goroutine owns the key in
 	// Redis; the watchdog reads it to renew the lease.
 	hold atomic.Pointer[hold]
-	// yieldUntil (unix ns) asks the next local owner to wait before its
-	// first Redis attempt, so that remote waiters get their turn after a
-	// bounded run of local hand-offs.
-	yieldUntil atomic.Int64
 	// wake carries release notifications to the goroutine acquiring the key
 	// in Redis (one per registry and key, as it holds the mutex).
 	wake chan struct{}

@@ -2,7 +2,10 @@ package lockreg
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -26,30 +29,57 @@ func (r *Registry) subscribe(ctx context.Context) error {
 		_ = sub.Close()
 		return ErrClosed
 	}
+	r.sub = sub
 	r.subscribed.Store(true)
 	return nil
 }
 
-// route delivers notifications until Close. go-redis resubscribes after a
-// lost connection on its own; what is published meanwhile is lost, which
+// unsubscribe closes the subscription, which ends route's read.
+func (r *Registry) unsubscribe() {
+	r.subscribeMu.Lock()
+	defer r.subscribeMu.Unlock()
+	if r.sub != nil {
+		_ = r.sub.Close()
+	}
+}
+
+// subscriptionCheck is how long the subscription may stay silent before a
+// PING checks that its connection still works.
+const subscriptionCheck = 15 * time.Second
+
+// route delivers notifications until Close. It reads the subscription
+// itself rather than through go-redis's Channel, which would add a
+// goroutine hop to every wake-up. go-redis reconnects and resubscribes
+// after a lost connection; what was published meanwhile is lost, which
 // costs the waiters at most a retry interval.
 func (r *Registry) route(stop context.Context, sub *redis.PubSub) {
-	defer sub.Close()
-	messages := sub.Channel()
 	for {
-		select {
-		case <-stop.Done():
+		received, err := sub.ReceiveTimeout(stop, subscriptionCheck)
+		if stop.Err() != nil {
 			return
-		case msg, ok := <-messages:
-			if !ok {
-				return
-			}
+		}
+		if msg, ok := received.(*redis.Message); ok {
 			r.stats.notes.Add(1)
 			if local, ok := r.locals.m.Load(msg.Payload); ok {
 				select {
 				case local.wake <- struct{}{}:
 				default: // already woken
 				}
+			}
+		}
+		var netErr net.Error
+		switch {
+		case err == nil:
+		case errors.As(err, &netErr) && netErr.Timeout():
+			// A silent connection may be a dead one: the PONG, or the error
+			// that makes go-redis reconnect, comes with the next read.
+			_ = sub.Ping(stop)
+		default:
+			r.cfg.logger.Debug("lockreg: subscription interrupted; resubscribing", "error", err)
+			select {
+			case <-stop.Done():
+				return
+			case <-time.After(r.cfg.retryInterval):
 			}
 		}
 	}

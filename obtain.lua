@@ -2,17 +2,21 @@
 -- KEYS[1]: the lock's Redis key; KEYS[2]: its fence key; KEYS[3]: its
 -- waiting marker (all in one slot).
 -- ARGV[1]: the registry's client id; ARGV[2]: the lease in milliseconds;
--- ARGV[3]: how long, in milliseconds, a failed attempt marks the key as
--- waited for.
+-- ARGV[3]: how long, in milliseconds, a failed attempt marks this registry
+-- as waiting for the key.
 -- Returns the new fencing token (> 0) when this registry holds the key
 -- afterwards, 0 when another owner does (its value and TTL untouched).
+local now = redis.call('TIME')
+local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local owner = redis.call('GET', KEYS[1])
 if owner and owner ~= ARGV[1] then
-  -- Tell the holder that another registry waits, so that it publishes the
-  -- release and ends its run of local hand-offs.
-  redis.call('SET', KEYS[3], '1', 'PX', ARGV[3])
+  -- Tell the holder who waits (a sorted set of client ids, scored by when
+  -- the mark lapses), so that it publishes its release and lets us in.
+  redis.call('ZADD', KEYS[3], nowMs + tonumber(ARGV[3]), ARGV[1])
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
   return 0
 end
+redis.call('ZREM', KEYS[3], ARGV[1])
 if owner then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 else
@@ -23,7 +27,6 @@ end
 -- lives, and the clock keeps them increasing after Redis lost the stored
 -- one (a restart without persistence, a failover to a lagging replica).
 -- Microseconds stay below 2^53, exact in Lua's doubles.
-local now = redis.call('TIME')
 local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local last = tonumber(redis.call('GET', KEYS[2]))
 if last and last >= token then

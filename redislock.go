@@ -109,8 +109,8 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 	released, err := l.releaseRedis(ctx, h)
 	if released == releasedWhileWaited {
 		// Another registry waits: let it take the key before our next
-		// local waiter tries, or that waiter would nearly always win.
-		local.yieldUntil.Store(time.Now().Add(r.yield).UnixNano())
+		// acquisition tries, or that would nearly always win.
+		r.yields.Store(l.key, time.Now().Add(r.yield))
 	}
 	l.free(local)
 	if err == nil && released == notOurs {
@@ -184,7 +184,7 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) (*h
 		retry   *time.Timer
 		lastErr error
 	)
-	if err := l.yield(ctx, local); err != nil {
+	if err := l.yield(ctx); err != nil {
 		l.free(local)
 		return nil, l.notAcquired(ctx, err, nil)
 	}
@@ -373,15 +373,14 @@ func (l *Lock) releaseRedis(ctx context.Context, h *hold) (int64, error) {
 	return found, nil
 }
 
-// yield waits, before the first Redis attempt, while the last local owner
-// asked it to leave the key to another registry for a moment.
-func (l *Lock) yield(ctx context.Context, local *localLock) error {
-	until := local.yieldUntil.Swap(0)
-	wait := time.Until(time.Unix(0, until))
-	if until == 0 || wait <= 0 {
+// yield waits, before the first Redis attempt, while this registry's last
+// release of the key asked to leave it to another registry for a moment.
+func (l *Lock) yield(ctx context.Context) error {
+	until, ok := l.r.yields.LoadAndDelete(l.key)
+	if !ok || !time.Now().Before(until) {
 		return nil
 	}
-	t := time.NewTimer(wait)
+	t := time.NewTimer(time.Until(until))
 	defer t.Stop()
 	select {
 	case <-t.C:

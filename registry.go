@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -178,13 +179,16 @@ type Registry struct {
 	// channel carries release notifications of this registryKey.
 	channel string
 	// yield is how long a release that another registry waits for keeps
-	// this registry's next local waiter back.
-	yield time.Duration
+	// this registry's next acquisition of the key back; yields holds the
+	// pending ones (the watchdog drops those nobody came for).
+	yield  time.Duration
+	yields *xsync.MapOf[string, time.Time]
 	// markWaiting is how long (ms) a failed attempt marks its key as waited
 	// for: two retry intervals, so a polling waiter keeps it alive.
 	markWaiting int64
 
-	subscribeMu sync.Mutex // serializes opening the subscription
+	subscribeMu sync.Mutex // guards sub, and serializes opening it
+	sub         *redis.PubSub
 	subscribed  atomic.Bool
 
 	closed chan struct{} // closed by Close
@@ -238,6 +242,7 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 		locals:      newLocalLocks(),
 		channel:     registryKey + ":released",
 		yield:       cfg.retryInterval,
+		yields:      xsync.NewMapOf[string, time.Time](),
 		markWaiting: 2 * cfg.retryInterval.Milliseconds(),
 		closed:      make(chan struct{}),
 		stop:        stop,
@@ -276,6 +281,7 @@ func (r *Registry) Close() error {
 		r.stop()
 	}
 	r.mu.Unlock()
+	r.unsubscribe()
 	r.background.Wait()
 	r.forEachHold(func(h *hold) { h.lose() })
 	return nil

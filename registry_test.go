@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -26,6 +27,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(contenderEnv); spec != "" {
+		os.Exit(runContender(spec))
+	}
 	goleak.VerifyTestMain(redistest.M(m))
 }
 

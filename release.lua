@@ -6,7 +6,8 @@
 -- milliseconds; ARGV[4]: the channel to notify waiters on, or '' for none;
 -- ARGV[5]: the notification (the lock's key in its registry).
 -- Returns 0 when the key had expired or has another owner (which is left
--- untouched), 1 when deleted, 2 when deleted while another registry waits.
+-- untouched), 1 when deleted, 2 when deleted while another registry waits
+-- (its mark, set by a failed attempt, has not lapsed).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
@@ -19,7 +20,9 @@ if ARGV[2] ~= '0' then
     redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
   end
 end
-if redis.call('EXISTS', KEYS[3]) == 0 then
+local now = redis.call('TIME')
+local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+if redis.call('ZCOUNT', KEYS[3], nowMs, '+inf') == 0 then
   return 1
 end
 if ARGV[4] ~= '' then

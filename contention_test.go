@@ -1,0 +1,195 @@
+package lockreg
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg/internal/redisstat"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// contenderEnv makes the test binary a contender process instead of
+// running tests (see TestMain): BenchmarkContention starts several.
+const contenderEnv = "LOCKREG_CONTENDER"
+
+// contentionRun is how long BenchmarkContention's processes contend.
+const contentionRun = 2 * time.Second
+
+// contenderSpec is what a contender process is told to do.
+type contenderSpec struct {
+	Addr, RegistryKey, Key string
+	PubSub                 bool
+	Start                  time.Time // all contenders begin together,
+	Duration               time.Duration
+}
+
+// contenderResult is what it reports on stdout.
+type contenderResult struct {
+	Acquisitions int64
+	RoundTrips   int64
+	Holds        []heldTurn
+	Stats        Stats
+}
+
+// heldTurn is one hold: its place in the order of all holds, and when it
+// began (Lock returned) and ended (UnlockContext was called), in unix ns.
+type heldTurn struct{ Seq, Acquired, Released int64 }
+
+// runContender takes the lock for Duration, numbering each hold with
+// INCR on a bookkeeping client (not counted), so that the hand-off times
+// can be read off the merged holds of all processes.
+func runContender(spec string) int {
+	var s contenderSpec
+	if err := json.Unmarshal([]byte(spec), &s); err != nil {
+		fmt.Fprintln(os.Stderr, "contender:", err)
+		return 2
+	}
+	ctx := context.Background()
+	var counter redisstat.Counter
+	lockClient := redis.NewClient(&redis.Options{Addr: s.Addr})
+	lockClient.AddHook(&counter)
+	defer lockClient.Close()
+	books := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer books.Close()
+	r, err := New(lockClient, s.RegistryKey, WithPubSub(s.PubSub))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "contender:", err)
+		return 2
+	}
+	defer r.Close()
+	seqKey := s.RegistryKey + ":seq"
+	lock := r.Obtain(s.Key)
+	time.Sleep(time.Until(s.Start))
+
+	var res contenderResult
+	for end := s.Start.Add(s.Duration); time.Now().Before(end); {
+		if err := lock.LockContext(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "contender:", err)
+			return 1
+		}
+		turn := heldTurn{Acquired: time.Now().UnixNano()}
+		if turn.Seq, err = books.Incr(ctx, seqKey).Result(); err != nil {
+			fmt.Fprintln(os.Stderr, "contender:", err)
+			return 1
+		}
+		turn.Released = time.Now().UnixNano()
+		if err := lock.UnlockContext(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "contender:", err)
+			return 1
+		}
+		res.Holds = append(res.Holds, turn)
+		res.Acquisitions++
+	}
+	res.RoundTrips = counter.RoundTrips()
+	res.Stats = r.Stats()
+	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// BenchmarkContention has 2 and 4 processes, one registry and one
+// goroutine each, take turns on one key for contentionRun (run it with
+// -benchtime 1x: b.N plays no part). handoff-p50/p99 is the time from a release to the next
+// owner's acquisition when that owner is another process; roundtrips/op is
+// what the lock's clients sent per acquisition (each process's one
+// SUBSCRIBE, outside the hook, aside). handoff-p50-rtts divides the median
+// by the median PING round trip measured alongside, under the same load;
+// remote-share is the fraction of acquisitions that followed another
+// process's release; acq/s counts all processes' acquisitions.
+func BenchmarkContention(b *testing.B) {
+	self, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := redistest.Shared(b)
+	for _, procs := range []int{2, 4} {
+		for _, pubSub := range []bool{true, false} {
+			name := fmt.Sprintf("procs=%d/pubsub=%v", procs, pubSub)
+			b.Run(name, func(b *testing.B) {
+				spec := contenderSpec{
+					Addr: srv.Addr(), RegistryKey: "lockreg-bench:" + b.Name(), Key: "hot",
+					PubSub: pubSub, Start: time.Now().Add(300 * time.Millisecond), Duration: contentionRun,
+				}
+				raw, _ := json.Marshal(spec)
+				results := make([]contenderResult, procs)
+				errs := make([]error, procs)
+				var wg sync.WaitGroup
+				// The yardstick: a PING round trip, measured under the same load.
+				pinger := srv.Client(b)
+				pingCtx, stopPinging := context.WithCancel(context.Background())
+				var pings []time.Duration
+				wg.Go(func() {
+					for pingCtx.Err() == nil {
+						start := time.Now()
+						if pinger.Ping(pingCtx).Err() == nil {
+							pings = append(pings, time.Since(start))
+						}
+						time.Sleep(time.Millisecond)
+					}
+				})
+				var contenders sync.WaitGroup
+				b.ResetTimer()
+				for i := range procs {
+					contenders.Go(func() {
+						cmd := exec.Command(self)
+						cmd.Env = append(os.Environ(), contenderEnv+"="+string(raw))
+						cmd.Stderr = os.Stderr
+						out, err := cmd.Output()
+						if err == nil {
+							err = json.Unmarshal(out, &results[i])
+						}
+						errs[i] = err
+					})
+				}
+				contenders.Wait()
+				b.StopTimer()
+				stopPinging()
+				wg.Wait()
+				var acquisitions, trips int64
+				type owned struct {
+					heldTurn
+					proc int
+				}
+				var holds []owned
+				for i, res := range results {
+					if errs[i] != nil {
+						b.Fatalf("contender %d: %v", i, errs[i])
+					}
+					acquisitions += res.Acquisitions
+					trips += res.RoundTrips
+					for _, h := range res.Holds {
+						holds = append(holds, owned{h, i})
+					}
+				}
+				slices.SortFunc(holds, func(a, b owned) int { return int(a.Seq - b.Seq) })
+				var handoffs []int64
+				for i := 1; i < len(holds); i++ {
+					if prev, next := holds[i-1], holds[i]; prev.proc != next.proc {
+						handoffs = append(handoffs, next.Acquired-prev.Released)
+					}
+				}
+				slices.Sort(handoffs)
+				slices.Sort(pings)
+				if len(handoffs) > 0 && len(pings) > 0 {
+					p50 := handoffs[len(handoffs)/2]
+					b.ReportMetric(float64(p50)/1e3, "handoff-p50-µs")
+					b.ReportMetric(float64(handoffs[len(handoffs)*99/100])/1e3, "handoff-p99-µs")
+					b.ReportMetric(float64(p50)/float64(pings[len(pings)/2]), "handoff-p50-rtts")
+				}
+				b.ReportMetric(float64(trips)/float64(acquisitions), "roundtrips/op")
+				b.ReportMetric(float64(acquisitions)/contentionRun.Seconds(), "acq/s")
+				b.ReportMetric(float64(len(handoffs))/float64(acquisitions), "remote-share")
+			})
+		}
+	}
+}
