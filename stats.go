@@ -37,8 +37,8 @@ type Stats struct {
 }
 
 // WaitStats summarizes acquisition waits. The quantiles are upper bounds
-// read off power-of-two buckets (1µs, 2µs, 4µs, ...), so they overstate by
-// up to 2x; Mean and Max are exact.
+// read off power-of-two buckets (1µs, 2µs, 4µs, ...), capped at Max, so
+// they overstate by up to 2x; Mean and Max are exact.
 type WaitStats struct {
 	Count               int64
 	Mean, P50, P99, Max time.Duration
@@ -100,8 +100,8 @@ func (r *Registry) Stats() Stats {
 		buckets[i] = c.waits[i].Load()
 		total += buckets[i]
 	}
-	w.P50 = quantile(buckets[:], total, 0.50)
-	w.P99 = quantile(buckets[:], total, 0.99)
+	w.P50 = min(quantile(buckets[:], total, 0.50), w.Max)
+	w.P99 = min(quantile(buckets[:], total, 0.99), w.Max)
 	return s
 }
 

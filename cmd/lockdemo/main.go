@@ -114,6 +114,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	lockTraffic := &redisstat.Counter{}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	locks := make([]*lockreg.Lock, *services)
+	registries := make([]*lockreg.Registry, *services)
 	for i := range locks {
 		client := redis.NewClient(opts)
 		defer client.Close()
@@ -125,6 +126,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		defer reg.Close()
+		registries[i] = reg
 		locks[i] = reg.Obtain(*key)
 	}
 
@@ -157,6 +159,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "acquisitions:        %d in %v (%.0f/s)\n", n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds())
 	if n > 0 {
 		fmt.Fprintf(stdout, "round trips/acquire: %.2f (lock traffic only)\n", float64(lockTraffic.RoundTrips())/float64(n))
+		printStats(stdout, registries)
 	}
 	fmt.Fprintf(stdout, "counter:             expected %d, actual %d\n", n, actual)
 	fmt.Fprintf(stdout, "lost updates:        %d\n", n-actual)
@@ -216,4 +219,27 @@ func reportProgress(w io.Writer, acquired *atomic.Int64) (stop func()) {
 		}
 	})
 	return func() { close(done); wg.Wait() }
+}
+
+// printStats sums the registries' own counters: how the acquisitions were
+// made, and how long they waited.
+func printStats(w io.Writer, registries []*lockreg.Registry) {
+	var sum lockreg.Stats
+	for _, r := range registries {
+		s := r.Stats()
+		sum.Acquisitions += s.Acquisitions
+		sum.LocalHandoffs += s.LocalHandoffs
+		sum.FailedAttempts += s.FailedAttempts
+		sum.AcquireCalls += s.AcquireCalls
+		sum.ReleaseCalls += s.ReleaseCalls
+		sum.RenewCalls += s.RenewCalls
+		sum.Notifications += s.Notifications
+		sum.Wait.Max = max(sum.Wait.Max, s.Wait.Max)
+		sum.Wait.P99 = max(sum.Wait.P99, s.Wait.P99)
+	}
+	fmt.Fprintf(w, "local hand-offs:     %d of %d acquisitions (no Redis call)\n", sum.LocalHandoffs, sum.Acquisitions)
+	fmt.Fprintf(w, "Redis calls:         %d acquire (%d found the lock taken), %d release, %d renew\n",
+		sum.AcquireCalls, sum.FailedAttempts, sum.ReleaseCalls, sum.RenewCalls)
+	fmt.Fprintf(w, "notifications:       %d received\n", sum.Notifications)
+	fmt.Fprintf(w, "wait:                p99 at most %v, longest %v (worst service)\n", sum.Wait.P99.Round(time.Microsecond), sum.Wait.Max.Round(time.Microsecond))
 }
