@@ -47,6 +47,39 @@
 // renewal, and a holder that lost its lease anyway is told (Lost) and
 // fenced off (Token).
 //
+// # Waiting
+//
+// Goroutines of one registry wait for a key on its local mutex, in arrival
+// order. When the owner unlocks while one waits, the registry passes the
+// hold on without a Redis round trip: the key stays held and the fencing
+// token rises by one. The run of such hand-offs is bounded
+// (WithLocalHandoff, 16 hand-offs or 10ms by default); then the key goes
+// back to Redis.
+//
+// Other registries learn of a release by pub/sub. A failed attempt marks
+// its registry as waiting for the key (a mark that lapses after two retry
+// intervals unless renewed); a release that finds a mark publishes the key
+// on <registryKey>:released, so releases nobody waits for publish nothing.
+// Each registry holds one subscription, opened on its first wait and
+// shared by all its keys, and wakes the key's waiter at once. The waiter
+// still retries every retry interval, so a lost message, a reconnect or a
+// server without pub/sub costs latency, never liveness. A release that
+// found another registry waiting also holds this registry's next
+// acquisition of the key back for 2ms (one retry interval with
+// WithPubSub(false)), so the waiter gets its turn instead of losing every
+// race to the releasing process.
+//
+// On Redis Cluster the notification is a classic PUBLISH, which the cluster
+// broadcasts to every node; the registry's one subscription, on any node,
+// receives it. Sharded pub/sub would confine the message to the key's shard
+// but needs one channel per slot, so a registry waiting on many keys would
+// hold many subscriptions: the constant one subscription per registry was
+// chosen over it.
+//
+// Registry.Stats reports what happened: acquisitions and hand-offs, failed
+// attempts, Redis calls by kind, notifications, keys held and tracked, and
+// a wait-time summary.
+//
 // # Leases, loss and fencing
 //
 // One watchdog goroutine per registry renews the leases of all keys it

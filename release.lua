@@ -20,6 +20,9 @@ if ARGV[2] ~= '0' then
     redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
   end
 end
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  return 1
+end
 local now = redis.call('TIME')
 local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 if redis.call('ZCOUNT', KEYS[3], nowMs, '+inf') == 0 then

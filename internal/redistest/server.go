@@ -172,6 +172,47 @@ func StartReplica(tb testing.TB, primary *Server) *Server {
 	}
 }
 
+// StartCluster starts a Redis Cluster of n primaries (no replicas), each a
+// private redis-server, joined with redis-cli --cluster create, and waits
+// until every node reports the cluster ok. It returns the nodes' addresses.
+func StartCluster(tb testing.TB, n int) []string {
+	tb.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		tb.Fatalf("redistest: redis-cli not found (%v); install it (Debian/Ubuntu: apt-get install -y redis-tools, which redis-server pulls in)", err)
+	}
+	addrs := make([]string, n)
+	for i := range addrs {
+		s, err := start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(s.close)
+		addrs[i] = s.addr
+	}
+	out, err := exec.Command(cli, append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, addr := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		for {
+			info, _ := c.ClusterInfo(context.Background()).Result()
+			if strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.Close()
+				tb.Fatalf("redistest: cluster node %s never became ok:\n%s", addr, info)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		c.Close()
+	}
+	return addrs
+}
+
 func start(args ...string) (*Server, error) {
 	bin := os.Getenv("REDIS_SERVER")
 	if bin == "" {

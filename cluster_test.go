@@ -1,0 +1,130 @@
+package lockreg
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// TestRedisCluster runs the registry on a real three-primary Redis Cluster:
+// keys on every node, exclusion, renewal, tokens and pub/sub wake-ups
+// across nodes.
+func TestRedisCluster(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	newClient := func() *redis.ClusterClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	const lease = 600 * time.Millisecond
+	a := newRegistry(t, newClient(), WithExpireAfter(lease), WithRetryInterval(5*lease/6))
+	b := newRegistry(t, newClient(), WithExpireAfter(lease), WithRetryInterval(5*lease/6))
+
+	// Keys spread over the slots of all three nodes.
+	nodes := map[string]bool{}
+	admin := newClient()
+	var locks []*Lock
+	for i := range 30 {
+		lock := a.Obtain("order-" + strconv.Itoa(i))
+		require.NoError(t, lock.LockContext(ctx))
+		locks = append(locks, lock)
+		node, err := admin.MasterForKey(ctx, lock.keys[0])
+		require.NoError(t, err)
+		nodes[node.Options().Addr] = true
+		require.False(t, b.Obtain(lock.Key()).TryLock(), "exclusion across registries")
+	}
+	require.Len(t, nodes, 3, "the keys live on every node")
+
+	// Renewal, batched per slot, keeps every hold past three leases.
+	time.Sleep(3 * lease)
+	for _, lock := range locks {
+		requireOpen(t, lock.Lost(), "renewed on its own node")
+		require.False(t, b.Obtain(lock.Key()).TryLock())
+	}
+
+	// A waiter in the other registry wakes on the release, well before its
+	// 500ms retry, whichever node holds the key and the subscription.
+	var woken atomic.Int64
+	var latencies []time.Duration
+	for i, lock := range locks[:6] {
+		taken := lockInBackground(ctx, b.Obtain(lock.Key()))
+		require.Eventually(t, func() bool { return b.Stats().FailedAttempts > int64(i)+30 }, 5*time.Second, time.Millisecond)
+		released := time.Now()
+		require.NoError(t, lock.UnlockContext(ctx))
+		at, ok := <-taken
+		require.True(t, ok)
+		latencies = append(latencies, at.Sub(released))
+		if at.Sub(released) < 250*time.Millisecond {
+			woken.Add(1)
+		}
+	}
+	slices.Sort(latencies)
+	t.Logf("release to acquisition across nodes (classic PUBLISH, one subscription per registry): median %v, max %v", latencies[3], latencies[5])
+	require.Equal(t, int64(6), woken.Load(), "every release woke the waiter by pub/sub")
+
+	// Tokens rise across registries on the cluster too.
+	var last int64
+	for i := range 10 {
+		lock := []*Registry{a, b}[i%2].Obtain("fenced")
+		lock.Lock()
+		require.Greater(t, lock.Token(), last)
+		last = lock.Token()
+		lock.Unlock()
+	}
+	for _, lock := range locks[6:] {
+		require.NoError(t, lock.UnlockContext(ctx))
+	}
+}
+
+// TestRedisClusterMutualExclusion is the stress test of the core, on a
+// cluster: registries on their own cluster clients increment a counter
+// with a non-atomic GET and SET under the lock.
+func TestRedisClusterMutualExclusion(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	counter := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer counter.Close()
+	const registries, goroutines, increments = 3, 4, 50
+	var inside, overlaps atomic.Int32
+	var wg sync.WaitGroup
+	for range registries {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+		defer c.Close()
+		r := newRegistry(t, c, WithRetryInterval(5*time.Millisecond))
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lock := r.Obtain("counter")
+				for range increments {
+					if !assert.NoError(t, lock.LockContext(ctx)) {
+						return
+					}
+					if inside.Add(1) != 1 {
+						overlaps.Add(1)
+					}
+					n, _ := counter.Get(ctx, "stress-counter").Int()
+					assert.NoError(t, counter.Set(ctx, "stress-counter", n+1, 0).Err())
+					inside.Add(-1)
+					assert.NoError(t, lock.UnlockContext(ctx))
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	require.Zero(t, overlaps.Load())
+	n, err := counter.Get(ctx, "stress-counter").Int()
+	require.NoError(t, err)
+	require.Equal(t, registries*goroutines*increments, n)
+}
