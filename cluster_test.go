@@ -4,13 +4,11 @@ import (
 	"context"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/redistest"
@@ -88,43 +86,17 @@ func TestRedisCluster(t *testing.T) {
 }
 
 // TestRedisClusterMutualExclusion is the stress test of the core, on a
-// cluster: registries on their own cluster clients increment a counter
-// with a non-atomic GET and SET under the lock.
+// cluster, each registry with its own cluster client.
 func TestRedisClusterMutualExclusion(t *testing.T) {
-	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
-	counter := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	defer counter.Close()
-	const registries, goroutines, increments = 3, 4, 50
-	var inside, overlaps atomic.Int32
-	var wg sync.WaitGroup
-	for range registries {
+	newClient := func() *redis.ClusterClient {
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-		defer c.Close()
-		r := newRegistry(t, c, WithRetryInterval(5*time.Millisecond))
-		for range goroutines {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				lock := r.Obtain("counter")
-				for range increments {
-					if !assert.NoError(t, lock.LockContext(ctx)) {
-						return
-					}
-					if inside.Add(1) != 1 {
-						overlaps.Add(1)
-					}
-					n, _ := counter.Get(ctx, "stress-counter").Int()
-					assert.NoError(t, counter.Set(ctx, "stress-counter", n+1, 0).Err())
-					inside.Add(-1)
-					assert.NoError(t, lock.UnlockContext(ctx))
-				}
-			}()
-		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
 	}
-	wg.Wait()
-	require.Zero(t, overlaps.Load())
-	n, err := counter.Get(ctx, "stress-counter").Int()
-	require.NoError(t, err)
-	require.Equal(t, registries*goroutines*increments, n)
+	var registries []*Registry
+	for range 3 {
+		registries = append(registries, newRegistry(t, newClient(), WithRetryInterval(5*time.Millisecond)))
+	}
+	requireExclusiveIncrements(t, registries, newClient(), "stress-counter", 4, 50)
 }
