@@ -1,6 +1,7 @@
 # make test  - installs redis-server if missing (Debian/Ubuntu, as root or
 #              with sudo), then vets, checks formatting and runs every test
 #              with the race detector against real Redis.
+#              A 10s fuzz run of the key scheme closes it (make fuzz: 5m).
 # make demo  - the demo, on an in-process Redis (nothing to install).
 # make bench - the in-package benchmarks, 10 interleaved runs, summarized by
 #              benchstat (the uncontended cycle is timed in pairs with
@@ -9,12 +10,16 @@
 GO ?= go
 BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 
-.PHONY: test demo bench redis-server
+.PHONY: test demo bench fuzz redis-server
 
 test: redis-server
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) test -race -count=1 ./...
+	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 10s .
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 5m .
 
 demo:
 	$(GO) run ./cmd/lockdemo

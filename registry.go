@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -217,8 +218,8 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 	if client == nil {
 		errs = append(errs, fmt.Errorf("%w: client is nil: pass a go-redis client", ErrInvalidOption))
 	}
-	if registryKey == "" {
-		errs = append(errs, fmt.Errorf("%w: registryKey is empty: pass the Redis key prefix for this registry's locks", ErrInvalidOption))
+	if err := checkRegistryKey(registryKey); err != nil {
+		errs = append(errs, err)
 	}
 	if len(cfg.errs) == 0 && cfg.retryInterval >= cfg.expireAfter {
 		errs = append(errs, fmt.Errorf("%w: the retry interval (WithRetryInterval, %v) must be shorter than the lease (WithExpireAfter, %v)", ErrInvalidOption, cfg.retryInterval, cfg.expireAfter))
@@ -256,15 +257,46 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 	return r, nil
 }
 
-// Obtain returns the lock for key. It is cheap and keeps nothing in the
-// registry: locks for the same key, obtained at any time, share one state.
-// Obtain panics if key is empty.
+// Obtain returns the lock for key, which may be any non-empty string (binary
+// included). It is cheap and keeps nothing in the registry: locks for the
+// same key, obtained at any time, share one state. Obtain panics if key is
+// empty.
 func (r *Registry) Obtain(key string) *Lock {
 	if key == "" {
 		panic("lockreg: Obtain with an empty key; name the resource to lock")
 	}
-	redisKey := r.registryKey + ":{" + key + "}"
-	return &Lock{r: r, key: key, keys: []string{redisKey, redisKey + ":fence", redisKey + ":waiting"}}
+	return &Lock{r: r, key: key, keys: redisKeys(r.registryKey, key)}
+}
+
+// redisKeys are a lock's keys in Redis: the lock itself,
+// <registryKey>:{<key>}, then its fence (the last token) and its waiting
+// marker, which extend it and so share its hash tag and Cluster slot. The
+// key's braces and '%' are escaped (as %7B, %7D, %25), so that the part in
+// braces is exactly the key: no key can end the tag early, and no two
+// (registryKey, key) pairs share a Redis key. Keys without them, the usual
+// case, appear as they are.
+func redisKeys(registryKey, key string) []string {
+	if strings.ContainsAny(key, "{}%") {
+		key = keyEscaper.Replace(key)
+	}
+	lock := registryKey + ":{" + key + "}"
+	return []string{lock, lock + ":fence", lock + ":waiting"}
+}
+
+var keyEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+// checkRegistryKey refuses the registryKeys whose locks' keys would not
+// share a Cluster slot. A hash tag in the registryKey is fine (it puts all
+// of the registry's locks in one slot), but an empty one, "{}", makes Redis
+// hash each whole key instead.
+func checkRegistryKey(registryKey string) error {
+	if registryKey == "" {
+		return fmt.Errorf("%w: registryKey is empty: pass the Redis key prefix for this registry's locks", ErrInvalidOption)
+	}
+	if open := strings.IndexByte(registryKey, '{'); open >= 0 && strings.HasPrefix(registryKey[open+1:], "}") {
+		return fmt.Errorf("%w: registryKey %q starts a Redis Cluster hash tag with \"{}\", which would split a lock's keys across slots; remove the empty braces", ErrInvalidOption, registryKey)
+	}
+	return nil
 }
 
 // Close stops the registry: acquisitions that are waiting, and any later
