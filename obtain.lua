@@ -3,7 +3,7 @@
 -- waiting marker (all in one slot).
 -- ARGV[1]: the registry's client id; ARGV[2]: the lease in milliseconds;
 -- ARGV[3]: how long, in milliseconds, a failed attempt marks this registry
--- as waiting for the key.
+-- as waiting for the key; ARGV[4]: '1' if an earlier attempt marked it.
 -- Returns the new fencing token (> 0) when this registry holds the key
 -- afterwards, 0 when another owner does (its value and TTL untouched).
 local now = redis.call('TIME')
@@ -16,7 +16,9 @@ if owner and owner ~= ARGV[1] then
   redis.call('PEXPIRE', KEYS[3], ARGV[3])
   return 0
 end
-redis.call('ZREM', KEYS[3], ARGV[1])
+if ARGV[4] == '1' then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+end
 if owner then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 else

@@ -183,6 +183,7 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) (*h
 	var (
 		retry   *time.Timer
 		lastErr error
+		marked  bool
 	)
 	if err := l.yield(ctx); err != nil {
 		l.free(local)
@@ -194,13 +195,14 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) (*h
 	default:
 	}
 	for {
-		h, err, gaveUp := l.attempt(ctx, local)
+		h, err, gaveUp := l.attempt(ctx, local, marked)
 		if gaveUp {
 			return nil, l.notAcquired(ctx, ctx.Err(), lastErr)
 		}
 		if h != nil {
 			return h, nil
 		}
+		marked = marked || err == nil // another owner held it: obtain.lua marked us
 		if errors.Is(err, ErrClosed) {
 			l.free(local)
 			return nil, l.notAcquired(ctx, err, lastErr)
@@ -247,9 +249,9 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) (*h
 // a cancellable ctx the call runs in a goroutine: if ctx ends first, attempt
 // reports gaveUp at once and leaves the local mutex to that goroutine,
 // which settles it when Redis answers.
-func (l *Lock) attempt(ctx context.Context, local *localLock) (h *hold, err error, gaveUp bool) {
+func (l *Lock) attempt(ctx context.Context, local *localLock, marked bool) (h *hold, err error, gaveUp bool) {
 	if ctx.Done() == nil {
-		h, err = l.tryObtain(ctx)
+		h, err = l.tryObtain(ctx, marked)
 		return h, err, false
 	}
 	type result struct {
@@ -258,7 +260,7 @@ func (l *Lock) attempt(ctx context.Context, local *localLock) (h *hold, err erro
 	}
 	answer, left := make(chan result), make(chan struct{})
 	started := l.r.goBackground(func(stopCtx context.Context) {
-		h, err := l.tryObtain(context.WithoutCancel(ctx))
+		h, err := l.tryObtain(context.WithoutCancel(ctx), marked)
 		select {
 		case answer <- result{h, err}:
 		case <-left:
@@ -278,21 +280,23 @@ func (l *Lock) attempt(ctx context.Context, local *localLock) (h *hold, err erro
 }
 
 // tryObtain runs obtain.lua once and returns the hold it took, or nil if
-// another owner holds the key. With WithWaitReplicas, a hold too few
-// replicas acknowledged is released again and reported as ErrNotReplicated.
-func (l *Lock) tryObtain(ctx context.Context) (*hold, error) {
+// another owner holds the key. marked says that an earlier attempt marked
+// this registry as waiting, which a success must undo. With
+// WithWaitReplicas, a hold too few replicas acknowledged is released again
+// and reported as ErrNotReplicated.
+func (l *Lock) tryObtain(ctx context.Context, marked bool) (*hold, error) {
 	r := l.r
 	r.stats.acquireCalls.Add(1)
 	sent := time.Now()
 	var token int64
 	var err error
 	if r.cfg.waitReplicas == 0 {
-		token, err = obtainScript.Run(ctx, r.client, l.keys, r.clientID, r.cfg.expireAfter.Milliseconds(), r.markWaiting).Int64()
+		token, err = obtainScript.Run(ctx, r.client, l.keys, l.obtainArgs(marked)...).Int64()
 		if err != nil {
 			err = fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
 		}
 	} else {
-		token, err = l.obtainReplicated(ctx)
+		token, err = l.obtainReplicated(ctx, marked)
 	}
 	if token == 0 {
 		r.stats.failed.Add(1)
@@ -301,10 +305,19 @@ func (l *Lock) tryObtain(ctx context.Context) (*hold, error) {
 	return newHold(l.keys[0], token, sent, r.cfg.expireAfter), nil
 }
 
+// obtainArgs are obtain.lua's arguments.
+func (l *Lock) obtainArgs(marked bool) []any {
+	unmark := "0"
+	if marked {
+		unmark = "1"
+	}
+	return []any{l.r.clientID, l.r.cfg.expireAfter.Milliseconds(), l.r.markWaiting, unmark}
+}
+
 // obtainReplicated sends obtain.lua and WAIT in one pipeline, on one
 // connection to the key's primary, as WAIT counts the acknowledgements of
 // that connection's writes.
-func (l *Lock) obtainReplicated(ctx context.Context) (int64, error) {
+func (l *Lock) obtainReplicated(ctx context.Context, marked bool) (int64, error) {
 	r := l.r
 	node := redis.Cmdable(r.client)
 	if cluster, ok := r.client.(*redis.ClusterClient); ok {
@@ -318,7 +331,7 @@ func (l *Lock) obtainReplicated(ctx context.Context) (int64, error) {
 	run := func() {
 		// Each command's own error is read below; Pipelined's is the first.
 		_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
-			obtained = obtainScript.EvalSha(ctx, p, l.keys, r.clientID, r.cfg.expireAfter.Milliseconds(), r.markWaiting)
+			obtained = obtainScript.EvalSha(ctx, p, l.keys, l.obtainArgs(marked)...)
 			acks = p.Do(ctx, "WAIT", r.cfg.waitReplicas, r.cfg.waitTimeout.Milliseconds())
 			return nil
 		})
