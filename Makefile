@@ -3,20 +3,26 @@
 #              with the race detector against real Redis.
 #              A 10s fuzz run of the key scheme closes it (make fuzz: 5m).
 # make demo  - the demo, on an in-process Redis (nothing to install).
-# make bench - the in-package benchmarks, 10 interleaved runs, summarized by
-#              benchstat (the uncontended cycle is timed in pairs with
+# make bench - lockreg beside Redisson-style locks and the Go peers, all in
+#              one run (bench/): writes bench/RESULTS.md, bench/results/
+#              and bench/charts/. BENCH_QUICK=1 for a smoke run.
+# make bench-lib - the in-package benchmarks, 10 interleaved runs, summarized
+#              by benchstat (the uncontended cycle is timed in pairs with
 #              its floor, two PINGs: see x-floor).
 
 GO ?= go
 BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 
-.PHONY: test demo bench fuzz redis-server
+.PHONY: test demo bench bench-lib fuzz redis-server
 
 test: redis-server
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) test -race -count=1 ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 10s .
+	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	@# The comparison harness, as a smoke run, so that it never rots.
+	smoke=$$(mktemp -d) && cd bench && BENCH_QUICK=1 $(GO) run . -out "$$smoke" && rm -rf "$$smoke"
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 5m .
@@ -25,6 +31,9 @@ demo:
 	$(GO) run ./cmd/lockdemo
 
 bench: redis-server
+	cd bench && $(GO) run .
+
+bench-lib: redis-server
 	@# One benchmark run at a time, ten times over, so that noise on this
 	@# shared machine hits every variant alike.
 	for i in 1 2 3 4 5 6 7 8 9 10; do $(GO) test -run '^$$' -bench '^Benchmark(GoroutineID|Reentrant|Uncontended|HotKey)$$' -count 1 . || exit 1; done | tee bench.txt

@@ -15,7 +15,7 @@ import (
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
-// Figures in README.md come from `make bench`.
+// Figures in README.md come from `make bench-lib`.
 
 // BenchmarkGoroutineID compares the two ways of telling goroutines apart
 // that ownership could use; lockreg uses goid.

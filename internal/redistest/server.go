@@ -94,6 +94,13 @@ func Start(tb testing.TB) *Server {
 	return s
 }
 
+// Launch starts a redis-server outside of a test (for the bench/ harness);
+// Shutdown stops it.
+func Launch() (*Server, error) { return start() }
+
+// Shutdown stops a server from Launch and removes its data dir.
+func (s *Server) Shutdown() { s.close() }
+
 // M wraps a test binary's testing.M so that the shared server stops after
 // the tests and before goleak looks for leaked goroutines:
 //

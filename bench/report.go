@@ -1,0 +1,257 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"image/color"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// report writes results/<date>.json, RESULTS.md and the charts, and prints
+// the table.
+func report(out string, quick bool, results []Result, redisVersion string) error {
+	now := time.Now().UTC()
+	machine := fmt.Sprintf("%s/%s, %d cores, %s, Redis %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), redisVersion)
+	if err := os.MkdirAll(filepath.Join(out, "results"), 0o755); err != nil {
+		return err
+	}
+	raw, err := json.MarshalIndent(struct {
+		Date    time.Time
+		Machine string
+		Quick   bool
+		Results []Result
+	}{now, machine, quick, results}, "", "  ")
+	if err != nil {
+		return err
+	}
+	name := now.Format("2006-01-02")
+	if quick {
+		name += "-quick"
+	}
+	if err := os.WriteFile(filepath.Join(out, "results", name+".json"), raw, 0o644); err != nil {
+		return err
+	}
+	md := markdown(now, machine, quick, results)
+	fmt.Print(md)
+	if quick {
+		return nil // a smoke run leaves RESULTS.md and the charts alone
+	}
+	if err := os.WriteFile(filepath.Join(out, "RESULTS.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	return charts(filepath.Join(out, "charts"), results)
+}
+
+func find(results []Result, scenario, contender string) (Result, bool) {
+	i := slices.IndexFunc(results, func(r Result) bool { return r.Scenario == scenario && r.Contender == contender })
+	if i < 0 || results[i].NA != "" || results[i].Err != "" {
+		return Result{}, false
+	}
+	return results[i], true
+}
+
+func markdown(date time.Time, machine string, quick bool, results []Result) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Side-by-side results\n\n%s, %s", date.Format(time.DateOnly), machine)
+	if quick {
+		b.WriteString(" (quick smoke run: figures are not comparable)")
+	}
+	b.WriteString(".\nProduced by `make bench` (bench/main.go): all contenders in one run against one redis-server.\n" +
+		"Round trips are commands on the wire, counted by a proxy in a separate pass; server commands are INFO commandstats deltas (script bodies included).\n" +
+		"Ratios are to lockreg in the same scenario.\n\n")
+	b.WriteString("## Targets\n\n")
+	for _, line := range targets(results) {
+		b.WriteString("- " + line + "\n")
+	}
+	for _, sc := range scenarios {
+		fmt.Fprintf(&b, "\n## %s: %s\n\n", sc.id, sc.title)
+		b.WriteString("| contender | ns/op | vs lockreg | acq/s | round trips/op | server cmds/op | wait p50 / p99 (µs) | hand-off p50 / p99 (µs) | allocs/op |\n")
+		b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		base, hasBase := find(results, sc.id, "lockreg")
+		for _, r := range results {
+			if r.Scenario != sc.id {
+				continue
+			}
+			switch {
+			case r.NA != "":
+				fmt.Fprintf(&b, "| %s | n/a (%s) | | | | | | | |\n", r.Contender, r.NA)
+				continue
+			case r.Err != "":
+				fmt.Fprintf(&b, "| %s | error: %s | | | | | | | |\n", r.Contender, strings.ReplaceAll(r.Err, "|", "/"))
+				continue
+			}
+			ratio := ""
+			if hasBase && base.NsPerOp > 0 {
+				ratio = fmt.Sprintf("%.2fx", r.NsPerOp/base.NsPerOp)
+			}
+			wait, handoff, allocs := "", "", ""
+			if r.WaitP50 > 0 {
+				wait = fmt.Sprintf("%.0f / %.0f", r.WaitP50/1e3, r.WaitP99/1e3)
+			}
+			if r.HandoffP50 > 0 {
+				handoff = fmt.Sprintf("%.0f / %.0f", r.HandoffP50/1e3, r.HandoffP99/1e3)
+			}
+			if r.AllocsPerOp > 0 {
+				allocs = fmt.Sprintf("%.1f", r.AllocsPerOp)
+			}
+			fmt.Fprintf(&b, "| %s | %.0f | %s | %.0f | %.2f | %.2f | %s | %s | %s |\n",
+				r.Contender, r.NsPerOp, ratio, r.AcqPerSec, r.RoundTrips, r.ServerCmds, wait, handoff, allocs)
+		}
+		if sc.id == "S1" {
+			for _, r := range results {
+				if r.Scenario == "S1" && r.FloorNsPerOp > 0 && r.Contender == "lockreg" {
+					fmt.Fprintf(&b, "\nTwo PING round trips, measured just before lockreg's pass: %.0f ns.\n", r.FloorNsPerOp)
+				}
+			}
+		}
+	}
+	return b.String()
+}
+
+// targets checks the issue's targets, saying plainly which are missed.
+func targets(results []Result) []string {
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "**missed**"
+	}
+	var out []string
+	check := func(name string, ok bool, figure string) {
+		out = append(out, fmt.Sprintf("%s: %s (%s)", name, verdict(ok), figure))
+	}
+	lr := func(s string) (Result, bool) { return find(results, s, "lockreg") }
+	if r, ok := lr("S1"); ok && r.FloorNsPerOp > 0 {
+		check("S1 lockreg within 1.25x of two PINGs", r.NsPerOp <= 1.25*r.FloorNsPerOp, fmt.Sprintf("%.2fx", r.NsPerOp/r.FloorNsPerOp))
+		if b, ok := find(results, "S1", "bsm/redislock-linear"); ok {
+			check("S1 no slower than bsm/redislock", r.NsPerOp <= b.NsPerOp, fmt.Sprintf("%.2fx of bsm/redislock", r.NsPerOp/b.NsPerOp))
+		}
+	}
+	if r, ok := lr("S2"); ok {
+		if red, ok := find(results, "S2", "redisson-style"); ok && r.RoundTrips > 0 {
+			check("S2 at least 5x fewer round trips than Redisson-style", red.RoundTrips >= 5*r.RoundTrips,
+				fmt.Sprintf("%.2f vs %.2f per outer cycle", r.RoundTrips, red.RoundTrips))
+		} else if ok {
+			check("S2 at least 5x fewer round trips than Redisson-style", red.RoundTrips > 0, fmt.Sprintf("0 vs %.2f per outer cycle", red.RoundTrips))
+		}
+		if red, ok := find(results, "S2", "redisson-style"); ok {
+			check("S2 at least 10x faster than Redisson-style", red.NsPerOp >= 10*r.NsPerOp, fmt.Sprintf("%.0f vs %.0f ns per outer cycle", r.NsPerOp, red.NsPerOp))
+		}
+	}
+	if r, ok := find(results, "S3", "lockreg-spin"); ok {
+		check("S3 round trips per acquisition at most 2.05 without hand-off (lockreg-spin)", r.RoundTrips <= 2.05, fmt.Sprintf("%.2f", r.RoundTrips))
+	}
+	if r, ok := lr("S3"); ok {
+		for _, peer := range []string{"bsm/redislock-linear", "redsync"} {
+			if p, ok := find(results, "S3", peer); ok {
+				check("S3 acquisitions/s at least 5x "+peer, r.AcqPerSec >= 5*p.AcqPerSec, fmt.Sprintf("%.0f vs %.0f", r.AcqPerSec, p.AcqPerSec))
+			}
+		}
+	}
+	if r, ok := lr("S4"); ok {
+		if red, ok := find(results, "S4", "redisson-style"); ok {
+			check("S4 acquisitions/s at least Redisson-style's", r.AcqPerSec >= red.AcqPerSec, fmt.Sprintf("%.0f vs %.0f", r.AcqPerSec, red.AcqPerSec))
+		}
+		if r.PingP50 > 0 {
+			check("S4 hand-off p50 within 3 round trips", r.HandoffP50 <= 3*r.PingP50,
+				fmt.Sprintf("%.1f PING round trips of %.0f µs, measured under the same load", r.HandoffP50/r.PingP50, r.PingP50/1e3))
+		}
+	}
+	if r, ok := lr("S6"); ok {
+		for _, peer := range []string{"rueidislock", "bsm/redislock-linear"} {
+			if p, ok := find(results, "S6", peer); ok {
+				check("S6 ns/op below "+peer, r.NsPerOp < p.NsPerOp, fmt.Sprintf("%.0f vs %.0f", r.NsPerOp, p.NsPerOp))
+			}
+		}
+	}
+	return out
+}
+
+// charts draws the round trips, server commands and throughput by
+// scenario and contender, and the S4 hand-off latencies.
+func charts(dir string, results []Result) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var names []string
+	for _, r := range results {
+		if !slices.Contains(names, r.Contender) {
+			names = append(names, r.Contender)
+		}
+	}
+	bars := func(file, title, unit string, ids []string, value func(Result) float64) error {
+		p := plot.New()
+		p.Title.Text = title
+		p.Y.Label.Text = unit
+		w := vg.Points(60 / float64(len(names)))
+		for i, name := range names {
+			vals := make(plotter.Values, len(ids))
+			for j, id := range ids {
+				if r, ok := find(results, id, name); ok {
+					vals[j] = value(r)
+				}
+			}
+			bar, err := plotter.NewBarChart(vals, w)
+			if err != nil {
+				return err
+			}
+			bar.Color = plotutil.Color(i)
+			bar.LineStyle.Width = 0
+			bar.Offset = w * vg.Length(float64(i)-float64(len(names)-1)/2)
+			p.Add(bar)
+			p.Legend.Add(name, bar)
+		}
+		p.Legend.Top = true
+		p.NominalX(ids...)
+		return p.Save(9*vg.Inch, 5*vg.Inch, filepath.Join(dir, file))
+	}
+	all := []string{"S1", "S2", "S3", "S4", "S5", "S6"}
+	if err := bars("roundtrips.png", "Round trips per acquisition (commands sent)", "commands", all, func(r Result) float64 { return r.RoundTrips }); err != nil {
+		return err
+	}
+	if err := bars("servercmds.png", "Server commands per acquisition (INFO commandstats)", "commands", all, func(r Result) float64 { return r.ServerCmds }); err != nil {
+		return err
+	}
+	if err := bars("throughput.png", "Throughput on one hot key", "acquisitions/s", []string{"S3", "S4"}, func(r Result) float64 { return r.AcqPerSec }); err != nil {
+		return err
+	}
+	p := plot.New()
+	p.Title.Text = "S4 hand-off latency, release to the next process's acquisition"
+	p.Y.Label.Text = "µs (log scale)"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{}
+	var labels []string
+	for i, name := range names {
+		r, ok := find(results, "S4", name)
+		if !ok || len(r.Handoffs) == 0 {
+			continue
+		}
+		vals := make(plotter.Values, len(r.Handoffs))
+		for j, h := range r.Handoffs {
+			vals[j] = max(h/1e3, 1)
+		}
+		box, err := plotter.NewBoxPlot(vg.Points(20), float64(len(labels)), vals)
+		if err != nil {
+			return err
+		}
+		box.FillColor = color.Transparent
+		box.BoxStyle.Color = plotutil.Color(i)
+		p.Add(box)
+		labels = append(labels, name)
+	}
+	if len(labels) == 0 {
+		return nil
+	}
+	p.NominalX(labels...)
+	return p.Save(9*vg.Inch, 5*vg.Inch, filepath.Join(dir, "s4-handoff.png"))
+}

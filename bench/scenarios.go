@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lockreg/lockreg/bench/contenders"
+)
+
+// load is what one workload run measured.
+type load struct {
+	acquisitions int64
+	ops          int64 // what ns/op divides by (S2: outer cycles)
+	elapsed      time.Duration
+	waits        []time.Duration
+	holds        []turn // S4: holds numbered across processes
+	mallocs      uint64
+	heapInUse    uint64
+	pingP50      time.Duration // S4: PING round trip under the same load
+}
+
+// turn is one hold in S4, numbered by INCR across all processes.
+type turn struct {
+	Seq, Acquired, Released int64 // unix ns
+	Proc                    int
+}
+
+// workload runs against one contender for d.
+type workload func(ctx context.Context, c contenders.Contender, d time.Duration) (load, error)
+
+type scenario struct {
+	id, title string
+	// reentrant: only for contenders that can re-lock.
+	reentrant bool
+	// multiProcess: run by worker processes (S4).
+	multiProcess bool
+	work         workload
+}
+
+var scenarios = []scenario{
+	{id: "S1", title: "uncontended lock/unlock, one goroutine, one key", work: cycleOneKey},
+	{id: "S2", title: "reentrant depth 5 while held", reentrant: true, work: reentrant5},
+	{id: "S3", title: "one process, 64 goroutines, one hot key", work: hotKey(64)},
+	{id: "S4", title: "4 processes x 16 goroutines, one hot key", multiProcess: true},
+	{id: "S5", title: "one process, 64 goroutines, 10,000 keys", work: manyKeys(64, 10_000)},
+	{id: "S6", title: "parallel lock/unlock on distinct keys", work: distinctKeys(64)},
+}
+
+func cycleOneKey(ctx context.Context, c contenders.Contender, d time.Duration) (load, error) {
+	var l load
+	start := time.Now()
+	for time.Since(start) < d {
+		release, err := c.Acquire(ctx, "s1")
+		if err != nil {
+			return l, err
+		}
+		if err := release(ctx); err != nil {
+			return l, err
+		}
+		l.acquisitions++
+	}
+	l.ops, l.elapsed = l.acquisitions, time.Since(start)
+	return l, nil
+}
+
+func reentrant5(ctx context.Context, c contenders.Contender, d time.Duration) (load, error) {
+	var l load
+	outer, err := c.Acquire(ctx, "s2")
+	if err != nil {
+		return l, err
+	}
+	defer outer(ctx)
+	start := time.Now()
+	releases := make([]func(context.Context) error, 5)
+	for time.Since(start) < d {
+		for i := range releases {
+			if releases[i], err = c.Acquire(ctx, "s2"); err != nil {
+				return l, err
+			}
+		}
+		for i := len(releases) - 1; i >= 0; i-- {
+			if err := releases[i](ctx); err != nil {
+				return l, err
+			}
+		}
+		l.ops++
+		l.acquisitions += 5
+	}
+	l.elapsed = time.Since(start)
+	return l, nil
+}
+
+// parallel runs goroutines that each take key(g, i) in a loop for d,
+// recording every wait.
+func parallel(ctx context.Context, c contenders.Contender, d time.Duration, goroutines int, key func(g, i int) string) (load, error) {
+	var (
+		l        load
+		mu       sync.Mutex
+		firstErr error
+		wg       sync.WaitGroup
+		count    atomic.Int64
+	)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	for g := range goroutines {
+		wg.Go(func() {
+			var waits []time.Duration
+			for i := 0; time.Since(start) < d; i++ {
+				t := time.Now()
+				release, err := c.Acquire(ctx, key(g, i))
+				if err == nil {
+					waits = append(waits, time.Since(t))
+					err = release(ctx)
+				}
+				if err != nil {
+					mu.Lock()
+					firstErr = cmp(firstErr, err)
+					mu.Unlock()
+					return
+				}
+				count.Add(1)
+			}
+			mu.Lock()
+			l.waits = append(l.waits, waits...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	l.elapsed = time.Since(start)
+	runtime.ReadMemStats(&after)
+	l.acquisitions = count.Load()
+	l.ops = l.acquisitions
+	l.mallocs = after.Mallocs - before.Mallocs
+	l.heapInUse = after.HeapInuse
+	return l, firstErr
+}
+
+func cmp(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}
+
+func hotKey(goroutines int) workload {
+	return func(ctx context.Context, c contenders.Contender, d time.Duration) (load, error) {
+		return parallel(ctx, c, d, goroutines, func(int, int) string { return "s3" })
+	}
+}
+
+func manyKeys(goroutines, keys int) workload {
+	return func(ctx context.Context, c contenders.Contender, d time.Duration) (load, error) {
+		return parallel(ctx, c, d, goroutines, func(int, int) string { return "s5:" + strconv.Itoa(rand.IntN(keys)) })
+	}
+}
+
+func distinctKeys(goroutines int) workload {
+	return func(ctx context.Context, c contenders.Contender, d time.Duration) (load, error) {
+		names := make([]string, goroutines)
+		for g := range names {
+			names[g] = "s6:" + strconv.Itoa(g)
+		}
+		return parallel(ctx, c, d, goroutines, func(g, _ int) string { return names[g] })
+	}
+}
+
+// quantile returns the q-quantile of sorted durations.
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(int(q*float64(len(sorted))), len(sorted)-1)]
+}
+
+// handoffs reads hand-off latencies off holds numbered across processes:
+// from one process's release to the next hold, when another process's.
+func handoffs(holds []turn) []time.Duration {
+	slices.SortFunc(holds, func(a, b turn) int { return int(a.Seq - b.Seq) })
+	var out []time.Duration
+	for i := 1; i < len(holds); i++ {
+		if holds[i].Proc != holds[i-1].Proc {
+			out = append(out, time.Duration(holds[i].Acquired-holds[i-1].Released))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+var errNotReentrant = fmt.Errorf("%w: not reentrant", contenders.ErrUnsupported)
+
+func isUnsupported(err error) bool { return errors.Is(err, contenders.ErrUnsupported) }
