@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -195,7 +193,3 @@ func handoffs(holds []turn) []time.Duration {
 	slices.Sort(out)
 	return out
 }
-
-var errNotReentrant = fmt.Errorf("%w: not reentrant", contenders.ErrUnsupported)
-
-func isUnsupported(err error) bool { return errors.Is(err, contenders.ErrUnsupported) }

@@ -3,15 +3,7 @@
 // way against the same Redis.
 package contenders
 
-import (
-	"context"
-	"errors"
-)
-
-// ErrUnsupported is what a contender returns for a scenario it cannot do,
-// such as reentrant locking by a lock that is not reentrant. The harness
-// reports it as "n/a".
-var ErrUnsupported = errors.New("contenders: not supported by this lock")
+import "context"
 
 // Contender is one lock library, configured, with its own Redis
 // connections to one address. It is safe for concurrent use.
@@ -20,7 +12,8 @@ type Contender interface {
 	// the function that releases this hold. If Reentrant, a goroutine that
 	// holds key may Acquire it again; each hold needs its release.
 	Acquire(ctx context.Context, key string) (release func(context.Context) error, err error)
-	// Reentrant reports whether a holder may Acquire its key again.
+	// Reentrant reports whether a holder may Acquire its key again; the
+	// harness reports reentrant scenarios as n/a for the others.
 	Reentrant() bool
 	// Close releases the contender's connections and goroutines.
 	Close() error

@@ -4,59 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os/exec"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg/internal/redistest"
 )
 
-// redissonTestServer starts a redis-server of its own on a free loopback
-// port and returns its address; the server is killed at cleanup.
+// redissonTestServer starts a private redis-server (internal/redistest) and
+// returns its address; it stops when the test ends.
 func redissonTestServer(t *testing.T) string {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("redis-server not installed")
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return addr
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on %s: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return redistest.Start(t).Addr()
 }
 
 // redissonTestClient is a plain client to look at the keys.
