@@ -30,9 +30,12 @@ end
 -- one (a restart without persistence, a failover to a lagging replica).
 -- Microseconds stay below 2^53, exact in Lua's doubles.
 local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local last = tonumber(redis.call('GET', KEYS[2]))
+-- One call in the usual case: store the clock's token and read the last
+-- one; only if that was not lower (the same microsecond, or a clock that
+-- stepped back) store last + 1 instead.
+local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[2], 'GET'))
 if last and last >= token then
   token = last + 1
+  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[2])
 end
-redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[2])
 return token
