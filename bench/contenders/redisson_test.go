@@ -205,11 +205,16 @@ func redissonWaitSubscribers(t *testing.T, rc *redis.Client, channel string, n i
 	}
 }
 
-func TestRedissonWaiterWakesOnPublish(t *testing.T) {
+// redissonPair starts a private server and returns a plain client of it and
+// two contender instances, standing for two processes.
+func redissonPair(t *testing.T) (*redis.Client, Contender, Contender) {
+	t.Helper()
 	addr := redissonTestServer(t)
-	rc := redissonTestClient(t, addr)
-	a := newTestRedisson(t, addr)
-	b := newTestRedisson(t, addr)
+	return redissonTestClient(t, addr), newTestRedisson(t, addr), newTestRedisson(t, addr)
+}
+
+func TestRedissonWaiterWakesOnPublish(t *testing.T) {
+	rc, a, b := redissonPair(t)
 	ctx := context.Background()
 
 	releaseA, err := a.Acquire(ctx, "k")
@@ -251,10 +256,7 @@ func TestRedissonWaiterWakesOnPublish(t *testing.T) {
 }
 
 func TestRedissonSharedSubscription(t *testing.T) {
-	addr := redissonTestServer(t)
-	rc := redissonTestClient(t, addr)
-	a := newTestRedisson(t, addr)
-	b := newTestRedisson(t, addr)
+	rc, a, b := redissonPair(t)
 	ctx := context.Background()
 
 	releaseA, err := a.Acquire(ctx, "k")
