@@ -291,7 +291,7 @@ func (l *Lock) tryObtain(ctx context.Context, marked bool) (*hold, error) {
 	var token int64
 	var err error
 	if r.cfg.waitReplicas == 0 {
-		token, err = obtainScript.Run(ctx, r.client, l.keys, l.obtainArgs(marked)...).Int64()
+		token, err = r.calls.run(ctx, obtainScript, l.keys, l.obtainArgs(marked)...).Int64()
 		if err != nil {
 			err = fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
 		}
@@ -379,7 +379,7 @@ func (l *Lock) releaseRedis(ctx context.Context, h *hold) (int64, error) {
 	if r.cfg.pubSub {
 		channel = r.channel
 	}
-	found, err := releaseScript.Run(ctx, r.client, l.keys, r.clientID, handedOutToken, r.cfg.expireAfter.Milliseconds(), channel, l.key).Int64()
+	found, err := r.calls.run(ctx, releaseScript, l.keys, r.clientID, handedOutToken, r.cfg.expireAfter.Milliseconds(), channel, l.key).Int64()
 	if err != nil {
 		return notOurs, fmt.Errorf("%w: release %q: %w", ErrRedis, l.key, err)
 	}

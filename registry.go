@@ -176,6 +176,7 @@ type Registry struct {
 	clientID    string // the value of every Redis key this registry holds
 	cfg         config
 	locals      localLocks
+	calls       batcher
 	stats       counters
 	// channel carries release notifications of this registryKey.
 	channel string
@@ -241,6 +242,7 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 		clientID:    uuid.NewString(),
 		cfg:         cfg,
 		locals:      newLocalLocks(),
+		calls:       batcher{client: client},
 		channel:     registryKey + ":released",
 		yield:       cfg.retryInterval,
 		yields:      xsync.NewMapOf[string, time.Time](),

@@ -1,0 +1,111 @@
+package lockreg
+
+import (
+	"context"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// maxInFlight is how many script calls or pipelines a registry keeps on the
+// wire at once before it queues calls. Below it a call goes out alone, with
+// no added latency; above it the queue leaves as one pipeline when a call
+// in flight returns. Redis runs one command at a time, so more in flight
+// buys little, while each write and read costs both sides a system call:
+// BenchmarkDistinctKeys measured 1, 2, 4 and 8 on two cores, and 4 was the
+// fastest.
+const maxInFlight = 4
+
+// batcher sends the obtain and release script calls of concurrent
+// goroutines, up to maxInFlight at a time, coalescing the rest into
+// pipelines (auto-pipelining): one write and one read for many calls, on
+// the client and on the server.
+type batcher struct {
+	client redis.UniversalClient
+
+	mu       sync.Mutex // guards inFlight and queue
+	inFlight int
+	queue    []*scriptCall
+}
+
+// scriptCall is one queued call; done is closed when cmd has its reply or
+// when the call must lead the queue (batch is then set).
+type scriptCall struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+	cmd    *redis.Cmd
+	done   chan struct{}
+	batch  []*scriptCall
+}
+
+// run runs script once, alone or in a pipeline with other goroutines'
+// calls, and returns its reply. As with Script.Run, a NOSCRIPT reply is
+// answered by sending the script itself.
+func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	b.mu.Lock()
+	if b.inFlight < maxInFlight {
+		b.inFlight++
+		b.mu.Unlock()
+		cmd := script.Run(ctx, b.client, keys, args...)
+		b.next()
+		return cmd
+	}
+	c := &scriptCall{script: script, keys: keys, args: args, done: make(chan struct{})}
+	b.queue = append(b.queue, c)
+	b.mu.Unlock()
+	<-c.done
+	if c.batch != nil {
+		// The calls were made with their callers' contexts; one caller's
+		// cancellation must not fail the others.
+		b.pipeline(context.WithoutCancel(ctx), c.batch)
+		b.next()
+	}
+	return c.cmd
+}
+
+// next hands the slot of a call that returned to the queued calls, whose
+// first caller sends them all as one pipeline, or frees it.
+func (b *batcher) next() {
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.inFlight--
+		b.mu.Unlock()
+		return
+	}
+	batch := b.queue
+	b.queue = nil
+	b.mu.Unlock()
+	batch[0].batch = batch
+	close(batch[0].done)
+}
+
+// pipeline sends batch as one pipeline, then, if Redis lost the scripts (a
+// restart), loads them and sends the calls that failed for it again, and
+// wakes every caller but the first, which is the one sending.
+func (b *batcher) pipeline(ctx context.Context, batch []*scriptCall) {
+	b.send(ctx, batch, (*redis.Script).EvalSha)
+	var again []*scriptCall
+	for _, c := range batch {
+		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
+			again = append(again, c)
+		}
+	}
+	if len(again) > 0 {
+		b.send(ctx, again, (*redis.Script).Eval)
+	}
+	for _, c := range batch[1:] {
+		close(c.done)
+	}
+}
+
+// send sends calls as one pipeline, by EVALSHA or by EVAL.
+func (b *batcher) send(ctx context.Context, calls []*scriptCall, eval func(*redis.Script, context.Context, redis.Scripter, []string, ...any) *redis.Cmd) {
+	// Each call's own error is read from its cmd.
+	_, _ = b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, c := range calls {
+			c.cmd = eval(c.script, ctx, p, c.keys, c.args...)
+		}
+		return nil
+	})
+}

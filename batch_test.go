@@ -1,0 +1,106 @@
+package lockreg
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redisstat"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// TestQueuedCallsLeaveAsOnePipeline fills the registry's calls in flight,
+// queues obtain calls for many keys behind them, and lets them go: they
+// leave as one pipeline, every caller gets its own reply, even after Redis
+// forgot the script, and even though the caller that sends the pipeline had
+// its context cancelled.
+func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
+	ctx := context.Background()
+	var sent redisstat.Counter
+	srv := redistest.Shared(t)
+	r := newRegistry(t, srv.Client(t, &sent))
+	require.NoError(t, srv.Client(t).ScriptFlush(ctx).Err(), "the pipeline must reload the script")
+
+	b := &r.calls
+	b.mu.Lock()
+	b.inFlight = maxInFlight // as if that many calls were on the wire
+	b.mu.Unlock()
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+
+	const callers = 10
+	prefix := "queued-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-" // the keys of this run
+	tokens := make([]int64, callers)
+	errs := make([]error, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		lock := r.Obtain(prefix + strconv.Itoa(i))
+		callCtx := ctx
+		if i == 0 {
+			callCtx = cancelled // the first queued call leads the pipeline
+		}
+		queued := len(b.queue)
+		wg.Go(func() {
+			tokens[i], errs[i] = b.run(callCtx, obtainScript, lock.keys, lock.obtainArgs(false)...).Int64()
+		})
+		require.Eventually(t, func() bool {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			return len(b.queue) == queued+1
+		}, 5*time.Second, time.Millisecond, "call %d queued behind the full calls in flight", i)
+	}
+	require.Zero(t, sent.RoundTrips(), "nothing is sent while the calls in flight are full")
+
+	b.next() // a call in flight returns
+	wg.Wait()
+	for i := range callers {
+		require.NoError(t, errs[i], "caller %d", i)
+		require.Positive(t, tokens[i], "caller %d got a token", i)
+		owner, err := srv.Client(t).Get(ctx, r.Obtain(prefix + strconv.Itoa(i)).keys[0]).Result()
+		require.NoError(t, err)
+		require.Equal(t, r.clientID, owner)
+	}
+	// One pipeline of EVALSHAs, answered NOSCRIPT, then one of EVALs.
+	require.Equal(t, int64(2), sent.RoundTrips())
+	require.Equal(t, map[string]int64{"evalsha": callers, "eval": callers}, sent.Commands())
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	require.Equal(t, maxInFlight-1, b.inFlight, "the pipeline's slot is freed, the others are still taken")
+	require.Empty(t, b.queue)
+	b.inFlight = 0
+}
+
+// TestParallelCallsArePipelined runs many goroutines on keys of their own,
+// more than the calls a registry keeps in flight: they share round trips,
+// and every lock still excludes another registry.
+func TestParallelCallsArePipelined(t *testing.T) {
+	var sent redisstat.Counter
+	srv := redistest.Shared(t)
+	r := newRegistry(t, srv.Client(t, &sent))
+	other := newRegistry(t, srv.Client(t))
+	const goroutines, cycles = 32, 50
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			lock := r.Obtain("parallel-" + strconv.Itoa(g))
+			for range cycles {
+				lock.Lock()
+				if other.Obtain(lock.Key()).TryLock() {
+					t.Errorf("another registry took %q while held", lock.Key())
+				}
+				lock.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	calls := sent.Commands()["evalsha"]
+	require.Equal(t, int64(2*goroutines*cycles), calls, "one obtain and one release per cycle")
+	require.Less(t, sent.RoundTrips(), calls, "calls shared round trips")
+	t.Logf("%d script calls in %d round trips", calls, sent.RoundTrips())
+	requireNoLocalState(t, r)
+}
