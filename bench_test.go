@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -179,4 +180,21 @@ func commandStats(b *testing.B, c redis.UniversalClient) map[string]int64 {
 		b.Fatal(err)
 	}
 	return stats
+}
+
+// BenchmarkDistinctKeys locks and unlocks in parallel, each goroutine on a
+// key of its own (bench/'s S6, the rueidislock README's shape): what one
+// registry costs when Redis, not contention, is the limit.
+func BenchmarkDistinctKeys(b *testing.B) {
+	reg := newRegistry(b, redistest.Shared(b).Client(b))
+	var next atomic.Int64
+	b.SetParallelism(32) // 64 goroutines on 2 cores
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		lock := reg.Obtain("distinct-" + strconv.FormatInt(next.Add(1), 10))
+		for pb.Next() {
+			lock.Lock()
+			lock.Unlock()
+		}
+	})
 }

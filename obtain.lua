@@ -7,22 +7,19 @@
 -- Returns the new fencing token (> 0) when this registry holds the key
 -- afterwards, 0 when another owner does (its value and TTL untouched).
 local now = redis.call('TIME')
-local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local owner = redis.call('GET', KEYS[1])
-if owner and owner ~= ARGV[1] then
-  -- Tell the holder who waits (a sorted set of client ids, scored by when
-  -- the mark lapses), so that it publishes its release and lets us in.
-  redis.call('ZADD', KEYS[3], nowMs + tonumber(ARGV[3]), ARGV[1])
-  redis.call('PEXPIRE', KEYS[3], ARGV[3])
-  return 0
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    -- Tell the holder who waits (a sorted set of client ids, scored by when
+    -- the mark lapses), so that it publishes its release and lets us in.
+    local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    redis.call('ZADD', KEYS[3], nowMs + tonumber(ARGV[3]), ARGV[1])
+    redis.call('PEXPIRE', KEYS[3], ARGV[3])
+    return 0
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 if ARGV[4] == '1' then
   redis.call('ZREM', KEYS[3], ARGV[1])
-end
-if owner then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-else
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
 -- The token is the larger of the last token + 1 and the server clock in
 -- microseconds: the stored token keeps tokens strictly increasing while it
