@@ -63,14 +63,15 @@ func main() {
 	quick := flag.Bool("quick", os.Getenv("BENCH_QUICK") != "", "smoke run: a fraction of a second per pass (also BENCH_QUICK=1)")
 	out := flag.String("out", ".", "where results/, RESULTS.md and charts/ go")
 	only := flag.String("contenders", "", "comma-separated contender names (default: all)")
+	onlyScenarios := flag.String("scenarios", "", "comma-separated scenario ids, e.g. S1,S6 (default: all)")
 	flag.Parse()
-	if err := run(*quick, *out, *only); err != nil {
+	if err := run(*quick, *out, *only, *onlyScenarios); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(quick bool, out, only string) error {
+func run(quick bool, out, only, onlyScenarios string) error {
 	srv, err := redistest.Launch()
 	if err != nil {
 		return err
@@ -97,6 +98,9 @@ func run(quick bool, out, only string) error {
 	env := &benchEnv{addr: srv.Addr(), proxy: counter, admin: admin, d: d}
 	var results []Result
 	for _, sc := range scenarios {
+		if onlyScenarios != "" && !slices.Contains(strings.Split(onlyScenarios, ","), sc.id) {
+			continue
+		}
 		for _, f := range factories {
 			res := env.measure(sc, f)
 			results = append(results, res)
