@@ -101,11 +101,7 @@ func run(quick bool, out, only, onlyScenarios string) error {
 		if onlyScenarios != "" && !slices.Contains(strings.Split(onlyScenarios, ","), sc.id) {
 			continue
 		}
-		for _, f := range factories {
-			res := env.measure(sc, f)
-			results = append(results, res)
-			fmt.Fprintln(os.Stderr, res.line())
-		}
+		results = append(results, env.measureAll(sc, factories)...)
 	}
 	version, _ := admin.Info(context.Background(), "server").Result()
 	return report(out, quick, results, redisVersion(version))
@@ -118,61 +114,139 @@ type benchEnv struct {
 	d     time.Duration
 }
 
-func (e *benchEnv) measure(sc scenario, f contenders.Factory) Result {
-	res := Result{Scenario: sc.id, Contender: f.Name}
-	ctx := context.Background()
-	probe, err := f.New(e.addr)
-	if err != nil {
-		res.Err = err.Error()
-		return res
-	}
-	reentrant := probe.Reentrant()
-	_ = probe.Close()
-	if sc.reentrant && !reentrant {
-		res.NA = "not reentrant"
-		return res
-	}
-	if sc.id == "S1" {
-		res.FloorNsPerOp = e.pingFloor(ctx)
-	}
+// rounds is how many turns the in-process scenarios give each contender:
+// a slice of the timing pass each, contender after contender, so that a
+// burst of noise on this shared machine falls on all of them alike.
+const rounds = 6
 
-	// Timing pass, straight to Redis.
-	var before map[string]int64
-	timed, err := e.pass(ctx, sc, f, e.addr, func() (err error) {
-		before, err = redisstat.CommandStats(ctx, e.admin)
-		return err
-	})
+// contenderRun is one contender's measurement in one scenario.
+type contenderRun struct {
+	f          contenders.Factory
+	res        Result
+	c          contenders.Contender // in-process scenarios: the timed one
+	timed      load
+	serverCmds int64
+}
+
+// measureAll measures every contender in sc: the timing passes in turns
+// (S4's worker processes, one contender after the other), then a counting
+// pass each.
+func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
+	ctx := context.Background()
+	var runs []*contenderRun
+	for _, f := range fs {
+		runs = append(runs, e.prepare(ctx, sc, f))
+	}
+	turns, slice := rounds, e.d/rounds
+	if sc.multiProcess {
+		turns, slice = 1, e.d
+	}
+	var floor time.Duration
+	var floorPairs int
+	for range turns {
+		for _, run := range runs {
+			if run.res.NA != "" || run.res.Err != "" {
+				continue
+			}
+			if sc.id == "S1" && run.f.Name == contenders.LockReg.Name {
+				d, n := e.pingFloor(ctx, slice/2)
+				floor, floorPairs = floor+d, floorPairs+n
+			}
+			if err := e.timeSlice(ctx, sc, run, slice); err != nil {
+				run.res.Err = err.Error()
+			}
+		}
+	}
+	var results []Result
+	for _, run := range runs {
+		if run.c != nil {
+			_ = run.c.Close()
+		}
+		if run.res.NA == "" && run.res.Err == "" {
+			if sc.id == "S1" && run.f.Name == contenders.LockReg.Name && floorPairs > 0 {
+				run.res.FloorNsPerOp = float64(floor.Nanoseconds()) / float64(floorPairs)
+			}
+			e.finish(ctx, sc, run)
+		}
+		fmt.Fprintln(os.Stderr, run.res.line())
+		results = append(results, run.res)
+	}
+	return results
+}
+
+// prepare checks that the contender can run sc and, in process, opens and
+// warms up the contender the timing pass uses (scripts loaded,
+// connections open).
+func (e *benchEnv) prepare(ctx context.Context, sc scenario, f contenders.Factory) *contenderRun {
+	run := &contenderRun{f: f, res: Result{Scenario: sc.id, Contender: f.Name}}
+	c, err := f.New(e.addr)
 	if err != nil {
-		res.Err = err.Error()
-		return res
+		run.res.Err = err.Error()
+		return run
+	}
+	if sc.reentrant && !c.Reentrant() {
+		run.res.NA = "not reentrant"
+	}
+	if run.res.NA != "" || sc.multiProcess {
+		_ = c.Close()
+		return run
+	}
+	run.c = c
+	if _, err := cycleOneKey(ctx, c, 20*time.Millisecond); err != nil {
+		run.res.Err = err.Error()
+	}
+	return run
+}
+
+// timeSlice runs sc for d on the contender, straight to Redis, and adds
+// what it measured, server commands included, to the run.
+func (e *benchEnv) timeSlice(ctx context.Context, sc scenario, run *contenderRun, d time.Duration) error {
+	before, err := redisstat.CommandStats(ctx, e.admin)
+	if err != nil {
+		return err
+	}
+	var l load
+	if sc.multiProcess {
+		// Each worker's connection set-up is measured too: spread over its
+		// run, as it would be in a service.
+		l, err = e.processes(ctx, run.f, e.addr, d)
+	} else {
+		l, err = sc.work(ctx, run.c, d)
+	}
+	if err != nil {
+		return err
 	}
 	after, err := redisstat.CommandStats(ctx, e.admin)
 	if err != nil {
-		res.Err = err.Error()
-		return res
+		return err
 	}
 	server := redisstat.Delta(before, after)
 	delete(server, "info")
 	if sc.multiProcess {
-		server["incr"] -= timed.acquisitions // the workers' bookkeeping
+		server["incr"] -= l.acquisitions // the workers' bookkeeping
 	}
-	var serverCmds int64
 	for _, n := range server {
-		serverCmds += n
+		run.serverCmds += n
 	}
+	run.timed.add(l)
+	return nil
+}
 
-	// Counting pass, through the proxy.
-	counted, err := e.pass(ctx, sc, f, e.proxy.Addr(), func() error { e.proxy.Reset(); return nil })
+// finish runs the counting pass, through the proxy, and fills in the
+// result.
+func (e *benchEnv) finish(ctx context.Context, sc scenario, run *contenderRun) {
+	res, timed := &run.res, run.timed
+	counted, err := e.countingPass(ctx, sc, run.f)
 	if err != nil {
 		res.Err = err.Error()
-		return res
+		return
 	}
 	sent := e.proxy.Commands() // the S4 workers' bookkeeping goes straight to Redis
 
 	res.Acquisitions = timed.acquisitions
 	if timed.ops > 0 {
 		res.NsPerOp = float64(timed.elapsed.Nanoseconds()) / float64(timed.ops)
-		res.ServerCmds = float64(serverCmds) / float64(timed.ops)
+		res.ServerCmds = float64(run.serverCmds) / float64(timed.ops)
 	}
 	res.AcqPerSec = float64(timed.acquisitions) / timed.elapsed.Seconds()
 	if counted.ops > 0 {
@@ -196,45 +270,40 @@ func (e *benchEnv) measure(sc scenario, f contenders.Factory) Result {
 		res.AllocsPerOp = float64(timed.mallocs) / float64(timed.acquisitions)
 		res.HeapInUse = timed.heapInUse
 	}
-	return res
 }
 
-// pass runs the scenario once with the contender connected to addr, and
-// calls measureFrom when what follows is to be measured.
-func (e *benchEnv) pass(ctx context.Context, sc scenario, f contenders.Factory, addr string, measureFrom func() error) (load, error) {
+// countingPass runs sc again with the contender connected through the
+// counting proxy, which then holds the commands it sent, and returns what
+// ran. Counts are per operation, so a shorter pass does for in-process
+// scenarios.
+func (e *benchEnv) countingPass(ctx context.Context, sc scenario, f contenders.Factory) (load, error) {
 	if sc.multiProcess {
-		// Each worker's connection set-up is measured too: spread over
-		// its run, as it would be in a service.
-		if err := measureFrom(); err != nil {
-			return load{}, err
-		}
-		return e.processes(ctx, f, addr)
+		e.proxy.Reset()
+		return e.processes(ctx, f, e.proxy.Addr(), e.d)
 	}
-	c, err := f.New(addr)
+	c, err := f.New(e.proxy.Addr())
 	if err != nil {
 		return load{}, err
 	}
 	defer c.Close()
-	// A short warm-up loads scripts and opens connections.
 	if _, err := cycleOneKey(ctx, c, 20*time.Millisecond); err != nil {
 		return load{}, err
 	}
-	if err := measureFrom(); err != nil {
-		return load{}, err
-	}
-	return sc.work(ctx, c, e.d)
+	e.proxy.Reset()
+	return sc.work(ctx, c, e.d/3)
 }
 
 // pingFloor is the physical floor of a lock/unlock cycle: two PING round
-// trips on one go-redis connection, ns per pair.
-func (e *benchEnv) pingFloor(ctx context.Context) float64 {
+// trips on one go-redis connection. It pings in pairs for d and returns
+// the time taken and the pairs sent.
+func (e *benchEnv) pingFloor(ctx context.Context, d time.Duration) (time.Duration, int) {
 	start, n := time.Now(), 0
-	for time.Since(start) < e.d/2 {
+	for time.Since(start) < d {
 		e.admin.Ping(ctx)
 		e.admin.Ping(ctx)
 		n++
 	}
-	return float64(time.Since(start).Nanoseconds()) / float64(n)
+	return time.Since(start), n
 }
 
 // S4: worker processes.
@@ -254,7 +323,7 @@ type workerResult struct {
 
 const s4Processes, s4Goroutines = 4, 16
 
-func (e *benchEnv) processes(ctx context.Context, f contenders.Factory, addr string) (load, error) {
+func (e *benchEnv) processes(ctx context.Context, f contenders.Factory, addr string, d time.Duration) (load, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return load{}, err
@@ -280,7 +349,7 @@ func (e *benchEnv) processes(ctx context.Context, f contenders.Factory, addr str
 	}()
 	for p := range s4Processes {
 		spec, _ := json.Marshal(workerSpec{Contender: f.Name, Addr: addr, BooksAddr: e.addr, Proc: p,
-			Goroutines: s4Goroutines, Start: start, Duration: e.d})
+			Goroutines: s4Goroutines, Start: start, Duration: d})
 		wg.Go(func() {
 			cmd := exec.CommandContext(ctx, self)
 			cmd.Env = append(os.Environ(), workerEnv+"="+string(spec))
@@ -296,7 +365,7 @@ func (e *benchEnv) processes(ctx context.Context, f contenders.Factory, addr str
 	stopPinging()
 	<-pinged
 	var l load
-	l.elapsed = e.d
+	l.elapsed = d
 	slices.Sort(pings)
 	l.pingP50 = quantile(pings, 0.5)
 	for p, r := range results {

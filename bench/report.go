@@ -68,6 +68,7 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 	}
 	b.WriteString(".\nProduced by `make bench` (bench/main.go): all contenders in one run against one redis-server.\n" +
 		"Round trips are commands on the wire, counted by a proxy in a separate pass; server commands are INFO commandstats deltas (script bodies included).\n" +
+		"In-process scenarios (all but S4) time the contenders in turns, six rounds of a slice each, so that noise falls on all alike.\n" +
 		"Ratios are to lockreg in the same scenario.\n\n")
 	b.WriteString("## Targets\n\n")
 	for _, line := range targets(results) {
@@ -110,7 +111,7 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 		if sc.id == "S1" {
 			for _, r := range results {
 				if r.Scenario == "S1" && r.FloorNsPerOp > 0 && r.Contender == "lockreg" {
-					fmt.Fprintf(&b, "\nTwo PING round trips, measured just before lockreg's pass: %.0f ns.\n", r.FloorNsPerOp)
+					fmt.Fprintf(&b, "\nTwo PING round trips, timed in turns with the contenders: %.0f ns.\n", r.FloorNsPerOp)
 				}
 			}
 		}

@@ -25,6 +25,18 @@ type load struct {
 	pingP50      time.Duration // S4: PING round trip under the same load
 }
 
+// add adds what another slice of the same run measured.
+func (l *load) add(m load) {
+	l.acquisitions += m.acquisitions
+	l.ops += m.ops
+	l.elapsed += m.elapsed
+	l.waits = append(l.waits, m.waits...)
+	l.holds = append(l.holds, m.holds...)
+	l.mallocs += m.mallocs
+	l.heapInUse = max(l.heapInUse, m.heapInUse)
+	l.pingP50 = max(l.pingP50, m.pingP50)
+}
+
 // turn is one hold in S4, numbered by INCR across all processes.
 type turn struct {
 	Seq, Acquired, Released int64 // unix ns
