@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -178,12 +179,59 @@ func (l *Lock) Lost() <-chan struct{} {
 
 // obtainRedis runs obtain.lua until it succeeds or, when wait is false,
 // once. Called with the local mutex held; on failure it gives that up.
+//
+// A go-redis client need not honour ctx while Redis is slow to answer
+// (ContextTimeoutEnabled is off by default), so with a cancellable ctx the
+// attempts run in one goroutine for the whole acquisition: if ctx ends
+// first, obtainRedis returns at once and leaves the local mutex to that
+// goroutine, which gives it up when Redis answers, deleting the key
+// (owner-checked) if the attempt in flight took it.
 func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) (*hold, error) {
+	var lastErr atomic.Pointer[error] // the last Redis error, for the caller's error
+	if ctx.Done() == nil {
+		return l.attempts(ctx, wait, local, &lastErr)
+	}
+	type result struct {
+		h   *hold
+		err error
+	}
+	answer, left := make(chan result), make(chan struct{})
+	started := l.r.goBackground(func(stop context.Context) {
+		h, err := l.attempts(ctx, wait, local, &lastErr)
+		select {
+		case answer <- result{h, err}:
+		case <-left:
+			if h != nil {
+				l.settle(stop, local, true)
+			}
+		}
+	})
+	if !started {
+		l.free(local)
+		return nil, l.notAcquired(ctx, ErrClosed, nil)
+	}
+	select {
+	case a := <-answer:
+		return a.h, a.err
+	case <-ctx.Done():
+		close(left)
+		return nil, l.notAcquired(ctx, ctx.Err(), loadError(&lastErr))
+	}
+}
+
+func loadError(p *atomic.Pointer[error]) error {
+	if err := p.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
+// attempts is obtainRedis's loop; it stores each Redis error in lastErr.
+func (l *Lock) attempts(ctx context.Context, wait bool, local *localLock, lastErr *atomic.Pointer[error]) (*hold, error) {
 	r := l.r
 	var (
-		retry   *time.Timer
-		lastErr error
-		marked  bool
+		retry  *time.Timer
+		marked bool
 	)
 	if err := l.yield(ctx); err != nil {
 		l.free(local)
@@ -195,23 +243,20 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) (*h
 	default:
 	}
 	for {
-		h, err, gaveUp := l.attempt(ctx, local, marked)
-		if gaveUp {
-			return nil, l.notAcquired(ctx, ctx.Err(), lastErr)
-		}
+		h, err := l.tryObtain(ctx, marked)
 		if h != nil {
 			return h, nil
 		}
 		marked = marked || err == nil // another owner held it: obtain.lua marked us
 		if errors.Is(err, ErrClosed) {
 			l.free(local)
-			return nil, l.notAcquired(ctx, err, lastErr)
+			return nil, l.notAcquired(ctx, err, loadError(lastErr))
 		}
 		if err != nil {
-			if lastErr == nil || lastErr.Error() != err.Error() {
+			if prev := loadError(lastErr); prev == nil || prev.Error() != err.Error() {
 				r.cfg.logger.Warn("lockreg: Redis error while acquiring; retrying", "key", l.key, "error", err)
 			}
-			lastErr = err
+			lastErr.Store(&err)
 		}
 		stop := errBusy
 		if wait {
@@ -240,42 +285,7 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) (*h
 			retry.Stop()
 		}
 		l.abandon(local, mayHaveRun(err))
-		return nil, l.notAcquired(ctx, stop, lastErr)
-	}
-}
-
-// attempt runs obtain.lua once. A go-redis client need not honour ctx while
-// Redis is slow to answer (ContextTimeoutEnabled is off by default), so with
-// a cancellable ctx the call runs in a goroutine: if ctx ends first, attempt
-// reports gaveUp at once and leaves the local mutex to that goroutine,
-// which settles it when Redis answers.
-func (l *Lock) attempt(ctx context.Context, local *localLock, marked bool) (h *hold, err error, gaveUp bool) {
-	if ctx.Done() == nil {
-		h, err = l.tryObtain(ctx, marked)
-		return h, err, false
-	}
-	type result struct {
-		h   *hold
-		err error
-	}
-	answer, left := make(chan result), make(chan struct{})
-	started := l.r.goBackground(func(stopCtx context.Context) {
-		h, err := l.tryObtain(context.WithoutCancel(ctx), marked)
-		select {
-		case answer <- result{h, err}:
-		case <-left:
-			l.settle(stopCtx, local, h != nil || mayHaveRun(err))
-		}
-	})
-	if !started {
-		return nil, ErrClosed, false
-	}
-	select {
-	case a := <-answer:
-		return a.h, a.err, false
-	case <-ctx.Done():
-		close(left)
-		return nil, nil, true
+		return nil, l.notAcquired(ctx, stop, loadError(lastErr))
 	}
 }
 
