@@ -3,6 +3,9 @@
 #              with the race detector against real Redis.
 #              A 10s fuzz run of the key scheme closes it (make fuzz: 5m).
 # make demo  - the demo, on an in-process Redis (nothing to install).
+# make chaos - cmd/lockcheck for 10 minutes: locks under injected faults,
+#              checked for overlaps, stale writes and lost increments
+#              (docs/RELIABILITY.md); make test runs it for 30s.
 # make bench - lockreg beside Redisson-style locks and the Go peers, all in
 #              one run (bench/): writes bench/RESULTS.md, bench/results/
 #              and bench/charts/. BENCH_QUICK=1 for a smoke run.
@@ -13,16 +16,20 @@
 GO ?= go
 BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 
-.PHONY: test demo bench bench-lib fuzz redis-server
+.PHONY: test demo bench bench-lib fuzz chaos redis-server
 
 test: redis-server
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) test -race -count=1 ./...
+	$(GO) run ./cmd/lockcheck -d 30s
 	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 10s .
 	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	@# The comparison harness, as a smoke run, so that it never rots.
 	smoke=$$(mktemp -d) && cd bench && BENCH_QUICK=1 $(GO) run . -out "$$smoke" && rm -rf "$$smoke"
+
+chaos: redis-server
+	$(GO) run ./cmd/lockcheck -d 10m
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 5m .
