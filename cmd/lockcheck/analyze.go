@@ -51,6 +51,7 @@ type Result struct {
 	Unrecovered    int                 `json:"unrecovered_faults"`
 	Recovery       map[string]Recovery `json:"recovery"`
 	RecoveryAll    Recovery            `json:"recovery_all"`
+	Takeover       Recovery            `json:"takeover"`
 	// ViolationCount counts every violation; Violations spells out the
 	// first maxListed.
 	ViolationCount int      `json:"violation_count"`
@@ -490,10 +491,13 @@ func (a *analysis) waiters() {
 // recovery measures, for each fault, the time from its end to the next
 // fresh acquisition: of a key the victim held, for stop and kill-9, and of
 // any key otherwise. A fault nothing recovered from by the end is a
-// violation.
+// violation. For stop and kill-9 it also measures the takeover: from the
+// fault's start to another worker's fresh acquisition of the victim's key,
+// which the victim's lease bounds.
 func (a *analysis) recovery() {
 	h, r := a.h, a.res
 	enters := make(map[string][]int64)
+	takers := make(map[string][]int) // fresh holds by key, in Enter order
 	var all []int64
 	for _, hd := range h.Holds {
 		if hd.Fresh {
@@ -501,10 +505,18 @@ func (a *analysis) recovery() {
 			all = append(all, hd.Enter)
 		}
 	}
+	for key, idx := range a.byKey {
+		for _, i := range idx {
+			if h.Holds[i].Fresh {
+				takers[key] = append(takers[key], i)
+			}
+		}
+	}
 	for _, s := range enters {
 		slices.Sort(s)
 	}
 	slices.Sort(all)
+	var takeovers []time.Duration
 	next := func(s []int64, t int64) (int64, bool) {
 		i, _ := slices.BinarySearch(s, t)
 		if i == len(s) {
@@ -532,18 +544,41 @@ func (a *analysis) recovery() {
 		d := time.Duration(first - f.End)
 		byKind[f.Kind] = append(byKind[f.Kind], d)
 		samples = append(samples, d)
+		if taken, ok := a.takeover(f, takers); ok {
+			takeovers = append(takeovers, time.Duration(taken-f.Start))
+		}
 	}
 	for kind, s := range byKind {
 		r.Recovery[kind] = newRecovery(s)
 	}
 	r.RecoveryAll = newRecovery(samples)
+	r.Takeover = newRecovery(takeovers)
+}
+
+// takeover returns when another worker first took a key the victim of f
+// held, fresh, after f began.
+func (a *analysis) takeover(f Fault, takers map[string][]int) (int64, bool) {
+	first, found := int64(0), false
+	for _, k := range f.Keys {
+		idx := takers[k]
+		n := sort.Search(len(idx), func(n int) bool { return a.h.Holds[idx[n]].Enter >= f.Start })
+		for _, i := range idx[n:] {
+			if hd := &a.h.Holds[i]; hd.Worker != f.Worker {
+				if !found || hd.Enter < first {
+					first, found = hd.Enter, true
+				}
+				break
+			}
+		}
+	}
+	return first, found
 }
 
 // merge sums the results of a run's phases.
 func merge(parts []*Result) *Result {
 	t := &Result{Faults: make(map[string]int), Recovery: make(map[string]Recovery)}
 	byKind := make(map[string][]time.Duration)
-	var all []time.Duration
+	var all, takeovers []time.Duration
 	for _, p := range parts {
 		t.Seconds += p.Seconds
 		t.Workers += p.Workers
@@ -584,6 +619,7 @@ func merge(parts []*Result) *Result {
 			byKind[k] = append(byKind[k], rec.samples...)
 		}
 		all = append(all, p.RecoveryAll.samples...)
+		takeovers = append(takeovers, p.Takeover.samples...)
 		t.ViolationCount += p.ViolationCount
 		for _, v := range p.Violations {
 			if len(t.Violations) < maxListed {
@@ -595,5 +631,6 @@ func merge(parts []*Result) *Result {
 		t.Recovery[k] = newRecovery(s)
 	}
 	t.RecoveryAll = newRecovery(all)
+	t.Takeover = newRecovery(takeovers)
 	return t
 }

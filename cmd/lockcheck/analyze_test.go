@@ -259,6 +259,16 @@ func TestRecovery(t *testing.T) {
 		t.Errorf("pause recovery %+v, want one of 100ms", rec)
 	}
 	wantViolation(t, r, r.Unrecovered, "no fresh acquisition after the debug-sleep fault")
+
+	// Worker 1 is stopped inside from 100ms to 300ms, takes the key again
+	// at 400ms, and worker 0 takes it over at 900ms.
+	h = history(hold(1, "k", 100, 0, 350, 1), hold(1, "k", 150, 400, 410, 2), hold(0, "k", 200, 900, 910, 3))
+	h.Faults = []Fault{{Kind: faultStop, Worker: 1, Keys: []string{"k"}, Start: ms2ns(100), End: ms2ns(300)}}
+	r = Analyze(h)
+	wantClean(t, r)
+	if r.Takeover.N != 1 || r.Takeover.MaxMs != 800 {
+		t.Errorf("takeover %+v, want one of 800ms", r.Takeover)
+	}
 }
 
 func TestWorkerErrorsAreViolations(t *testing.T) {

@@ -101,6 +101,8 @@ func writeTable(w io.Writer, cfg config, phases []*Result, total *Result) error 
 		row("  "+k, func(r *Result) string { return rec(r.Recovery[k]) })
 	}
 	row("  all faults", func(r *Result) string { return rec(r.RecoveryAll) })
+	section("takeover, ms: from stop/kill-9 to another worker taking the key")
+	row("  stop and kill-9 (median / max)", func(r *Result) string { return rec(r.Takeover) })
 	if err := tw.Flush(); err != nil {
 		return err
 	}
