@@ -217,3 +217,72 @@ func TestRedisClusterSlotMigrationWhileWaited(t *testing.T) {
 	require.Less(t, at.Sub(released), retry/2, "the release woke the waiter by pub/sub")
 	t.Logf("the waiter's log (its attempts during the move, retried):\n%s", logs.String())
 }
+
+// TestRedisClusterSlotMigrationKeepsHoldsSharingASlot: a registryKey with
+// a hash tag puts all of a registry's locks in one slot, and the watchdog
+// renews them with one script call per slot. While a migration has moved
+// one lock's key but not the other's, Redis refuses that call (TRYAGAIN,
+// or ASK), though each key alone can still be renewed where it is: the
+// holds must not be reported lost, however long the migration takes.
+func TestRedisClusterSlotMigrationKeepsHoldsSharingASlot(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = client.Close() })
+	const lease = 600 * time.Millisecond
+	var logs syncBuffer
+	r, err := New(client, "{lockreg-test:"+t.Name()+"}", WithExpireAfter(lease), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, r.Close()) })
+
+	locks := holdKeys(t, r, "order", 2)
+	slot := clusterSlot(locks[0].keys[0])
+	require.Equal(t, slot, clusterSlot(locks[1].keys[0]), "the hash tag puts both locks in one slot")
+	m := redistest.BeginSlotMigration(t, addrs, slot)
+	for split := false; !split; {
+		key, ok := m.MoveKey(t)
+		require.True(t, ok)
+		split = key == locks[0].keys[0] || key == locks[1].keys[0]
+	}
+	time.Sleep(2 * lease)
+	for _, lock := range locks {
+		requireOpen(t, lock.Lost(), "a hold was reported lost while the keys of its slot were split between two nodes; the registry's log:\n"+logs.String())
+	}
+	m.Finish(t)
+	time.Sleep(lease)
+	for _, lock := range locks {
+		requireOpen(t, lock.Lost(), "a hold was reported lost after the migration")
+		require.NoError(t, lock.UnlockContext(ctx))
+	}
+}
+
+// TestRedisClusterLocksWorkDuringSlotMigration releases a hold, and takes
+// a free lock, while their slot is migrating. obtain.lua and release.lua
+// name three keys, the lock, its fence and its waiting marker, and the
+// marker (like the fence of a key never locked) seldom exists: Redis
+// answers TRYAGAIN to a script whose keys a migrating or importing slot
+// has only some of, from the first step of the migration to the last,
+// even before any key moved. Locks must keep working meanwhile: a release
+// that fails leaves the key a whole lease (30s by default) for waiters.
+func TestRedisClusterLocksWorkDuringSlotMigration(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	newClient := func() *redis.ClusterClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	a := newRegistry(t, newClient())
+	b := newRegistry(t, newClient())
+
+	lock := a.Obtain("order-42")
+	require.NoError(t, lock.LockContext(ctx))
+	m := redistest.BeginSlotMigration(t, addrs, clusterSlot(lock.keys[0]))
+	require.NoError(t, lock.UnlockContext(ctx), "a release while the slot migrates goes through")
+	source := redis.NewClient(&redis.Options{Addr: m.From})
+	t.Cleanup(func() { _ = source.Close() })
+	require.Zero(t, source.Exists(ctx, lock.keys[0]).Val(), "and deletes the key")
+	free := b.Obtain(lock.Key())
+	require.True(t, free.TryLock(), "another registry takes the free lock while its slot migrates")
+	require.NoError(t, free.UnlockContext(ctx))
+}
