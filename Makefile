@@ -1,8 +1,12 @@
-# make test  - installs redis-server if missing (Debian/Ubuntu, as root or
-#              with sudo), then vets, checks formatting and runs every test
-#              with the race detector against real Redis.
+# make test  - installs redis-server and redis-sentinel if missing
+#              (Debian/Ubuntu, as root or with sudo), then vets, checks
+#              formatting and runs every test with the race detector against
+#              real Redis (single server, Cluster, primary + Sentinels).
 #              A 10s fuzz run of the key scheme closes it (make fuzz: 5m).
 # make demo  - the demo, on an in-process Redis (nothing to install).
+# make chaos - cmd/lockcheck for 10 minutes: locks under injected faults,
+#              checked for overlaps, stale writes and lost increments
+#              (docs/RELIABILITY.md); make test runs it for 30s.
 # make bench - lockreg beside Redisson-style locks and the Go peers, all in
 #              one run (bench/): writes bench/RESULTS.md, bench/results/
 #              and bench/charts/. BENCH_QUICK=1 for a smoke run.
@@ -13,16 +17,20 @@
 GO ?= go
 BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 
-.PHONY: test demo bench bench-lib fuzz redis-server
+.PHONY: test demo bench bench-lib fuzz chaos redis-server
 
 test: redis-server
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) test -race -count=1 ./...
+	$(GO) run ./cmd/lockcheck -d 30s
 	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 10s .
 	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	@# The comparison harness, as a smoke run, so that it never rots.
 	smoke=$$(mktemp -d) && cd bench && BENCH_QUICK=1 $(GO) run . -out "$$smoke" && rm -rf "$$smoke"
+
+chaos: redis-server
+	$(GO) run ./cmd/lockcheck -d 10m
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 5m .
@@ -43,12 +51,15 @@ bench-lib: redis-server
 	$(BENCHSTAT) -filter '.name:GoroutineID' -col /impl bench.txt
 
 redis-server:
-	@if [ -n "$$REDIS_ADDR" ] || command -v "$${REDIS_SERVER:-redis-server}" >/dev/null 2>&1; then exit 0; fi; \
+	@missing=; \
+	if [ -z "$$REDIS_ADDR" ] && ! command -v "$${REDIS_SERVER:-redis-server}" >/dev/null 2>&1; then missing=redis-server; fi; \
+	if ! command -v "$${REDIS_SENTINEL:-redis-sentinel}" >/dev/null 2>&1; then missing="$$missing redis-sentinel"; fi; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
 	if ! command -v apt-get >/dev/null 2>&1; then \
-		echo "redis-server is missing: install Redis 6.2 or later with your OS's package manager, or set REDIS_SERVER or REDIS_ADDR"; exit 1; \
+		echo "missing:$$missing: install Redis 6.2 or later (server and sentinel) with your OS's package manager, or set REDIS_SERVER, REDIS_SENTINEL or REDIS_ADDR"; exit 1; \
 	fi; \
 	if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null 2>&1; then sudo=sudo; else \
-		echo "redis-server is missing: run 'apt-get install -y redis-server' as root"; exit 1; \
+		echo "missing:$$missing: run 'apt-get install -y$$missing' as root"; exit 1; \
 	fi; \
-	echo "installing redis-server from the OS packages"; \
-	$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq redis-server >/dev/null
+	echo "installing$$missing from the OS packages"; \
+	$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null

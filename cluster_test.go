@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -99,4 +100,189 @@ func TestRedisClusterMutualExclusion(t *testing.T) {
 		registries = append(registries, newRegistry(t, newClient(), WithRetryInterval(5*time.Millisecond)))
 	}
 	requireExclusiveIncrements(t, registries, newClient(), "stress-counter", 4, 50)
+}
+
+// migrateSlotSlowly moves slot to another primary with pauses of one lease
+// at every stage, so that renewals run while the slot is migrating with its
+// keys on the source, split between both nodes, all on the target but the
+// slot not yet handed over, and after the hand-over.
+func migrateSlotSlowly(t *testing.T, addrs []string, slot int, lease time.Duration, during func(stage string)) *redistest.SlotMigration {
+	t.Helper()
+	m := redistest.BeginSlotMigration(t, addrs, slot)
+	time.Sleep(lease)
+	during("slot migrating, keys on the source")
+	for {
+		key, ok := m.MoveKey(t)
+		if !ok {
+			break
+		}
+		time.Sleep(lease)
+		during("moved " + key)
+	}
+	m.Finish(t)
+	return m
+}
+
+// TestRedisClusterSlotMigrationWhileHeld moves a held lock's slot to
+// another primary while the holder renews its lease every 200ms: the hold
+// stays renewed through and after the move, excludes other registries,
+// and is released on its new node.
+func TestRedisClusterSlotMigrationWhileHeld(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	newClient := func() *redis.ClusterClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	const lease = 600 * time.Millisecond
+	var logs syncBuffer
+	a := newRegistry(t, newClient(), WithExpireAfter(lease), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	b := newRegistry(t, newClient(), WithExpireAfter(lease))
+
+	lock := a.Obtain("order-42")
+	require.NoError(t, lock.LockContext(ctx))
+	slot := clusterSlot(lock.keys[0])
+	renewals := a.Stats().RenewCalls
+	m := migrateSlotSlowly(t, addrs, slot, lease, func(stage string) {
+		requireOpen(t, lock.Lost(), "the hold was reported lost during the migration, "+stage)
+	})
+	during := a.Stats().RenewCalls - renewals
+	time.Sleep(2*lease + lease/2)
+	requireOpen(t, lock.Lost(), "the hold was reported lost after the migration")
+	t.Logf("slot %d moved from %s to %s; %d renewals during the move, %d in the %v after",
+		slot, m.From, m.To, during, a.Stats().RenewCalls-renewals-during, 2*lease+lease/2)
+
+	target := redis.NewClient(&redis.Options{Addr: m.To})
+	t.Cleanup(func() { _ = target.Close() })
+	require.Equal(t, a.clientID, target.Get(ctx, lock.keys[0]).Val(), "the lock's key lives on the target now")
+	require.Greater(t, target.PTTL(ctx, lock.keys[0]).Val(), lease/3, "and its lease is renewed there")
+	requireHeldByAnother(t, b, lock.Key(), "the moved hold still excludes other registries")
+	require.NoError(t, lock.UnlockContext(ctx), "the holder releases it on its new node")
+	require.Zero(t, target.Exists(ctx, lock.keys[0]).Val())
+	taken := b.Obtain(lock.Key())
+	require.True(t, taken.TryLock(), "another registry takes it after the release")
+	require.NoError(t, taken.UnlockContext(ctx))
+	require.NotContains(t, logs.String(), "renewal failed", "renewal never failed during the migration")
+}
+
+// TestRedisClusterSlotMigrationWhileWaited moves a held lock's slot while
+// another registry waits for it: the waiter keeps retrying through the
+// move and, after it, takes the lock on the release, woken by pub/sub.
+func TestRedisClusterSlotMigrationWhileWaited(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	newClient := func() *redis.ClusterClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	const lease = 600 * time.Millisecond
+	const retry = 5 * lease / 6
+	var logs syncBuffer
+	a := newRegistry(t, newClient(), WithExpireAfter(lease), WithRetryInterval(retry))
+	b := newRegistry(t, newClient(), WithExpireAfter(lease), WithRetryInterval(retry), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+
+	lock := a.Obtain("order-42")
+	require.NoError(t, lock.LockContext(ctx))
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	taken := lockInBackground(wctx, b.Obtain(lock.Key()))
+	waitUntilWaiting(t, b)
+
+	migrateSlotSlowly(t, addrs, clusterSlot(lock.keys[0]), lease, func(stage string) {
+		requireOpen(t, lock.Lost(), "the hold was reported lost during the migration, "+stage)
+		select {
+		case <-taken:
+			t.Fatalf("the waiter took a held lock during the migration, %s", stage)
+		default:
+		}
+	})
+	// Two failed attempts on the slot's new node mark the waiter there.
+	failed := b.Stats().FailedAttempts
+	require.Eventually(t, func() bool { return b.Stats().FailedAttempts >= failed+2 }, 5*time.Second, 10*time.Millisecond)
+	requireOpen(t, lock.Lost(), "the hold was reported lost after the migration")
+
+	released := time.Now()
+	require.NoError(t, lock.UnlockContext(ctx))
+	var at time.Time
+	select {
+	case got, ok := <-taken:
+		require.True(t, ok, "the waiter got the lock")
+		at = got
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter never got the lock after the release")
+	}
+	t.Logf("release to acquisition after the slot moved: %v (retry interval %v)", at.Sub(released), retry)
+	require.Less(t, at.Sub(released), retry/2, "the release woke the waiter by pub/sub")
+	t.Logf("the waiter's log (its attempts during the move, retried):\n%s", logs.String())
+}
+
+// TestRedisClusterSlotMigrationKeepsHoldsSharingASlot: a registryKey with
+// a hash tag puts all of a registry's locks in one slot, and the watchdog
+// renews them with one script call per slot. While a migration has moved
+// one lock's key but not the other's, Redis refuses that call (TRYAGAIN,
+// or ASK), though each key alone can still be renewed where it is: the
+// holds must not be reported lost, however long the migration takes.
+func TestRedisClusterSlotMigrationKeepsHoldsSharingASlot(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = client.Close() })
+	const lease = 600 * time.Millisecond
+	var logs syncBuffer
+	r, err := New(client, "{lockreg-test:"+t.Name()+"}", WithExpireAfter(lease), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, r.Close()) })
+
+	locks := holdKeys(t, r, "order", 2)
+	slot := clusterSlot(locks[0].keys[0])
+	require.Equal(t, slot, clusterSlot(locks[1].keys[0]), "the hash tag puts both locks in one slot")
+	m := redistest.BeginSlotMigration(t, addrs, slot)
+	for split := false; !split; {
+		key, ok := m.MoveKey(t)
+		require.True(t, ok)
+		split = key == locks[0].keys[0] || key == locks[1].keys[0]
+	}
+	time.Sleep(2 * lease)
+	for _, lock := range locks {
+		requireOpen(t, lock.Lost(), "a hold was reported lost while the keys of its slot were split between two nodes; the registry's log:\n"+logs.String())
+	}
+	m.Finish(t)
+	time.Sleep(lease)
+	for _, lock := range locks {
+		requireOpen(t, lock.Lost(), "a hold was reported lost after the migration")
+		require.NoError(t, lock.UnlockContext(ctx))
+	}
+}
+
+// TestRedisClusterLocksWorkDuringSlotMigration releases a hold, and takes
+// a free lock, while their slot is migrating. obtain.lua and release.lua
+// name three keys, the lock, its fence and its waiting marker, and the
+// marker (like the fence of a key never locked) seldom exists: Redis
+// answers TRYAGAIN to a script whose keys a migrating or importing slot
+// has only some of, from the first step of the migration to the last,
+// even before any key moved. Locks must keep working meanwhile: a release
+// that fails leaves the key a whole lease (30s by default) for waiters.
+func TestRedisClusterLocksWorkDuringSlotMigration(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	newClient := func() *redis.ClusterClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	a := newRegistry(t, newClient())
+	b := newRegistry(t, newClient())
+
+	lock := a.Obtain("order-42")
+	require.NoError(t, lock.LockContext(ctx))
+	m := redistest.BeginSlotMigration(t, addrs, clusterSlot(lock.keys[0]))
+	require.NoError(t, lock.UnlockContext(ctx), "a release while the slot migrates goes through")
+	source := redis.NewClient(&redis.Options{Addr: m.From})
+	t.Cleanup(func() { _ = source.Close() })
+	require.Zero(t, source.Exists(ctx, lock.keys[0]).Val(), "and deletes the key")
+	free := b.Obtain(lock.Key())
+	require.True(t, free.TryLock(), "another registry takes the free lock while its slot migrates")
+	require.NoError(t, free.UnlockContext(ctx))
 }

@@ -3,9 +3,10 @@
 //
 // A test gets a server from Shared (one per test binary, or the server named
 // by REDIS_ADDR) or from Start (a private one the test may stop and restart).
-// The binary is redis-server from PATH, or REDIS_SERVER. Servers listen on a
-// free loopback port, keep no data on disk, and stop when the test (or, for
-// the shared one, the test binary) ends.
+// The binary is redis-server from PATH, or REDIS_SERVER (and redis-sentinel,
+// or REDIS_SENTINEL, for StartSentinelGroup). Servers listen on a free
+// loopback port, keep no data on disk, and stop when the test (or, for the
+// shared one, the test binary) ends.
 package redistest
 
 import (
@@ -33,6 +34,7 @@ type Server struct {
 	proc *process
 	bin  string
 	dir  string
+	conf string   // a config file passed before the arguments, or ""
 	args []string // extra redis-server arguments, kept for Restart
 }
 
@@ -229,18 +231,35 @@ func start(args ...string) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redistest: redis-server not found (%v); install it (Debian/Ubuntu: apt-get install -y redis-server, or run `make test`, which does), set REDIS_SERVER to its path, or set REDIS_ADDR to a running server", err)
 	}
+	return startProcess(path, "", args...)
+}
+
+// startProcess runs bin on a free port with a data dir of its own. A
+// non-empty conf is written to a config file in that dir and passed first,
+// where redis-sentinel wants it (Sentinel rewrites it, so it cannot be a
+// shared or read-only file).
+func startProcess(bin, conf string, args ...string) (*Server, error) {
 	dir, err := os.MkdirTemp("", "redistest-")
 	if err != nil {
 		return nil, fmt.Errorf("redistest: %w", err)
+	}
+	confFile := ""
+	if conf != "" {
+		confFile = filepath.Join(dir, "redis.conf")
+		if err := os.WriteFile(confFile, []byte(conf), 0o600); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("redistest: %w", err)
+		}
 	}
 	var lastErr error
 	// A free port can be taken by someone else before redis-server binds it.
 	for range 5 {
 		port, err := freePort()
 		if err != nil {
+			_ = os.RemoveAll(dir)
 			return nil, err
 		}
-		s := &Server{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), bin: path, dir: dir, args: args}
+		s := &Server{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), bin: bin, dir: dir, conf: confFile, args: args}
 		if lastErr = s.launch(); lastErr == nil {
 			return s, nil
 		}
@@ -251,14 +270,18 @@ func start(args ...string) (*Server, error) {
 
 func (s *Server) launch() error {
 	_, port, _ := net.SplitHostPort(s.addr)
-	logFile := filepath.Join(s.dir, "redis-"+port+".log")
-	args := append([]string{
+	logFile := s.logFile()
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf)
+	}
+	args = append(append(args,
 		"--port", port, "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--logfile", logFile, "--daemonize", "no",
 		"--enable-debug-command", "local", // DEBUG SLEEP, for fault tests
 		"--repl-diskless-sync-delay", "0", // replicas sync at once
-	}, s.args...)
+	), s.args...)
 	cmd := exec.Command(s.bin, args...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("redistest: start %s: %w", s.bin, err)
@@ -275,6 +298,11 @@ func (s *Server) launch() error {
 		return fmt.Errorf("redistest: redis-server on %s did not start: %w\n%s", s.addr, err, log)
 	}
 	return nil
+}
+
+func (s *Server) logFile() string {
+	_, port, _ := net.SplitHostPort(s.addr)
+	return filepath.Join(s.dir, "redis-"+port+".log")
 }
 
 func (s *Server) waitReady(p *process) error {
@@ -299,6 +327,36 @@ func (s *Server) waitReady(p *process) error {
 	}
 }
 
+// Kill ends the server with SIGKILL, as a crash would: no shutdown, no last
+// word to clients or replicas. Restart starts it again, empty.
+func (s *Server) Kill(tb testing.TB) {
+	tb.Helper()
+	p := s.proc
+	if p == nil {
+		tb.Fatal("redistest: cannot kill a stopped server or the external server of REDIS_ADDR; use redistest.Start")
+	}
+	s.proc = nil
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+}
+
+// Pause freezes the process with SIGSTOP, as a long stall would: it keeps
+// its connections but reads and answers nothing until Resume.
+func (s *Server) Pause(tb testing.TB) { s.signal(tb, syscall.SIGSTOP) }
+
+// Resume lets a paused server go on.
+func (s *Server) Resume(tb testing.TB) { s.signal(tb, syscall.SIGCONT) }
+
+func (s *Server) signal(tb testing.TB, sig syscall.Signal) {
+	tb.Helper()
+	if s.proc == nil {
+		tb.Fatalf("redistest: cannot send %v to a stopped server or the external server of REDIS_ADDR", sig)
+	}
+	if err := s.proc.cmd.Process.Signal(sig); err != nil {
+		tb.Fatalf("redistest: send %v to the server on %s: %v", sig, s.addr, err)
+	}
+}
+
 // stop terminates the process and waits for it; it keeps the data dir for a
 // restart. For the external server it does nothing.
 func (s *Server) stop() {
@@ -308,6 +366,8 @@ func (s *Server) stop() {
 	}
 	s.proc = nil
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	// A paused server would only act on SIGTERM once resumed.
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
 	select {
 	case <-p.exited:
 	case <-time.After(5 * time.Second):

@@ -1,0 +1,636 @@
+//go:build linux
+
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"time"
+)
+
+// maxListed bounds the violations a result spells out; all are counted.
+const maxListed = 20
+
+// Result is what the checker concludes from one History (or, merged, from
+// all of a run's). The docs/RELIABILITY.md section "Definitions" says what
+// each count means.
+type Result struct {
+	Keys           int                 `json:"keys,omitempty"`
+	Seconds        float64             `json:"seconds"`
+	Workers        int                 `json:"workers_started"`
+	Acquisitions   int                 `json:"acquisitions"`
+	Fresh          int                 `json:"fresh"`
+	Handoffs       int                 `json:"handoffs"`
+	MaxWaitMs      float64             `json:"max_wait_ms"`
+	Faults         map[string]int      `json:"faults"`
+	VictimsHolding int                 `json:"victims_holding"`
+	Live           int                 `json:"live_holds"`
+	NeverLive      int                 `json:"never_live"`
+	Outlived       int                 `json:"outlived_lease"`
+	KilledInside   int                 `json:"killed_inside"`
+	LostSignals    int                 `json:"lost_signals"`
+	LostUnlocks    int                 `json:"lost_unlocks"`
+	Overlaps       int                 `json:"overlaps"`
+	TokenOrder     int                 `json:"token_order_violations"`
+	DuplicateToken int                 `json:"duplicate_tokens"`
+	StaleReads     Tally               `json:"stale_reads"`
+	StaleWrites    Tally               `json:"stale_writes"`
+	RaceRejected   int                 `json:"rejected_in_race"`
+	StoreRejected  int64               `json:"rejected_by_store"`
+	LateOps        Tally               `json:"ops_after_lease"`
+	StoreFailed    int                 `json:"store_calls_failed"`
+	Increments     int64               `json:"increments_accepted"`
+	IncrementsSeen int64               `json:"increments_reported"`
+	FinalValue     int64               `json:"final_value"`
+	LostIncrements int64               `json:"lost_increments"`
+	Timeouts       int                 `json:"timeouts"`
+	NeverAcquired  int                 `json:"never_acquired"`
+	Unrecovered    int                 `json:"unrecovered_faults"`
+	Recovery       map[string]Recovery `json:"recovery"`
+	RecoveryAll    Recovery            `json:"recovery_all"`
+	Takeover       Recovery            `json:"takeover"`
+	// ViolationCount counts every violation; Violations spells out the
+	// first maxListed.
+	ViolationCount int      `json:"violation_count"`
+	Violations     []string `json:"violations"`
+}
+
+// Tally splits fenced-store calls by the store's answer.
+type Tally struct {
+	Rejected int `json:"rejected"`
+	Accepted int `json:"accepted"`
+}
+
+// Recovery summarizes the time from the end of faults to the next fresh
+// acquisition.
+type Recovery struct {
+	N        int     `json:"n"`
+	MedianMs float64 `json:"median_ms"`
+	MaxMs    float64 `json:"max_ms"`
+	samples  []time.Duration
+}
+
+func newRecovery(samples []time.Duration) Recovery {
+	r := Recovery{N: len(samples), samples: samples}
+	if len(samples) > 0 {
+		s := slices.Sorted(slices.Values(samples))
+		r.MedianMs, r.MaxMs = ms(s[len(s)/2]), ms(s[len(s)-1])
+	}
+	return r
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func (r *Result) violation(format string, a ...any) {
+	r.ViolationCount++
+	if len(r.Violations) < maxListed {
+		r.Violations = append(r.Violations, fmt.Sprintf(format, a...))
+	}
+}
+
+// analysis holds the indexes Analyze builds over a History.
+type analysis struct {
+	h        *History
+	res      *Result
+	lease    int64
+	restarts []Fault          // sorted by Start
+	renewals map[wk][]int64   // sending times, sorted
+	death    map[int]int64    // when a worker stopped acting: its kill, or the end
+	live     []int64          // per hold, the end of its live interval
+	byKey    map[string][]int // hold indexes, in Enter order
+}
+
+type wk struct {
+	worker int
+	key    string
+}
+
+// Analyze checks a History and reports what it found.
+func Analyze(h *History) *Result {
+	a := &analysis{
+		h:        h,
+		res:      &Result{Keys: h.Keys, Faults: make(map[string]int), Recovery: make(map[string]Recovery)},
+		lease:    int64(h.Lease),
+		renewals: make(map[wk][]int64),
+		death:    make(map[int]int64),
+		byKey:    make(map[string][]int),
+	}
+	for _, e := range h.Errors {
+		a.res.violation("%s", e)
+	}
+	a.index()
+	a.counts()
+	a.overlaps()
+	a.tokens()
+	a.fencing()
+	a.increments()
+	a.waiters()
+	a.recovery()
+	return a.res
+}
+
+func (a *analysis) index() {
+	h := a.h
+	for _, f := range h.Faults {
+		if f.Kind == faultRestart {
+			a.restarts = append(a.restarts, f)
+		}
+	}
+	slices.SortFunc(a.restarts, func(x, y Fault) int { return cmp.Compare(x.Start, y.Start) })
+	for _, r := range h.Renewals {
+		k := wk{r.Worker, r.Key}
+		a.renewals[k] = append(a.renewals[k], r.Sent)
+	}
+	for _, s := range a.renewals {
+		slices.Sort(s)
+	}
+	for _, w := range h.Workers {
+		a.death[w.ID] = h.End
+		if w.Killed > 0 {
+			a.death[w.ID] = w.Killed
+		}
+	}
+	for i, hd := range h.Holds {
+		a.byKey[hd.Key] = append(a.byKey[hd.Key], i)
+	}
+	for _, idx := range a.byKey {
+		slices.SortFunc(idx, func(x, y int) int { return cmp.Compare(h.Holds[x].Enter, h.Holds[y].Enter) })
+	}
+	a.live = make([]int64, len(h.Holds))
+	for i := range h.Holds {
+		a.live[i] = a.liveEnd(&h.Holds[i])
+	}
+}
+
+// cover is how far a successful obtain or renewal sent at sent carries the
+// lease: one lease from the sending (never past the key's TTL in Redis,
+// which starts when the call runs, later), and not past the crash of a
+// Redis that restarted after it was sent, which lost the key.
+func (a *analysis) cover(sent int64) int64 {
+	end := sent + a.lease
+	// The first restart that was not over when the call was sent: a call
+	// sent while Redis restarted may have reached the old server.
+	i := sort.Search(len(a.restarts), func(i int) bool { return a.restarts[i].End > sent })
+	if i < len(a.restarts) {
+		end = min(end, a.restarts[i].Start)
+	}
+	return end
+}
+
+// liveEnd is when hd's live interval [Enter, liveEnd) ends: at its exit,
+// when Lost fired, or when the lease its obtain and renewals carried ran
+// out, whichever came first. A hold is live nowhere if liveEnd <= Enter.
+func (a *analysis) liveEnd(hd *Hold) int64 {
+	if hd.Root == 0 {
+		return hd.Enter // no observed obtain explains it: an error was filed
+	}
+	last := hd.Exit
+	if last == 0 {
+		last = a.death[hd.Worker]
+	}
+	end := a.cover(hd.Root)
+	// A renewal only succeeds while the key still holds the registry's
+	// client id, and the hold's registry cannot have taken it back in
+	// between (the hold keeps its local mutex), so any successful renewal
+	// proves the key was the hold's all along and carries the lease on.
+	sent := a.renewals[wk{hd.Worker, hd.Key}]
+	from, _ := slices.BinarySearch(sent, hd.Root)
+	for _, s := range sent[from:] {
+		if s > last {
+			break
+		}
+		end = max(end, a.cover(s))
+	}
+	if hd.Exit > 0 {
+		end = min(end, hd.Exit)
+	}
+	if hd.Lost > 0 {
+		end = min(end, hd.Lost)
+	}
+	return end
+}
+
+func (a *analysis) isLive(i int) bool { return a.live[i] > a.h.Holds[i].Enter }
+
+func (a *analysis) describe(i int) string {
+	hd := &a.h.Holds[i]
+	out := "still inside when killed"
+	if hd.Exit > 0 {
+		out = "exit " + a.at(hd.Exit)
+	}
+	return fmt.Sprintf("worker %d goroutine %d token %d (enter %s, live until %s, %s)",
+		hd.Worker, hd.G, hd.Token, a.at(hd.Enter), a.at(a.live[i]), out)
+}
+
+// at renders a time as seconds into the run.
+func (a *analysis) at(t int64) string {
+	return fmt.Sprintf("+%.6fs", float64(t-a.h.Start)/1e9)
+}
+
+func (a *analysis) counts() {
+	h, r := a.h, a.res
+	r.Seconds = float64(h.End-h.Start) / 1e9
+	r.Workers = len(h.Workers)
+	r.Acquisitions = len(h.Holds)
+	r.LostUnlocks = h.LostUnlocks
+	var maxWait int64
+	for i, hd := range h.Holds {
+		if hd.Fresh {
+			r.Fresh++
+		} else {
+			r.Handoffs++
+		}
+		maxWait = max(maxWait, hd.Enter-hd.Acq)
+		switch {
+		case !a.isLive(i):
+			r.NeverLive++
+		case hd.Exit == 0:
+			r.KilledInside++
+		case a.live[i] < hd.Exit:
+			r.Outlived++
+		}
+		if a.isLive(i) {
+			r.Live++
+		}
+		if hd.Lost > 0 && (hd.Exit == 0 || hd.Lost <= hd.Exit) {
+			r.LostSignals++
+		}
+		for _, op := range []Op{hd.Read, hd.Write} {
+			if op.Outcome == Failed {
+				r.StoreFailed++
+			}
+			if op.Outcome == NotTried || op.Sent < a.live[i] {
+				continue
+			}
+			switch op.Outcome {
+			case Accepted:
+				r.LateOps.Accepted++
+			case Rejected:
+				r.LateOps.Rejected++
+			}
+		}
+	}
+	r.MaxWaitMs = ms(time.Duration(maxWait))
+	for _, f := range h.Faults {
+		r.Faults[f.Kind]++
+	}
+	r.VictimsHolding = a.victimsHolding()
+}
+
+// victimsHolding counts the stop and kill-9 faults whose victim was inside
+// a critical section when the fault began.
+func (a *analysis) victimsHolding() int {
+	starts := make(map[int][]int64) // by victim, sorted
+	for _, f := range a.h.Faults {
+		if f.Kind == faultStop || f.Kind == faultKill {
+			starts[f.Worker] = append(starts[f.Worker], f.Start)
+		}
+	}
+	for _, s := range starts {
+		slices.Sort(s)
+	}
+	hit := make(map[[2]int64]bool)
+	for _, hd := range a.h.Holds {
+		s := starts[hd.Worker]
+		i, _ := slices.BinarySearch(s, hd.Enter)
+		for ; i < len(s) && (hd.Exit == 0 || s[i] < hd.Exit); i++ {
+			hit[[2]int64{int64(hd.Worker), s[i]}] = true
+		}
+	}
+	return len(hit)
+}
+
+// overlaps finds live intervals of one key that intersect. Holds in one
+// registry are serialized by its local mutex, so this covers them too.
+func (a *analysis) overlaps() {
+	for key, idx := range a.byKey {
+		reach := -1 // the live hold whose interval reaches furthest so far
+		for _, i := range idx {
+			if !a.isLive(i) {
+				continue
+			}
+			if reach >= 0 && a.h.Holds[i].Enter < a.live[reach] {
+				a.res.Overlaps++
+				a.res.violation("overlap on key %s: %s entered while %s was live", key, a.describe(i), a.describe(reach))
+			}
+			if reach < 0 || a.live[i] > a.live[reach] {
+				reach = i
+			}
+		}
+	}
+}
+
+// tokens checks that no two holds of a key share a token, and that a fresh
+// acquisition's token is above that of every hold of the key that had
+// entered before the acquisition began, whether that hold's lease was live
+// or not: across Redis restarts too, where only the server clock keeps
+// tokens rising.
+func (a *analysis) tokens() {
+	h := a.h
+	for key, idx := range a.byKey {
+		seen := make(map[int64]int, len(idx))
+		for _, i := range idx {
+			if j, dup := seen[h.Holds[i].Token]; dup {
+				a.res.DuplicateToken++
+				a.res.violation("duplicate token on key %s: %s and %s", key, a.describe(j), a.describe(i))
+			}
+			seen[h.Holds[i].Token] = i
+		}
+		// top[n] is the hold with the highest token among the first n+1
+		// to enter.
+		top := make([]int, len(idx))
+		for n, i := range idx {
+			top[n] = i
+			if n > 0 && h.Holds[top[n-1]].Token > h.Holds[i].Token {
+				top[n] = top[n-1]
+			}
+		}
+		for _, i := range idx {
+			hd := &h.Holds[i]
+			if !hd.Fresh {
+				continue
+			}
+			n := sort.Search(len(idx), func(n int) bool { return h.Holds[idx[n]].Enter >= hd.Acq })
+			if n > 0 && h.Holds[top[n-1]].Token >= hd.Token {
+				a.res.TokenOrder++
+				a.res.violation("token order on key %s: %s, acquired from %s, got a token not above %s",
+					key, a.describe(i), a.at(hd.Acq), a.describe(top[n-1]))
+			}
+		}
+	}
+}
+
+// storeOp is one answered fenced-store call.
+type storeOp struct {
+	Op
+	token int64
+	write bool
+	hold  int
+}
+
+// fencing replays each record's answered store calls in the order the
+// history proves: a call sent after another was answered came after it.
+// A call is stale if an accepted call with a higher token was answered
+// before it was sent; the store must reject every stale call.
+func (a *analysis) fencing() {
+	h := a.h
+	ops := make(map[string][]storeOp)
+	for i, hd := range h.Holds {
+		for n, op := range []Op{hd.Read, hd.Write} {
+			if op.Outcome == Accepted || op.Outcome == Rejected {
+				ops[hd.Key] = append(ops[hd.Key], storeOp{Op: op, token: hd.Token, write: n == 1, hold: i})
+			}
+		}
+	}
+	for key, list := range ops {
+		var accepted []storeOp
+		for _, op := range list {
+			if op.Outcome == Accepted {
+				accepted = append(accepted, op)
+			}
+		}
+		slices.SortFunc(accepted, func(x, y storeOp) int { return cmp.Compare(x.Done, y.Done) })
+		slices.SortFunc(list, func(x, y storeOp) int { return cmp.Compare(x.Sent, y.Sent) })
+		var newest storeOp // the highest-token accepted call answered so far
+		next := 0
+		for _, op := range list {
+			for ; next < len(accepted) && accepted[next].Done < op.Sent; next++ {
+				if accepted[next].token > newest.token {
+					newest = accepted[next]
+				}
+			}
+			tally := &a.res.StaleReads
+			kind := "read"
+			if op.write {
+				tally, kind = &a.res.StaleWrites, "write"
+			}
+			switch {
+			case newest.token > op.token && op.Outcome == Rejected:
+				tally.Rejected++
+			case newest.token > op.token:
+				tally.Accepted++
+				a.res.violation("stale %s accepted on key %s: %s sent it at %s, after token %d was accepted at %s",
+					kind, key, a.describe(op.hold), a.at(op.Sent), newest.token, a.at(newest.Done))
+			case op.Outcome == Rejected:
+				// The newer call overlapped this one in time, or its worker
+				// died before it could report it.
+				a.res.RaceRejected++
+			}
+		}
+	}
+}
+
+// increments compares the store's own tally of accepted increments with
+// its value: every accepted increment of a value another accepted increment
+// also wrote is lost. The workers' reports must agree with the store's
+// tallies (a killed worker may have left some calls unreported).
+func (a *analysis) increments() {
+	h, r := a.h, a.res
+	seen := make(map[string]int64)
+	writes := make(map[string]map[int64]int)
+	rejected := make(map[string]int64)
+	for i, hd := range h.Holds {
+		for _, op := range []Op{hd.Read, hd.Write} {
+			if op.Outcome == Rejected {
+				rejected[hd.Key]++
+			}
+		}
+		if hd.Write.Outcome != Accepted {
+			continue
+		}
+		seen[hd.Key]++
+		if writes[hd.Key] == nil {
+			writes[hd.Key] = make(map[int64]int)
+		}
+		if j, dup := writes[hd.Key][hd.WriteValue]; dup {
+			r.violation("lost increment on key %s: %s and %s both wrote %d", hd.Key, a.describe(j), a.describe(i), hd.WriteValue)
+		}
+		writes[hd.Key][hd.WriteValue] = i
+	}
+	for _, key := range slices.Sorted(maps.Keys(h.Records)) {
+		rec := h.Records[key]
+		r.Increments += rec.Accepted
+		r.StoreRejected += rec.RejectedReads + rec.RejectedWrites
+		r.IncrementsSeen += seen[key]
+		r.FinalValue += rec.Value
+		if lost := rec.Accepted - rec.Value; lost != 0 {
+			r.LostIncrements += lost
+			r.violation("key %s: the store accepted %d increments but holds %d", key, rec.Accepted, rec.Value)
+		}
+		if seen[key] > rec.Accepted {
+			r.violation("key %s: workers saw %d increments accepted, the store counted %d", key, seen[key], rec.Accepted)
+		}
+		if rejected[key] > rec.RejectedReads+rec.RejectedWrites {
+			r.violation("key %s: workers saw %d calls rejected, the store counted %d", key, rejected[key], rec.RejectedReads+rec.RejectedWrites)
+		}
+	}
+}
+
+// waiters: an acquisition must not wait the full -wait, and a goroutine
+// that had that long must have got the lock at least once. Goroutines of a
+// killed worker, or of one started less than -wait before the end, had no
+// fair chance and are left out.
+func (a *analysis) waiters() {
+	h, r := a.h, a.res
+	for _, t := range h.Timeouts {
+		r.Timeouts++
+		r.violation("worker %d goroutine %d waited for key %s from %s to %s without getting it",
+			t.Worker, t.G, t.Key, a.at(t.Acq), a.at(t.At))
+	}
+	for _, g := range h.Goroutines {
+		if g.Acquisitions == 0 && g.First > 0 && h.End-g.First >= int64(h.Wait) {
+			r.NeverAcquired++
+			r.violation("worker %d goroutine %d tried from %s on and never got a lock", g.Worker, g.G, a.at(g.First))
+		}
+	}
+}
+
+// recovery measures, for each fault, the time from its end to the next
+// fresh acquisition: of a key the victim held, for stop and kill-9, and of
+// any key otherwise. A fault nothing recovered from by the end is a
+// violation. For stop and kill-9 it also measures the takeover: from the
+// fault's start to another worker's fresh acquisition of the victim's key,
+// which the victim's lease bounds.
+func (a *analysis) recovery() {
+	h, r := a.h, a.res
+	enters := make(map[string][]int64)
+	takers := make(map[string][]int) // fresh holds by key, in Enter order
+	var all []int64
+	for _, hd := range h.Holds {
+		if hd.Fresh {
+			enters[hd.Key] = append(enters[hd.Key], hd.Enter)
+			all = append(all, hd.Enter)
+		}
+	}
+	for key, idx := range a.byKey {
+		for _, i := range idx {
+			if h.Holds[i].Fresh {
+				takers[key] = append(takers[key], i)
+			}
+		}
+	}
+	for _, s := range enters {
+		slices.Sort(s)
+	}
+	slices.Sort(all)
+	var takeovers []time.Duration
+	next := func(s []int64, t int64) (int64, bool) {
+		i, _ := slices.BinarySearch(s, t)
+		if i == len(s) {
+			return 0, false
+		}
+		return s[i], true
+	}
+	byKind := make(map[string][]time.Duration)
+	var samples []time.Duration
+	for _, f := range h.Faults {
+		first, found := int64(0), false
+		for _, k := range f.Keys {
+			if t, ok := next(enters[k], f.End); ok && (!found || t < first) {
+				first, found = t, true
+			}
+		}
+		if len(f.Keys) == 0 {
+			first, found = next(all, f.End)
+		}
+		if !found {
+			r.Unrecovered++
+			r.violation("no fresh acquisition after the %s fault that ended at %s", f.Kind, a.at(f.End))
+			continue
+		}
+		d := time.Duration(first - f.End)
+		byKind[f.Kind] = append(byKind[f.Kind], d)
+		samples = append(samples, d)
+		if taken, ok := a.takeover(f, takers); ok {
+			takeovers = append(takeovers, time.Duration(taken-f.Start))
+		}
+	}
+	for kind, s := range byKind {
+		r.Recovery[kind] = newRecovery(s)
+	}
+	r.RecoveryAll = newRecovery(samples)
+	r.Takeover = newRecovery(takeovers)
+}
+
+// takeover returns when another worker first took a key the victim of f
+// held, fresh, after f began.
+func (a *analysis) takeover(f Fault, takers map[string][]int) (int64, bool) {
+	first, found := int64(0), false
+	for _, k := range f.Keys {
+		idx := takers[k]
+		n := sort.Search(len(idx), func(n int) bool { return a.h.Holds[idx[n]].Enter >= f.Start })
+		for _, i := range idx[n:] {
+			if hd := &a.h.Holds[i]; hd.Worker != f.Worker {
+				if !found || hd.Enter < first {
+					first, found = hd.Enter, true
+				}
+				break
+			}
+		}
+	}
+	return first, found
+}
+
+// merge sums the results of a run's phases.
+func merge(parts []*Result) *Result {
+	t := &Result{Faults: make(map[string]int), Recovery: make(map[string]Recovery)}
+	byKind := make(map[string][]time.Duration)
+	var all, takeovers []time.Duration
+	for _, p := range parts {
+		t.Seconds += p.Seconds
+		t.Workers += p.Workers
+		t.Acquisitions += p.Acquisitions
+		t.Fresh += p.Fresh
+		t.Handoffs += p.Handoffs
+		t.MaxWaitMs = max(t.MaxWaitMs, p.MaxWaitMs)
+		for k, n := range p.Faults {
+			t.Faults[k] += n
+		}
+		t.VictimsHolding += p.VictimsHolding
+		t.Live += p.Live
+		t.NeverLive += p.NeverLive
+		t.Outlived += p.Outlived
+		t.KilledInside += p.KilledInside
+		t.LostSignals += p.LostSignals
+		t.LostUnlocks += p.LostUnlocks
+		t.Overlaps += p.Overlaps
+		t.TokenOrder += p.TokenOrder
+		t.DuplicateToken += p.DuplicateToken
+		t.StaleReads.Rejected += p.StaleReads.Rejected
+		t.StaleReads.Accepted += p.StaleReads.Accepted
+		t.StaleWrites.Rejected += p.StaleWrites.Rejected
+		t.StaleWrites.Accepted += p.StaleWrites.Accepted
+		t.RaceRejected += p.RaceRejected
+		t.StoreRejected += p.StoreRejected
+		t.LateOps.Rejected += p.LateOps.Rejected
+		t.LateOps.Accepted += p.LateOps.Accepted
+		t.StoreFailed += p.StoreFailed
+		t.Increments += p.Increments
+		t.IncrementsSeen += p.IncrementsSeen
+		t.FinalValue += p.FinalValue
+		t.LostIncrements += p.LostIncrements
+		t.Timeouts += p.Timeouts
+		t.NeverAcquired += p.NeverAcquired
+		t.Unrecovered += p.Unrecovered
+		for k, rec := range p.Recovery {
+			byKind[k] = append(byKind[k], rec.samples...)
+		}
+		all = append(all, p.RecoveryAll.samples...)
+		takeovers = append(takeovers, p.Takeover.samples...)
+		t.ViolationCount += p.ViolationCount
+		for _, v := range p.Violations {
+			if len(t.Violations) < maxListed {
+				t.Violations = append(t.Violations, fmt.Sprintf("keys=%d: %s", p.Keys, v))
+			}
+		}
+	}
+	for k, s := range byKind {
+		t.Recovery[k] = newRecovery(s)
+	}
+	t.RecoveryAll = newRecovery(all)
+	t.Takeover = newRecovery(takeovers)
+	return t
+}

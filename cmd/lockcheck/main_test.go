@@ -1,0 +1,126 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// TestMain makes the test binary a worker when the end-to-end test starts
+// it as one, and checks that runs leave no goroutine behind.
+func TestMain(m *testing.M) {
+	if spec, ok := os.LookupEnv(workerEnv); ok {
+		os.Exit(runWorker(spec))
+	}
+	goleak.VerifyTestMain(redistest.M(m))
+}
+
+func TestStoreFencesStaleTokens(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Start(t).Client(t)
+	step := func(name string, got, want Outcome) {
+		t.Helper()
+		if got != want {
+			t.Fatalf("%s: outcome %d, want %d", name, got, want)
+		}
+	}
+	v, o := storeRead(ctx, c, "r", 5)
+	step("first read", o, Accepted)
+	step("its write", storeWrite(ctx, c, "r", 5, v+1), Accepted)
+	_, o = storeRead(ctx, c, "r", 3)
+	step("a read with a lower token", o, Rejected)
+	step("a write with a lower token", storeWrite(ctx, c, "r", 3, 9), Rejected)
+	v, o = storeRead(ctx, c, "r", 7)
+	step("a newer holder's read", o, Accepted)
+	step("the old holder's write after the newer read", storeWrite(ctx, c, "r", 5, 9), Rejected)
+	step("the newer holder's write", storeWrite(ctx, c, "r", 7, v+1), Accepted)
+	rec, err := readRecord(ctx, c, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Record{Value: 2, Accepted: 2, RejectedReads: 1, RejectedWrites: 2}); rec != want {
+		t.Errorf("record %+v, want %+v", rec, want)
+	}
+}
+
+// TestRunUnderFaults runs the whole checker briefly, with every kind of
+// fault, and checks that it passes and leaves no process behind.
+func TestRunUnderFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for several seconds")
+	}
+	var stdout, stderr strings.Builder
+	code := run([]string{"-d", "7s", "-keys", "4", "-lease", "400ms", "-every", "800ms", "-wait", "5s", "-json"}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("run exited %d\nstdout:\n%s\nstderr:\n%s", code, &stdout, &stderr)
+	}
+	var out struct {
+		OK    bool
+		Total Result
+	}
+	if err := json.Unmarshal([]byte(stdout.String()), &out); err != nil {
+		t.Fatalf("%v\n%s", err, &stdout)
+	}
+	if !out.OK || out.Total.Acquisitions == 0 {
+		t.Errorf("ok %v, %d acquisitions\n%s", out.OK, out.Total.Acquisitions, &stdout)
+	}
+	for _, kind := range faultKinds {
+		if out.Total.Faults[kind] == 0 {
+			t.Errorf("no %s fault was injected\nstderr:\n%s", kind, &stderr)
+		}
+	}
+	if children := childProcesses(t); len(children) > 0 {
+		t.Errorf("processes left behind: %v", children)
+	}
+}
+
+func TestRunRejectsBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-keys", "1,x"}, "-keys"},
+		{[]string{"-faults", "flood"}, "unknown fault"},
+		{[]string{"-retry", "2s"}, "shorter than -lease"},
+		{[]string{"-every", "1s"}, "at least two leases"},
+		{[]string{"-d", "2s"}, "per key count"},
+	} {
+		var stdout, stderr strings.Builder
+		if code := run(tc.args, &stdout, &stderr); code != 2 {
+			t.Errorf("run(%q) exited %d, want 2", tc.args, code)
+		}
+		if !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("run(%q) said %q, want it to mention %q", tc.args, stderr.String(), tc.want)
+		}
+	}
+}
+
+// childProcesses lists this process's live children.
+func childProcesses(t *testing.T) []string {
+	t.Helper()
+	tasks, err := filepath.Glob("/proc/self/task/*/children")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, f := range tasks {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, pid := range strings.Fields(string(b)) {
+			cmdline, _ := os.ReadFile("/proc/" + pid + "/cmdline")
+			out = append(out, pid+" "+strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+	return out
+}

@@ -1,0 +1,141 @@
+//go:build linux
+
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+)
+
+// labelWidth fits the longest label of the table.
+const labelWidth = 66
+
+func writeTable(w io.Writer, cfg config, phases []*Result, total *Result) error {
+	cols := phases
+	head := []string{""}
+	for _, p := range phases {
+		head = append(head, fmt.Sprintf("keys=%d", p.Keys))
+	}
+	if len(phases) > 1 {
+		cols = append(append([]*Result(nil), phases...), total)
+		head = append(head, "total")
+	}
+	fmt.Fprintf(w, "lockcheck: %d workers x %d goroutines, lease %v, retry %v, %v per key count, faults every %v, seed %d, %d CPUs\n\n",
+		cfg.p, cfg.g, cfg.lease, cfg.retry, cfg.perKeyCount, cfg.every, cfg.seed, runtime.NumCPU())
+	// Right-aligned numbers under left-aligned labels: tabwriter aligns
+	// whole columns, so the labels come padded.
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(label string, cell func(r *Result) string) {
+		fmt.Fprintf(tw, "%-*s\t", labelWidth, label)
+		for _, r := range cols {
+			fmt.Fprintf(tw, "%s\t", cell(r))
+		}
+		fmt.Fprintln(tw)
+	}
+	num := func(f func(r *Result) int) func(*Result) string {
+		return func(r *Result) string { return fmt.Sprint(f(r)) }
+	}
+	section := func(title string) {
+		fmt.Fprintf(tw, "%-*s\t", labelWidth, title)
+		for range cols {
+			fmt.Fprint(tw, "\t")
+		}
+		fmt.Fprintln(tw)
+	}
+	fmt.Fprintf(tw, "%-*s\t%s\t\n", labelWidth, "", strings.Join(head[1:], "\t"))
+	row("seconds", func(r *Result) string { return fmt.Sprintf("%.1f", r.Seconds) })
+	row("acquisitions", num(func(r *Result) int { return r.Acquisitions }))
+	row("  fresh from Redis", num(func(r *Result) int { return r.Fresh }))
+	row("  local hand-offs", num(func(r *Result) int { return r.Handoffs }))
+	row("longest wait for a lock (ms)", func(r *Result) string { return fmt.Sprintf("%.0f", r.MaxWaitMs) })
+	row("faults injected", num(func(r *Result) int {
+		n := 0
+		for _, c := range r.Faults {
+			n += c
+		}
+		return n
+	}))
+	for _, k := range faultKinds {
+		row("  "+faultTitles[k], num(func(r *Result) int { return r.Faults[k] }))
+	}
+	row("  stop/kill victims inside a critical section", num(func(r *Result) int { return r.VictimsHolding }))
+	row("holds whose lease was live when they entered", num(func(r *Result) int { return r.Live }))
+	row("  ... that outlived it (exited after it ended)", num(func(r *Result) int { return r.Outlived }))
+	row("  ... cut short by kill -9", num(func(r *Result) int { return r.KilledInside }))
+	row("holds whose lease had run out before they entered", num(func(r *Result) int { return r.NeverLive }))
+	row("Lost() fired during a hold", num(func(r *Result) int { return r.LostSignals }))
+	row("unlocks returning ErrLockLost", num(func(r *Result) int { return r.LostUnlocks }))
+	section("fencing")
+	row("  stale reads rejected", num(func(r *Result) int { return r.StaleReads.Rejected }))
+	row("  stale writes rejected", num(func(r *Result) int { return r.StaleWrites.Rejected }))
+	row("  other rejections (racing a newer token)", num(func(r *Result) int { return r.RaceRejected }))
+	row("  rejections the store counted", func(r *Result) string { return fmt.Sprint(r.StoreRejected) })
+	row("  store calls after the lease ended: rejected", num(func(r *Result) int { return r.LateOps.Rejected }))
+	row("  ... accepted (no newer token yet)", num(func(r *Result) int { return r.LateOps.Accepted }))
+	row("  increments accepted by the store", func(r *Result) string { return fmt.Sprint(r.Increments) })
+	row("  final value", func(r *Result) string { return fmt.Sprint(r.FinalValue) })
+	row("  store calls that failed", num(func(r *Result) int { return r.StoreFailed }))
+	section("violations (each must be 0)")
+	row("  overlapping live holds", num(func(r *Result) int { return r.Overlaps }))
+	row("  fresh tokens not above earlier holds'", num(func(r *Result) int { return r.TokenOrder }))
+	row("  duplicate tokens", num(func(r *Result) int { return r.DuplicateToken }))
+	row("  stale reads accepted", num(func(r *Result) int { return r.StaleReads.Accepted }))
+	row("  stale writes accepted", num(func(r *Result) int { return r.StaleWrites.Accepted }))
+	row("  lost increments", func(r *Result) string { return fmt.Sprint(r.LostIncrements) })
+	row(fmt.Sprintf("  acquisitions that waited %v", cfg.wait), num(func(r *Result) int { return r.Timeouts }))
+	row("  goroutines that never got a lock", num(func(r *Result) int { return r.NeverAcquired }))
+	row("  faults never recovered from", num(func(r *Result) int { return r.Unrecovered }))
+	row("  all violations", num(func(r *Result) int { return r.ViolationCount }))
+	section("recovery, ms: fault end to next fresh acquisition (median / max)")
+	rec := func(x Recovery) string {
+		if x.N == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f / %.0f", x.MedianMs, x.MaxMs)
+	}
+	for _, k := range faultKinds {
+		row("  "+k, func(r *Result) string { return rec(r.Recovery[k]) })
+	}
+	row("  all faults", func(r *Result) string { return rec(r.RecoveryAll) })
+	section("takeover, ms: from stop/kill-9 to another worker taking the key")
+	row("  stop and kill-9 (median / max)", func(r *Result) string { return rec(r.Takeover) })
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if total.ViolationCount == 0 {
+		_, err := fmt.Fprintln(w, "\nno violations")
+		return err
+	}
+	fmt.Fprintf(w, "\n%d VIOLATIONS", total.ViolationCount)
+	if len(total.Violations) < total.ViolationCount {
+		fmt.Fprintf(w, " (the first %d)", len(total.Violations))
+	}
+	fmt.Fprintln(w, ":")
+	for _, v := range total.Violations {
+		fmt.Fprintln(w, "  "+v)
+	}
+	return nil
+}
+
+func writeJSON(w io.Writer, cfg config, phases []*Result, total *Result) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(struct {
+		Config map[string]any `json:"config"`
+		Phases []*Result      `json:"phases"`
+		Total  *Result        `json:"total"`
+		OK     bool           `json:"ok"`
+	}{
+		Config: map[string]any{
+			"seconds": cfg.d.Seconds(), "keys": cfg.keys, "workers": cfg.p, "goroutines": cfg.g,
+			"lease_ms": cfg.lease.Milliseconds(), "retry_ms": cfg.retry.Milliseconds(),
+			"work_ms": cfg.work.Seconds() * 1000, "wait_ms": cfg.wait.Milliseconds(),
+			"every_ms": cfg.every.Milliseconds(), "faults": cfg.faults, "seed": cfg.seed, "cpus": runtime.NumCPU(),
+		},
+		Phases: phases, Total: total, OK: total.ViolationCount == 0,
+	})
+}

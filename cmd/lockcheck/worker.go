@@ -1,0 +1,293 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lockreg/lockreg"
+	"github.com/redis/go-redis/v9"
+)
+
+// workerEnv carries a worker's configuration, as JSON; its presence makes
+// the binary a worker instead of the checker.
+const workerEnv = "LOCKCHECK_WORKER"
+
+// maxHandoffs is the library's default bound on local hand-offs in a row
+// (WithLocalHandoff), each of which raises the token by one.
+const maxHandoffs = 16
+
+type workerConfig struct {
+	ID         int
+	LockAddr   string
+	StoreAddr  string
+	Registry   string
+	Keys       []string
+	Goroutines int
+	Until      time.Time // the run ends
+	Lease      time.Duration
+	Retry      time.Duration
+	Wait       time.Duration
+	Work       time.Duration
+	Seed       uint64
+}
+
+// storeRecord is the fenced store's record for key.
+func storeRecord(registry, key string) string { return "lockcheck:store:" + registry + ":" + key }
+
+// runWorker is a worker process: one registry, as a service would have,
+// shared by Goroutines goroutines that take random keys until the run
+// ends. It reports on stdout, one JSON event a line, each written before
+// the worker goes on, so that a kill -9 loses nothing it has done.
+func runWorker(spec string) int {
+	var cfg workerConfig
+	if err := json.Unmarshal([]byte(spec), &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "lockcheck worker:", err)
+		return 2
+	}
+	out := &emitter{w: bufio.NewWriter(os.Stdout)}
+	leases := newLeaseTracker(cfg.Registry, cfg.Keys, out)
+	lockClient := redis.NewClient(&redis.Options{Addr: cfg.LockAddr})
+	lockClient.AddHook(leases)
+	defer lockClient.Close()
+	storeClient := redis.NewClient(&redis.Options{Addr: cfg.StoreAddr})
+	defer storeClient.Close()
+	// Faults make the library log every retry; the history says more.
+	reg, err := lockreg.New(lockClient, cfg.Registry,
+		lockreg.WithExpireAfter(cfg.Lease), lockreg.WithRetryInterval(cfg.Retry),
+		lockreg.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lockcheck worker:", err)
+		return 2
+	}
+	w := &worker{cfg: cfg, reg: reg, store: storeClient, leases: leases, out: out}
+	runs := make([]GoroutineRun, cfg.Goroutines)
+	var wg sync.WaitGroup
+	for g := range runs {
+		wg.Go(func() { runs[g] = w.loop(g) })
+	}
+	wg.Wait()
+	_ = reg.Close()
+	out.emit(event{E: "done", Goroutines: runs, LostUnlocks: int(w.lostUnlocks.Load())})
+	return 0
+}
+
+type worker struct {
+	cfg         workerConfig
+	reg         *lockreg.Registry
+	store       *redis.Client
+	leases      *leaseTracker
+	out         *emitter
+	lostUnlocks atomic.Int64
+}
+
+func (w *worker) loop(g int) GoroutineRun {
+	run := GoroutineRun{G: g}
+	rng := rand.New(rand.NewPCG(w.cfg.Seed, uint64(w.cfg.ID)<<32|uint64(g)))
+	for {
+		acq := time.Now()
+		if !acq.Before(w.cfg.Until) {
+			return run
+		}
+		if run.First == 0 {
+			run.First = acq.UnixNano()
+		}
+		key := w.cfg.Keys[rng.IntN(len(w.cfg.Keys))]
+		lock := w.reg.Obtain(key)
+		deadline, cut := acq.Add(w.cfg.Wait), false
+		if deadline.After(w.cfg.Until) {
+			deadline, cut = w.cfg.Until, true
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		err := lock.LockContext(ctx)
+		cancel()
+		switch {
+		case err == nil:
+			run.Acquisitions++
+			w.critical(g, lock, acq, rng)
+		case !errors.Is(err, context.DeadlineExceeded):
+			w.out.emit(event{E: "error", Msg: fmt.Sprintf("goroutine %d: LockContext(%s): %v", g, key, err)})
+		case !cut:
+			w.out.emit(event{E: "timeout", G: g, Key: key, Acq: acq.UnixNano(), At: time.Now().UnixNano()})
+		}
+	}
+}
+
+// critical is the critical section: a read-modify-write increment of the
+// key's record in the fenced store, with a pause between read and write
+// in which a stale holder's write could overtake a newer holder's.
+func (w *worker) critical(g int, lock *lockreg.Lock, acq time.Time, rng *rand.Rand) {
+	enter := time.Now().UnixNano()
+	key, token, lost := lock.Key(), lock.Token(), lock.Lost()
+	root, fresh, ok := w.leases.rootOf(key, token)
+	if !ok {
+		w.out.emit(event{E: "error", Msg: fmt.Sprintf("goroutine %d holds %s with token %d, which no obtain call the worker saw explains (last: %d)", g, key, token, w.leases.lastToken(key))})
+	}
+	w.out.emit(event{E: "enter", G: g, Key: key, Token: token, Fresh: fresh, Acq: acq.UnixNano(), At: enter, Root: root})
+
+	var lostAt atomic.Int64
+	stop, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-lost:
+			lostAt.Store(time.Now().UnixNano())
+		case <-stop:
+		}
+	}()
+
+	ctx := context.Background()
+	record := storeRecord(w.cfg.Registry, key)
+	ev := event{E: "exit", G: g}
+	var value int64
+	ev.Read.Sent = time.Now().UnixNano()
+	value, ev.Read.Outcome = storeRead(ctx, w.store, record, token)
+	ev.Read.Done = time.Now().UnixNano()
+	if ev.Read.Outcome == Accepted {
+		if w.cfg.Work > 0 {
+			time.Sleep(time.Duration(rng.Int64N(int64(2 * w.cfg.Work))))
+		}
+		ev.Value = value + 1
+		ev.Write.Sent = time.Now().UnixNano()
+		ev.Write.Outcome = storeWrite(ctx, w.store, record, token, ev.Value)
+		ev.Write.Done = time.Now().UnixNano()
+	}
+	ev.At = time.Now().UnixNano()
+	close(stop)
+	<-watched
+	ev.Lost = lostAt.Load()
+	w.out.emit(ev)
+
+	if err := lock.UnlockContext(ctx); errors.Is(err, lockreg.ErrLockLost) {
+		w.lostUnlocks.Add(1)
+	}
+}
+
+// emitter writes events to the parent, one line each, flushed at once.
+type emitter struct {
+	mu sync.Mutex
+	w  *bufio.Writer
+}
+
+func (e *emitter) emit(ev event) {
+	line, err := json.Marshal(ev)
+	if err != nil {
+		panic(err) // every field is a plain value
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, _ = e.w.Write(append(line, '\n'))
+	_ = e.w.Flush()
+}
+
+// leaseTracker is a go-redis hook on the lock client that watches for the
+// calls a hold's lease rests on, as the library counts it: the obtain
+// call that took the key (its reply is the fencing token), and the
+// renewals that extended it, each from when it was sent. Seeing them on
+// the wire, rather than asking the library, keeps the checker independent
+// of the library's own bookkeeping.
+type leaseTracker struct {
+	mu    sync.Mutex
+	roots map[string]root   // by key: the last obtain that took it
+	keyOf map[string]string // Redis key → key
+	out   *emitter
+}
+
+type root struct{ token, sent int64 }
+
+func newLeaseTracker(registry string, keys []string, out *emitter) *leaseTracker {
+	t := &leaseTracker{roots: make(map[string]root), keyOf: make(map[string]string), out: out}
+	for _, k := range keys {
+		// The library's key scheme for keys without braces or '%'.
+		t.keyOf[registry+":{"+k+"}"] = k
+	}
+	return t
+}
+
+// rootOf returns the obtain a hold with token rests on: its own, or, for a
+// local hand-off (token one higher per hand-off), its registry's last.
+func (t *leaseTracker) rootOf(key string, token int64) (sent int64, fresh, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, d := t.roots[key], token-t.roots[key].token
+	if r.token == 0 || d < 0 || d > maxHandoffs {
+		return 0, false, false
+	}
+	return r.sent, d == 0, true
+}
+
+func (t *leaseTracker) lastToken(key string) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.roots[key].token
+}
+
+func (t *leaseTracker) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (t *leaseTracker) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next // the library pipelines only with WithWaitReplicas, unused here
+}
+
+func (t *leaseTracker) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		sent := time.Now().UnixNano()
+		err := next(ctx, cmd)
+		if err == nil {
+			t.observe(cmd, sent)
+		}
+		return err
+	}
+}
+
+// observe recognizes the library's scripts by their shape: obtain.lua
+// takes three keys (lock, fence, waiting marker) and four arguments and
+// answers the token; renew.lua takes the keys to renew and two arguments
+// (client id, lease) and answers 1 or 0 per key. Were the scripts to
+// change shape, holds would go unexplained and the run would fail loudly.
+func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
+	if name := cmd.Name(); name != "evalsha" && name != "eval" {
+		return
+	}
+	c, ok := cmd.(*redis.Cmd)
+	args := cmd.Args() // name, script, number of keys, keys..., arguments...
+	if !ok || len(args) < 3 {
+		return
+	}
+	n, ok := args[2].(int)
+	if !ok || len(args) < 3+n {
+		return
+	}
+	keys, argv := args[3:3+n], args[3+n:]
+	switch {
+	case n == 3 && len(argv) == 4 && strings.HasSuffix(fmt.Sprint(keys[1]), ":fence"):
+		token, err := c.Int64()
+		key, known := t.keyOf[fmt.Sprint(keys[0])]
+		if err != nil || token <= 0 || !known {
+			return
+		}
+		t.mu.Lock()
+		t.roots[key] = root{token: token, sent: sent}
+		t.mu.Unlock()
+	case len(argv) == 2:
+		renewed, err := c.Int64Slice()
+		if err != nil || len(renewed) != n {
+			return
+		}
+		for i, k := range keys {
+			if key, known := t.keyOf[fmt.Sprint(k)]; known && renewed[i] == 1 {
+				t.out.emit(event{E: "renew", Key: key, At: sent})
+			}
+		}
+	}
+}
