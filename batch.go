@@ -80,32 +80,45 @@ func (b *batcher) next() {
 	close(batch[0].done)
 }
 
-// pipeline sends batch as one pipeline, then, if Redis lost the scripts (a
-// restart), loads them and sends the calls that failed for it again, and
-// wakes every caller but the first, which is the one sending.
+// pipeline sends batch as one pipeline and wakes every caller but the
+// first, which is the one sending.
 func (b *batcher) pipeline(ctx context.Context, batch []*scriptCall) {
-	b.send(ctx, batch, (*redis.Script).EvalSha)
-	var again []*scriptCall
-	for _, c := range batch {
-		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
-			again = append(again, c)
-		}
-	}
-	if len(again) > 0 {
-		b.send(ctx, again, (*redis.Script).Eval)
-	}
+	runPipeline(ctx, b.client, batch)
 	for _, c := range batch[1:] {
 		close(c.done)
 	}
 }
 
-// send sends calls as one pipeline, by EVALSHA or by EVAL.
-func (b *batcher) send(ctx context.Context, calls []*scriptCall, eval func(*redis.Script, context.Context, redis.Scripter, []string, ...any) *redis.Cmd) {
+// runPipeline sends calls as one pipeline (go-redis splits it by node on
+// Redis Cluster) and sets each call's cmd. If Redis lost the scripts (a
+// restart), the calls it refused for that go again by EVAL, which loads
+// them.
+func runPipeline(ctx context.Context, client redis.UniversalClient, calls []*scriptCall) {
+	send(ctx, client, calls, (*redis.Script).EvalSha)
+	var again []*scriptCall
+	for _, c := range calls {
+		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
+			again = append(again, c)
+		}
+	}
+	if len(again) > 0 {
+		send(ctx, client, again, (*redis.Script).Eval)
+	}
+}
+
+func send(ctx context.Context, client redis.UniversalClient, calls []*scriptCall, eval func(*redis.Script, context.Context, redis.Scripter, []string, ...any) *redis.Cmd) {
 	// Each call's own error is read from its cmd.
-	_, _ = b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, _ = client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, c := range calls {
 			c.cmd = eval(c.script, ctx, p, c.keys, c.args...)
 		}
 		return nil
 	})
+}
+
+// slotMigrating reports whether Redis Cluster refused a call because a
+// slot of its keys is moving between nodes: TRYAGAIN when some keys have
+// moved or do not exist, or ASK once go-redis ran out of redirections.
+func slotMigrating(err error) bool {
+	return redis.HasErrorPrefix(err, "TRYAGAIN") || redis.HasErrorPrefix(err, "ASK")
 }

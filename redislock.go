@@ -301,7 +301,7 @@ func (l *Lock) tryObtain(ctx context.Context, marked bool) (*hold, error) {
 	var token int64
 	var err error
 	if r.cfg.waitReplicas == 0 {
-		token, err = r.calls.run(ctx, obtainScript, l.keys, l.obtainArgs(marked)...).Int64()
+		token, err = l.runScript(ctx, obtainScript, l.obtainArgs(marked)...).Int64()
 		if err != nil {
 			err = fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
 		}
@@ -369,6 +369,20 @@ func (l *Lock) obtainReplicated(ctx context.Context, marked bool) (int64, error)
 	return 0, errors.Join(fmt.Errorf("%w: %d of %d replicas acknowledged %q within %v", ErrNotReplicated, acked, r.cfg.waitReplicas, l.key, r.cfg.waitTimeout), err)
 }
 
+// runScript runs obtain.lua or release.lua on the lock's keys. While the
+// lock's slot moves between Redis Cluster nodes, Redis refuses a script
+// whose keys are split between the nodes or partly missing, which the
+// waiting marker and the fence usually are; the script then runs on the
+// lock's key alone (no marker, no fence: see the scripts), which Redis
+// always serves, so locks keep working during a migration.
+func (l *Lock) runScript(ctx context.Context, script *redis.Script, args ...any) *redis.Cmd {
+	cmd := l.r.calls.run(ctx, script, l.keys, args...)
+	if slotMigrating(cmd.Err()) {
+		cmd = l.r.calls.run(ctx, script, l.keys[:1], args...)
+	}
+	return cmd
+}
+
 // What release.lua found.
 const (
 	notOurs             = 0 // the key had expired or has another owner
@@ -389,7 +403,7 @@ func (l *Lock) releaseRedis(ctx context.Context, h *hold) (int64, error) {
 	if r.cfg.pubSub {
 		channel = r.channel
 	}
-	found, err := r.calls.run(ctx, releaseScript, l.keys, r.clientID, handedOutToken, r.cfg.expireAfter.Milliseconds(), channel, l.key).Int64()
+	found, err := l.runScript(ctx, releaseScript, r.clientID, handedOutToken, r.cfg.expireAfter.Milliseconds(), channel, l.key).Int64()
 	if err != nil {
 		return notOurs, fmt.Errorf("%w: release %q: %w", ErrRedis, l.key, err)
 	}

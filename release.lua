@@ -8,10 +8,15 @@
 -- Returns 0 when the key had expired or has another owner (which is left
 -- untouched), 1 when deleted, 2 when deleted while another registry waits
 -- (its mark, set by a failed attempt, has not lapsed).
+-- Called with KEYS[1] alone while the slot migrates between Redis Cluster
+-- nodes: it only deletes the key; waiters find it free by polling.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
+if #KEYS == 1 then
+  return 1
+end
 -- Local hand-offs raise the token without a round trip; the stored token
 -- must not fall behind them.
 if ARGV[2] ~= '0' then
