@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/redisstat"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
@@ -285,4 +287,54 @@ func TestRedisClusterLocksWorkDuringSlotMigration(t *testing.T) {
 	free := b.Obtain(lock.Key())
 	require.True(t, free.TryLock(), "another registry takes the free lock while its slot migrates")
 	require.NoError(t, free.UnlockContext(ctx))
+}
+
+// TestRedisClusterRenewsInOneRoundTripPerNode holds locks in slots of their
+// own on every node: each renewal tick is one pipeline, so each node gets
+// one round trip per tick carrying a renewal for every key it holds.
+func TestRedisClusterRenewsInOneRoundTripPerNode(t *testing.T) {
+	addrs := redistest.StartCluster(t, 3)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = client.Close() })
+	var mu sync.Mutex
+	sentTo := map[string]*redisstat.Counter{}
+	client.OnNewNode(func(node *redis.Client) {
+		var counter redisstat.Counter
+		node.AddHook(&counter)
+		mu.Lock()
+		defer mu.Unlock()
+		sentTo[node.Options().Addr] = &counter
+	})
+	const lease = 600 * time.Millisecond
+	r := newRegistry(t, client, WithExpireAfter(lease))
+	locks := holdKeys(t, r, "order", 30)
+	keysOn := map[string]int64{}
+	for _, lock := range locks {
+		node, err := client.MasterForKey(context.Background(), lock.keys[0])
+		require.NoError(t, err)
+		keysOn[node.Options().Addr]++
+	}
+	require.Len(t, keysOn, 3, "the keys live on every node")
+
+	time.Sleep(lease / 2) // the first tick loads the script on each node
+	counts := func() map[string][2]int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		out := map[string][2]int64{}
+		for addr, c := range sentTo {
+			out[addr] = [2]int64{c.RoundTrips(), c.Commands()["evalsha"]}
+		}
+		return out
+	}
+	before := counts()
+	time.Sleep(lease) // about three ticks
+	after := counts()
+	for addr, keys := range keysOn {
+		roundTrips, calls := after[addr][0]-before[addr][0], after[addr][1]-before[addr][1]
+		require.Positive(t, roundTrips, "node %s renewed", addr)
+		require.Equal(t, keys*roundTrips, calls, "node %s: every round trip renews its %d keys", addr, keys)
+	}
+	for _, lock := range locks {
+		requireOpen(t, lock.Lost(), "renewed")
+	}
 }

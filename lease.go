@@ -113,9 +113,7 @@ func (r *Registry) renewHolds(ctx context.Context) {
 				due = append(due, h)
 			}
 		})
-		for _, batch := range r.renewalBatches(due) {
-			r.renew(ctx, batch)
-		}
+		r.renew(ctx, r.renewalBatches(due))
 	}
 	// A lease that ran out unrenewed (renewal off, past WithMaxHold, or
 	// Redis unreachable) may have passed to another owner.
@@ -160,19 +158,46 @@ func (r *Registry) renewalBatches(holds []*hold) [][]*hold {
 	return batches
 }
 
-// renew extends the leases of one batch. Errors are logged and the batch
+// renew extends the leases of holds, one script call per batch, all in
+// one pipeline: one round trip per node. Errors are logged and the batch
 // is tried again on the next tick; a key found gone or taken is lost.
-func (r *Registry) renew(ctx context.Context, batch []*hold) {
-	keys := make([]string, len(batch))
-	for i, h := range batch {
-		keys[i] = h.redisKey
+// While a slot moves between Redis Cluster nodes, its keys may be split
+// between them: a batch Redis refuses for that is renewed key by key.
+func (r *Registry) renew(ctx context.Context, batches [][]*hold) {
+	if len(batches) == 0 {
+		return
+	}
+	args := []any{r.clientID, r.cfg.expireAfter.Milliseconds()}
+	calls := make([]*scriptCall, len(batches))
+	for i, batch := range batches {
+		keys := make([]string, len(batch))
+		for j, h := range batch {
+			keys[j] = h.redisKey
+		}
+		calls[i] = &scriptCall{script: renewScript, keys: keys, args: args}
 	}
 	sent := time.Now()
-	r.stats.renewCalls.Add(1)
-	renewed, err := renewScript.Run(ctx, r.client, keys, r.clientID, r.cfg.expireAfter.Milliseconds()).Int64Slice()
+	r.stats.renewCalls.Add(int64(len(calls)))
+	runPipeline(ctx, r.client, calls)
+	var oneByOne [][]*hold
+	for i, batch := range batches {
+		if len(batch) > 1 && slotMigrating(calls[i].cmd.Err()) {
+			for _, h := range batch {
+				oneByOne = append(oneByOne, []*hold{h})
+			}
+			continue
+		}
+		r.renewed(ctx, batch, calls[i].cmd, sent)
+	}
+	r.renew(ctx, oneByOne)
+}
+
+// renewed applies renew.lua's reply for batch, sent at sent.
+func (r *Registry) renewed(ctx context.Context, batch []*hold, cmd *redis.Cmd, sent time.Time) {
+	renewed, err := cmd.Int64Slice()
 	if err != nil {
 		if ctx.Err() == nil {
-			r.cfg.logger.Warn("lockreg: lease renewal failed; retrying on the next tick", "keys", len(keys), "error", err)
+			r.cfg.logger.Warn("lockreg: lease renewal failed; retrying on the next tick", "keys", len(batch), "error", err)
 		}
 		return
 	}
