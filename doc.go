@@ -44,7 +44,8 @@
 // meanwhile queue, and leave as one pipeline when a call returns. A
 // pipeline costs one write and one read, on the client and in Redis's one
 // thread, however many calls it carries, and a call that finds the wire
-// free is never delayed.
+// free is never delayed. The watchdog renews every held key each tick in
+// one pipeline, up to 100 keys per script call: one round trip per node.
 //
 // # Failure modes ruled out
 //
@@ -94,7 +95,7 @@
 //
 // One watchdog goroutine per registry renews the leases of all keys it
 // holds, every expireAfter/3, with one owner-checked script call per 100
-// keys. A renewal error is logged and retried on the next tick. Renewal
+// keys (per slot, on Redis Cluster). A renewal error is logged and retried on the next tick. Renewal
 // stops when the key is released, when it is found gone or owned by
 // someone else, after WithMaxHold, or at Close; WithRenewal(false) turns it
 // off and leaves a fixed lease.
@@ -133,6 +134,13 @@
 // since the key's last acquisition, nor a replica's clock to lag its
 // primary's by more than that: true for NTP-synchronised servers at any
 // realistic acquisition rate of one key.
+//
+// While a key's slot moves between Redis Cluster nodes, Redis refuses a
+// script whose keys are split between the nodes or partly missing, which
+// the fence and the waiting marker usually are. Acquisitions and releases
+// of that key then run on the lock's key alone: the lock works as ever,
+// its tokens come from the clock alone, and waiters find a release by
+// polling. Renewal then renews the slot's keys one by one.
 //
 // # Errors
 //
