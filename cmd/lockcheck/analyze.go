@@ -64,8 +64,8 @@ type Tally struct {
 	Accepted int `json:"accepted"`
 }
 
-// Recovery summarizes the time from the end of faults to the next fresh
-// acquisition.
+// Recovery summarizes times measured from faults: to the next fresh
+// acquisition after each, or to another worker's takeover of a victim's key.
 type Recovery struct {
 	N        int     `json:"n"`
 	MedianMs float64 `json:"median_ms"`

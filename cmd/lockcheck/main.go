@@ -58,8 +58,7 @@ type config struct {
 	faults      []string
 	seed        uint64
 	json        bool
-	faultsFlag  string
-	keysFlag    string
+	keysFlag    string        // as given, for the log
 	perKeyCount time.Duration // the length of each phase
 }
 
@@ -120,7 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.work, "work", time.Millisecond, "mean pause between a critical section's read and its write")
 	fs.DurationVar(&cfg.wait, "wait", 10*time.Second, "an acquisition that waits this long has starved (a violation)")
 	fs.DurationVar(&cfg.every, "every", 2500*time.Millisecond, "the interval between faults")
-	fs.StringVar(&cfg.faultsFlag, "faults", strings.Join(faultKinds, ","), "the faults to inject, in rotation; empty for none")
+	faults := fs.String("faults", strings.Join(faultKinds, ","), "the faults to inject, in rotation; empty for none")
 	fs.Uint64Var(&cfg.seed, "seed", 0, "random seed (0: pick one; the report shows it)")
 	fs.BoolVar(&cfg.json, "json", false, "print the results as JSON instead of a table")
 	if err := fs.Parse(args); err != nil {
@@ -136,8 +135,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 		cfg.keys = append(cfg.keys, n)
 	}
-	if cfg.faultsFlag != "" {
-		for _, s := range strings.Split(cfg.faultsFlag, ",") {
+	if *faults != "" {
+		for _, s := range strings.Split(*faults, ",") {
 			if s = strings.TrimSpace(s); !slices.Contains(faultKinds, s) {
 				return cfg, fmt.Errorf("-faults: unknown fault %q; the kinds are %s", s, strings.Join(faultKinds, ","))
 			}
