@@ -235,8 +235,20 @@ func (t *leaseTracker) lastToken(key string) int64 {
 
 func (t *leaseTracker) DialHook(next redis.DialHook) redis.DialHook { return next }
 
+// ProcessPipelineHook sees the calls the library pipelines (concurrent
+// acquisitions and releases beyond a few in flight, and each tick's
+// renewals). Every call in a pipeline is sent no earlier than the pipeline.
 func (t *leaseTracker) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next // the library pipelines only with WithWaitReplicas, unused here
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		sent := time.Now().UnixNano()
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if cmd.Err() == nil {
+				t.observe(cmd, sent)
+			}
+		}
+		return err
+	}
 }
 
 func (t *leaseTracker) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
