@@ -52,7 +52,7 @@ func newHold(redisKey string, token int64, sent time.Time, lease time.Duration) 
 // no other registry can draw a token meanwhile, as the key stays held, and
 // the release stores the last one handed out.
 func (r *Registry) handoff(h *hold, local *localLock) *hold {
-	if r.cfg.handoffMax == 0 || h.handoffs >= r.cfg.handoffMax || h.isLost() ||
+	if r.cfg.handoffMax == 0 || h.handoffs >= r.cfg.handoffMax || h.isLost() || h.leaseOver() ||
 		time.Since(h.redisTaken) >= r.cfg.handoffFor || !local.waited() {
 		return nil
 	}
@@ -69,6 +69,10 @@ func (r *Registry) handoff(h *hold, local *localLock) *hold {
 }
 
 func (h *hold) lose() { h.loseOnce.Do(func() { close(h.lost) }) }
+
+// leaseOver reports whether the lease ran out unrenewed, as the registry
+// counts it.
+func (h *hold) leaseOver() bool { return time.Now().UnixNano() >= h.leaseEnd.Load() }
 
 func (h *hold) isLost() bool { return isClosed(h.lost) }
 
@@ -117,9 +121,8 @@ func (r *Registry) renewHolds(ctx context.Context) {
 	}
 	// A lease that ran out unrenewed (renewal off, past WithMaxHold, or
 	// Redis unreachable) may have passed to another owner.
-	now := time.Now().UnixNano()
 	r.forEachHold(func(h *hold) {
-		if now >= h.leaseEnd.Load() {
+		if h.leaseOver() {
 			h.lose()
 		}
 	})

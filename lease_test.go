@@ -291,3 +291,44 @@ func TestClusterSlot(t *testing.T) {
 	require.NotEqual(t, clusterSlot("bar"), clusterSlot("foo{}{bar}"), "an empty tag hashes the whole key")
 	require.Equal(t, clusterSlot("k"), clusterSlot("reg:{k}:fence"), "a lock's keys share a slot")
 }
+
+// TestHoldAnsweredPastItsLeaseIsLostAtOnce pauses Redis for longer than the
+// lease while an acquisition is in flight: the lease, counted from when the
+// call was sent, is over when the reply comes, so the hold comes back
+// already lost and is not handed on locally.
+func TestHoldAnsweredPastItsLeaseIsLostAtOnce(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	const lease = 200 * time.Millisecond
+	r := newRegistry(t, srv.Client(t), WithExpireAfter(lease), WithRetryInterval(lease/4))
+	lock := r.Obtain("late")
+	lock.Lock() // loads the scripts
+	lock.Unlock()
+
+	require.NoError(t, srv.Client(t).Do(ctx, "CLIENT", "PAUSE", (2*lease).Milliseconds(), "ALL").Err())
+	lock.Lock()
+	select {
+	case <-lock.Lost():
+	default:
+		t.Fatal("a hold answered a lease after it was sent came back with Lost open")
+	}
+	waiterDone := make(chan struct{})
+	go func() {
+		defer close(waiterDone)
+		next := r.Obtain("late")
+		next.Lock()
+		next.Unlock()
+	}()
+	require.Eventually(t, func() bool { return refsOf(r, "late") == 2 }, time.Second, time.Millisecond, "the waiter queued")
+	lock.Unlock()
+	<-waiterDone
+	require.Zero(t, r.Stats().LocalHandoffs, "a lost hold goes back to Redis, not to the next local waiter")
+
+	// Nor is a hold whose lease ran out between two of the watchdog's
+	// ticks, before anything closed its Lost.
+	waited := &localLock{queue: []*waiter{{}}}
+	live := newHold("k", 1, time.Now(), lease)
+	require.NotNil(t, r.handoff(live, waited), "a live hold is handed on")
+	live.leaseEnd.Store(time.Now().UnixNano()) // within the run of hand-offs
+	require.Nil(t, r.handoff(live, waited))
+}

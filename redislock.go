@@ -167,9 +167,11 @@ func (l *Lock) Token() int64 {
 // may have been lost: renewal found the Redis key gone or owned by someone
 // else, or the lease ran out unrenewed (renewal off, past WithMaxHold,
 // Redis unreachable, or the registry closed). It fires within one renewal
-// interval (expireAfter/3) of the loss. Stop the protected work when it
-// fires; the unlock will then report ErrLockLost. A goroutine that holds
-// nothing gets a closed channel.
+// interval (expireAfter/3) of the loss, and is closed already when the
+// acquisition's reply came a lease or more after it was sent (Redis or
+// this process stalled). Stop the protected work when it fires; the unlock
+// will then report ErrLockLost if the key did pass on. A goroutine that
+// holds nothing gets a closed channel.
 func (l *Lock) Lost() <-chan struct{} {
 	if local := l.r.locals.ownedBy(l.key, goroutineID()); local != nil {
 		return local.hold.Load().lost
@@ -312,7 +314,13 @@ func (l *Lock) tryObtain(ctx context.Context, marked bool) (*hold, error) {
 		r.stats.failed.Add(1)
 		return nil, err
 	}
-	return newHold(l.keys[0], token, sent, r.cfg.expireAfter), nil
+	h := newHold(l.keys[0], token, sent, r.cfg.expireAfter)
+	if h.leaseOver() {
+		// The reply came a lease or more after the call was sent (Redis or
+		// this process stalled): the key may have expired and passed on.
+		h.lose()
+	}
+	return h, nil
 }
 
 // obtainArgs are obtain.lua's arguments.
