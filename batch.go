@@ -120,5 +120,5 @@ func send(ctx context.Context, client redis.UniversalClient, calls []*scriptCall
 // slot of its keys is moving between nodes: TRYAGAIN when some keys have
 // moved or do not exist, or ASK once go-redis ran out of redirections.
 func slotMigrating(err error) bool {
-	return redis.HasErrorPrefix(err, "TRYAGAIN") || redis.HasErrorPrefix(err, "ASK")
+	return err != nil && (redis.HasErrorPrefix(err, "TRYAGAIN") || redis.HasErrorPrefix(err, "ASK"))
 }

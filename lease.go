@@ -170,7 +170,7 @@ func (r *Registry) renew(ctx context.Context, batches [][]*hold) {
 	if len(batches) == 0 {
 		return
 	}
-	args := []any{r.clientID, r.cfg.expireAfter.Milliseconds()}
+	args := []any{r.clientIDArg, r.leaseArg}
 	calls := make([]*scriptCall, len(batches))
 	for i, batch := range batches {
 		keys := make([]string, len(batch))

@@ -325,11 +325,10 @@ func (l *Lock) tryObtain(ctx context.Context, marked bool) (*hold, error) {
 
 // obtainArgs are obtain.lua's arguments.
 func (l *Lock) obtainArgs(marked bool) []any {
-	unmark := "0"
 	if marked {
-		unmark = "1"
+		return l.r.obtainArgs[1]
 	}
-	return []any{l.r.clientID, l.r.cfg.expireAfter.Milliseconds(), l.r.markWaiting, unmark}
+	return l.r.obtainArgs[0]
 }
 
 // obtainReplicated sends obtain.lua and WAIT in one pipeline, on one
@@ -407,11 +406,7 @@ func (l *Lock) releaseRedis(ctx context.Context, h *hold) (int64, error) {
 	if h != nil && h.handoffs > 0 {
 		handedOutToken = h.token
 	}
-	channel := ""
-	if r.cfg.pubSub {
-		channel = r.channel
-	}
-	found, err := l.runScript(ctx, releaseScript, r.clientID, handedOutToken, r.cfg.expireAfter.Milliseconds(), channel, l.key).Int64()
+	found, err := l.runScript(ctx, releaseScript, r.clientIDArg, handedOutToken, r.leaseArg, r.channelArg, l.key).Int64()
 	if err != nil {
 		return notOurs, fmt.Errorf("%w: release %q: %w", ErrRedis, l.key, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -185,9 +186,12 @@ type Registry struct {
 	// pending ones (the watchdog drops those nobody came for).
 	yield  time.Duration
 	yields *xsync.MapOf[string, time.Time]
-	// markWaiting is how long (ms) a failed attempt marks its key as waited
-	// for: two retry intervals, so a polling waiter keeps it alive.
-	markWaiting int64
+	// obtainArgs are obtain.lua's arguments, made once (go-redis copies
+	// them): without and with the request to undo this registry's mark.
+	// The other arguments are boxed once too, as each boxing is an
+	// allocation per call.
+	obtainArgs                        [2][]any
+	clientIDArg, leaseArg, channelArg any
 
 	subscribeMu sync.Mutex // guards sub, and serializes opening it
 	sub         *redis.PubSub
@@ -246,7 +250,6 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 		channel:     registryKey + ":released",
 		yield:       cfg.retryInterval,
 		yields:      xsync.NewMapOf[string, time.Time](),
-		markWaiting: 2 * cfg.retryInterval.Milliseconds(),
 		closed:      make(chan struct{}),
 		stop:        stop,
 		stopCtx:     stopCtx,
@@ -254,7 +257,17 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 	if cfg.pubSub {
 		r.yield = min(pubSubYield, cfg.retryInterval)
 	}
-	r.markWaiting = max(r.markWaiting, 2)
+	// A failed attempt marks its key as waited for during two retry
+	// intervals, so that a polling waiter keeps its mark alive.
+	markWaiting := strconv.FormatInt(max(2*cfg.retryInterval.Milliseconds(), 2), 10)
+	r.clientIDArg, r.leaseArg = r.clientID, strconv.FormatInt(cfg.expireAfter.Milliseconds(), 10)
+	for i, unmark := range []string{"0", "1"} {
+		r.obtainArgs[i] = []any{r.clientIDArg, r.leaseArg, markWaiting, unmark}
+	}
+	r.channelArg = "" // no notifications
+	if cfg.pubSub {
+		r.channelArg = r.channel
+	}
 	r.goBackground(r.watch)
 	return r, nil
 }
