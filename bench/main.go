@@ -137,23 +137,21 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 	for _, f := range fs {
 		runs = append(runs, e.prepare(ctx, sc, f))
 	}
-	turns, slice := rounds, e.d/rounds
-	if sc.multiProcess {
-		turns, slice = 1, e.d
-	}
-	var floor time.Duration
-	var floorPairs int
-	for range turns {
-		for _, run := range runs {
-			if run.res.NA != "" || run.res.Err != "" {
-				continue
-			}
-			if sc.id == "S1" && run.f.Name == contenders.LockReg.Name {
-				d, n := e.pingFloor(ctx, slice/2)
-				floor, floorPairs = floor+d, floorPairs+n
-			}
-			if err := e.timeSlice(ctx, sc, run, slice); err != nil {
-				run.res.Err = err.Error()
+	var floor float64
+	if sc.cycleByCycle {
+		floor = e.cycleByCycle(ctx, runs)
+	} else {
+		turns, slice := rounds, e.d/rounds
+		if sc.multiProcess {
+			turns, slice = 1, e.d
+		}
+		for range turns {
+			for _, run := range runs {
+				if run.ok() {
+					if err := e.timeSlice(ctx, sc, run, slice); err != nil {
+						run.res.Err = err.Error()
+					}
+				}
 			}
 		}
 	}
@@ -162,9 +160,9 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 		if run.c != nil {
 			_ = run.c.Close()
 		}
-		if run.res.NA == "" && run.res.Err == "" {
-			if sc.id == "S1" && run.f.Name == contenders.LockReg.Name && floorPairs > 0 {
-				run.res.FloorNsPerOp = float64(floor.Nanoseconds()) / float64(floorPairs)
+		if run.ok() {
+			if run.f.Name == contenders.LockReg.Name {
+				run.res.FloorNsPerOp = floor
 			}
 			e.finish(ctx, sc, run)
 		}
@@ -172,6 +170,54 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 		results = append(results, run.res)
 	}
 	return results
+}
+
+func (run *contenderRun) ok() bool { return run.res.NA == "" && run.res.Err == "" }
+
+// cycleByCycle times one lock/unlock cycle of each contender in turn, and
+// two PINGs among them, for as long as the slices would have taken: a
+// cycle lasts a few hundred µs, shorter than the bursts of noise on this
+// machine, so every contender meets the same conditions. It returns the
+// floor, ns per PING pair.
+func (e *benchEnv) cycleByCycle(ctx context.Context, runs []*contenderRun) float64 {
+	var floor time.Duration
+	var pairs int
+	turn := make([]*contenderRun, 0, len(runs)+1)
+	for _, run := range runs {
+		if run.ok() {
+			turn = append(turn, run)
+		}
+	}
+	turn = append(turn, nil) // the floor
+	end := time.Now().Add(e.d * time.Duration(len(turn)))
+	for i := 0; time.Now().Before(end); i++ {
+		for j := range turn {
+			run := turn[(i+j)%len(turn)]
+			start := time.Now()
+			if run == nil {
+				e.admin.Ping(ctx)
+				e.admin.Ping(ctx)
+				floor += time.Since(start)
+				pairs++
+				continue
+			}
+			if !run.ok() {
+				continue
+			}
+			release, err := run.c.Acquire(ctx, "s1")
+			if err == nil {
+				err = release(ctx)
+			}
+			if err != nil {
+				run.res.Err = err.Error()
+				continue
+			}
+			run.timed.elapsed += time.Since(start)
+			run.timed.acquisitions++
+			run.timed.ops++
+		}
+	}
+	return float64(floor.Nanoseconds()) / float64(max(pairs, 1))
 }
 
 // prepare checks that the contender can run sc and, in process, opens and
@@ -220,13 +266,9 @@ func (e *benchEnv) timeSlice(ctx context.Context, sc scenario, run *contenderRun
 	if err != nil {
 		return err
 	}
-	server := redisstat.Delta(before, after)
-	delete(server, "info")
+	run.serverCmds += serverCommands(before, after)
 	if sc.multiProcess {
-		server["incr"] -= l.acquisitions // the workers' bookkeeping
-	}
-	for _, n := range server {
-		run.serverCmds += n
+		run.serverCmds -= l.acquisitions // the workers' bookkeeping INCRs
 	}
 	run.timed.add(l)
 	return nil
@@ -247,6 +289,9 @@ func (e *benchEnv) finish(ctx context.Context, sc scenario, run *contenderRun) {
 	if timed.ops > 0 {
 		res.NsPerOp = float64(timed.elapsed.Nanoseconds()) / float64(timed.ops)
 		res.ServerCmds = float64(run.serverCmds) / float64(timed.ops)
+	}
+	if sc.cycleByCycle && counted.ops > 0 {
+		res.ServerCmds = float64(counted.serverCmds) / float64(counted.ops)
 	}
 	res.AcqPerSec = float64(timed.acquisitions) / timed.elapsed.Seconds()
 	if counted.ops > 0 {
@@ -290,7 +335,34 @@ func (e *benchEnv) countingPass(ctx context.Context, sc scenario, f contenders.F
 		return load{}, err
 	}
 	e.proxy.Reset()
-	return sc.work(ctx, c, e.d/3)
+	var before map[string]int64
+	if sc.cycleByCycle {
+		// The timing pass interleaved the contenders, so the server's
+		// work per contender is read here (S1 is uncontended: the proxy
+		// changes no command).
+		if before, err = redisstat.CommandStats(ctx, e.admin); err != nil {
+			return load{}, err
+		}
+	}
+	l, err := sc.work(ctx, c, e.d/3)
+	if err != nil || !sc.cycleByCycle {
+		return l, err
+	}
+	after, err := redisstat.CommandStats(ctx, e.admin)
+	l.serverCmds = serverCommands(before, after)
+	return l, err
+}
+
+// serverCommands is how many commands the server ran between two INFO
+// commandstats readings, INFO itself left out.
+func serverCommands(before, after map[string]int64) int64 {
+	var n int64
+	for name, delta := range redisstat.Delta(before, after) {
+		if name != "info" {
+			n += delta
+		}
+	}
+	return n
 }
 
 // pingFloor is the physical floor of a lock/unlock cycle: two PING round

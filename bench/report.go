@@ -68,7 +68,7 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 	}
 	b.WriteString(".\nProduced by `make bench` (bench/main.go): all contenders in one run against one redis-server.\n" +
 		"Round trips are commands on the wire, counted by a proxy in a separate pass; server commands are INFO commandstats deltas (script bodies included).\n" +
-		"In-process scenarios (all but S4) time the contenders in turns, six rounds of a slice each, so that noise falls on all alike.\n" +
+		"Contenders take turns, so that noise falls on all alike: S1 cycle by cycle, with the two-PING floor among them; S2, S3, S5 and S6 in six rounds of a slice each; S4's processes one contender after another.\n" +
 		"Ratios are to lockreg in the same scenario.\n\n")
 	b.WriteString("## Targets\n\n")
 	for _, line := range targets(results) {

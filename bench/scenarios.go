@@ -23,6 +23,7 @@ type load struct {
 	mallocs      uint64
 	heapInUse    uint64
 	pingP50      time.Duration // S4: PING round trip under the same load
+	serverCmds   int64         // S1's counting pass: commands the server ran
 }
 
 // add adds what another slice of the same run measured.
@@ -52,11 +53,14 @@ type scenario struct {
 	reentrant bool
 	// multiProcess: run by worker processes (S4).
 	multiProcess bool
+	// cycleByCycle: the contenders take turns cycle by cycle, with the
+	// two-PING floor among them (S1), instead of slice by slice.
+	cycleByCycle bool
 	work         workload
 }
 
 var scenarios = []scenario{
-	{id: "S1", title: "uncontended lock/unlock, one goroutine, one key", work: cycleOneKey},
+	{id: "S1", title: "uncontended lock/unlock, one goroutine, one key", cycleByCycle: true, work: cycleOneKey},
 	{id: "S2", title: "reentrant depth 5 while held", reentrant: true, work: reentrant5},
 	{id: "S3", title: "one process, 64 goroutines, one hot key", work: hotKey(64)},
 	{id: "S4", title: "4 processes x 16 goroutines, one hot key", multiProcess: true},
