@@ -42,7 +42,8 @@ type Result struct {
 	Err                 string `json:",omitempty"`
 	Acquisitions        int64
 	NsPerOp             float64
-	FloorNsPerOp        float64 `json:",omitempty"` // S1: two PINGs, measured just before
+	FloorNsPerOp        float64 `json:",omitempty"` // S1: two PINGs, timed in turn with the cycles
+	VsLockReg           float64 `json:",omitempty"` // S1: ns/op over lockreg's in the same session
 	AcqPerSec           float64
 	WaitP50, WaitP99    float64   `json:",omitempty"`
 	MaxWait             float64   `json:",omitempty"`
@@ -137,9 +138,8 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 	for _, f := range fs {
 		runs = append(runs, e.prepare(ctx, sc, f))
 	}
-	var floor float64
 	if sc.cycleByCycle {
-		floor = e.cycleByCycle(ctx, runs)
+		e.sessions(ctx, runs)
 	} else {
 		turns, slice := rounds, e.d/rounds
 		if sc.multiProcess {
@@ -161,9 +161,6 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 			_ = run.c.Close()
 		}
 		if run.ok() {
-			if run.f.Name == contenders.LockReg.Name {
-				run.res.FloorNsPerOp = floor
-			}
 			e.finish(ctx, sc, run)
 		}
 		fmt.Fprintln(os.Stderr, run.res.line())
@@ -174,50 +171,93 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 
 func (run *contenderRun) ok() bool { return run.res.NA == "" && run.res.Err == "" }
 
-// cycleByCycle times one lock/unlock cycle of each contender in turn, and
-// two PINGs among them, for as long as the slices would have taken: a
-// cycle lasts a few hundred µs, shorter than the bursts of noise on this
-// machine, so every contender meets the same conditions. It returns the
-// floor, ns per PING pair.
-func (e *benchEnv) cycleByCycle(ctx context.Context, runs []*contenderRun) float64 {
-	var floor time.Duration
-	var pairs int
-	turn := make([]*contenderRun, 0, len(runs)+1)
+// sessions runs S1 as one session per peer: lockreg, the peer and two
+// PINGs on another connection (the floor) take turns cycle by cycle, for
+// 2x the timing pass each. A cycle lasts a few hundred µs, shorter than the
+// bursts of noise on this machine, so all three meet the same conditions;
+// and only those two clients are alive, as another library's client in
+// the process (rueidis's goroutines) was seen to slow every other
+// contender's cycles by about 15%, but not PINGs. Each peer is compared
+// with lockreg in its own session (VsLockReg); lockreg's own figures sum
+// its sessions.
+func (e *benchEnv) sessions(ctx context.Context, runs []*contenderRun) {
+	i := slices.IndexFunc(runs, func(run *contenderRun) bool { return run.f.Name == contenders.LockReg.Name })
+	var base *contenderRun
+	if i >= 0 && runs[i].ok() {
+		base = runs[i]
+	}
+	var peers []*contenderRun
 	for _, run := range runs {
-		if run.ok() {
-			turn = append(turn, run)
+		if run.ok() && run != base {
+			peers = append(peers, run)
 		}
 	}
-	turn = append(turn, nil) // the floor
-	end := time.Now().Add(e.d * time.Duration(len(turn)))
-	for i := 0; time.Now().Before(end); i++ {
-		for j := range turn {
-			run := turn[(i+j)%len(turn)]
-			start := time.Now()
+	if len(peers) == 0 {
+		peers = []*contenderRun{nil} // lockreg beside the floor alone
+	}
+	var floor, baseTotal time.Duration
+	var floorPairs, baseCycles int64
+	for _, peer := range peers {
+		session := []*contenderRun{base, peer}
+		clients := make([]contenders.Contender, len(session))
+		for k, run := range session {
 			if run == nil {
-				e.admin.Ping(ctx)
-				e.admin.Ping(ctx)
-				floor += time.Since(start)
-				pairs++
 				continue
 			}
-			if !run.ok() {
-				continue
-			}
-			release, err := run.c.Acquire(ctx, "s1")
+			c, err := run.f.New(e.addr)
 			if err == nil {
-				err = release(ctx)
+				defer c.Close()
+				_, err = cycleOneKey(ctx, c, 20*time.Millisecond)
 			}
 			if err != nil {
 				run.res.Err = err.Error()
-				continue
+				return
 			}
-			run.timed.elapsed += time.Since(start)
-			run.timed.acquisitions++
-			run.timed.ops++
+			clients[k] = c
+		}
+		times := make([]time.Duration, len(session))
+		var cycles int64
+		var sessionFloor time.Duration
+		for end := time.Now().Add(2 * e.d); time.Now().Before(end); cycles++ {
+			for turn := range len(session) + 1 {
+				k := (int(cycles) + turn) % (len(session) + 1)
+				start := time.Now()
+				if k == len(session) {
+					e.admin.Ping(ctx)
+					e.admin.Ping(ctx)
+					sessionFloor += time.Since(start)
+					continue
+				}
+				if clients[k] == nil {
+					continue
+				}
+				release, err := clients[k].Acquire(ctx, "s1")
+				if err == nil {
+					err = release(ctx)
+				}
+				if err != nil {
+					session[k].res.Err = err.Error()
+					return
+				}
+				times[k] += time.Since(start)
+			}
+		}
+		floor, floorPairs = floor+sessionFloor, floorPairs+cycles
+		if base != nil {
+			baseTotal, baseCycles = baseTotal+times[0], baseCycles+cycles
+		}
+		if peer != nil {
+			peer.timed = load{acquisitions: cycles, ops: cycles, elapsed: times[1]}
+			peer.res.FloorNsPerOp = float64(sessionFloor.Nanoseconds()) / float64(cycles)
+			if base != nil {
+				peer.res.VsLockReg = float64(times[1]) / float64(times[0])
+			}
 		}
 	}
-	return float64(floor.Nanoseconds()) / float64(max(pairs, 1))
+	if base != nil {
+		base.timed = load{acquisitions: baseCycles, ops: baseCycles, elapsed: baseTotal}
+		base.res.FloorNsPerOp = float64(floor.Nanoseconds()) / float64(floorPairs)
+	}
 }
 
 // prepare checks that the contender can run sc and, in process, opens and
@@ -233,7 +273,7 @@ func (e *benchEnv) prepare(ctx context.Context, sc scenario, f contenders.Factor
 	if sc.reentrant && !c.Reentrant() {
 		run.res.NA = "not reentrant"
 	}
-	if run.res.NA != "" || sc.multiProcess {
+	if run.res.NA != "" || sc.multiProcess || sc.cycleByCycle {
 		_ = c.Close()
 		return run
 	}

@@ -53,8 +53,8 @@ type scenario struct {
 	reentrant bool
 	// multiProcess: run by worker processes (S4).
 	multiProcess bool
-	// cycleByCycle: the contenders take turns cycle by cycle, with the
-	// two-PING floor among them (S1), instead of slice by slice.
+	// cycleByCycle: each contender runs alone, its cycles timed in turn
+	// with two PINGs (S1), instead of in slices in turn with the others.
 	cycleByCycle bool
 	work         workload
 }
