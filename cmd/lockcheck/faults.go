@@ -13,13 +13,15 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg/internal/redistest"
 )
 
 // injector runs one fault at a time on a schedule, rotating through the
 // enabled kinds, and files each in the phase's history.
 type injector struct {
 	ph    *phase
-	lock  *redisServer
+	lock  *redistest.Server
 	admin *redis.Client // to the lock server; it reconnects after a restart
 	kinds []string
 	next  *int // the rotation, carried across phases
@@ -104,11 +106,12 @@ func (in *injector) inject(ctx context.Context, kind string, last time.Time) (Fa
 		f.End = time.Now().UnixNano()
 		f.Note = fmt.Sprintf("%d connections", killed)
 	case faultRestart:
-		down, up, err := in.lock.restart()
-		if err != nil {
+		f.Start = time.Now().UnixNano()
+		in.lock.Crash()
+		if err := in.lock.Relaunch(); err != nil {
 			return f, err
 		}
-		f.Start, f.End = down.UnixNano(), up.UnixNano()
+		f.End = time.Now().UnixNano()
 	case faultPause:
 		d := pauseFor(lease)
 		f.Start = time.Now().UnixNano()

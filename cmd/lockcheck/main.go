@@ -44,6 +44,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg/internal/redistest"
 )
 
 type config struct {
@@ -178,29 +180,29 @@ func check(ctx context.Context, cfg config, stderr io.Writer, logf func(string, 
 	if err != nil {
 		return nil, err
 	}
-	lockSrv, err := startRedis()
+	lockSrv, err := redistest.Launch()
 	if err != nil {
 		return nil, err
 	}
-	defer lockSrv.close()
-	storeSrv, err := startRedis()
+	defer lockSrv.Shutdown()
+	storeSrv, err := redistest.Launch()
 	if err != nil {
 		return nil, err
 	}
-	defer storeSrv.close()
-	store := redis.NewClient(&redis.Options{Addr: storeSrv.addr()})
+	defer storeSrv.Shutdown()
+	store := redis.NewClient(&redis.Options{Addr: storeSrv.Addr()})
 	defer store.Close()
-	admin := redis.NewClient(&redis.Options{Addr: lockSrv.addr(), ReadTimeout: pauseFor(cfg.lease) + 5*time.Second})
+	admin := redis.NewClient(&redis.Options{Addr: lockSrv.Addr(), ReadTimeout: pauseFor(cfg.lease) + 5*time.Second})
 	defer admin.Close()
 
 	logf("%d workers x %d goroutines, lease %v, keys %s, %v per key count, seed %d; lock Redis %s, store Redis %s",
-		cfg.p, cfg.g, cfg.lease, cfg.keysFlag, cfg.perKeyCount, cfg.seed, lockSrv.addr(), storeSrv.addr())
+		cfg.p, cfg.g, cfg.lease, cfg.keysFlag, cfg.perKeyCount, cfg.seed, lockSrv.Addr(), storeSrv.Addr())
 	var results []*Result
 	rotation := 0
 	for n, keys := range cfg.keys {
 		ph := &phase{
 			cfg: cfg, self: self, stderr: stderr,
-			lockAddr: lockSrv.addr(), storeAddr: storeSrv.addr(),
+			lockAddr: lockSrv.Addr(), storeAddr: storeSrv.Addr(),
 			registry: fmt.Sprintf("lockcheck-k%d", keys),
 			procs:    make(map[int]*workerProc),
 		}

@@ -151,9 +151,32 @@ func (s *Server) Restart(tb testing.TB) {
 		tb.Fatal("redistest: cannot restart the external server of REDIS_ADDR; use redistest.Start")
 	}
 	s.stop()
-	if err := s.launch(); err != nil {
+	if err := s.Relaunch(); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// Crash ends a server from Launch with SIGKILL, as Kill does in a test.
+func (s *Server) Crash() {
+	if p := s.proc; p != nil {
+		s.proc = nil
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+// Relaunch starts a stopped or crashed server from Launch again on its
+// address, empty. The port is free for anyone while the server is down, so
+// it tries for a second before giving up.
+func (s *Server) Relaunch() error {
+	var err error
+	for range 20 {
+		if err = s.launch(); err == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return err
 }
 
 // StartReplica starts a private redis-server replicating primary, and waits
@@ -283,6 +306,7 @@ func (s *Server) launch() error {
 		"--repl-diskless-sync-delay", "0", // replicas sync at once
 	), s.args...)
 	cmd := exec.Command(s.bin, args...)
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("redistest: start %s: %w", s.bin, err)
 	}
@@ -331,13 +355,10 @@ func (s *Server) waitReady(p *process) error {
 // word to clients or replicas. Restart starts it again, empty.
 func (s *Server) Kill(tb testing.TB) {
 	tb.Helper()
-	p := s.proc
-	if p == nil {
+	if s.proc == nil {
 		tb.Fatal("redistest: cannot kill a stopped server or the external server of REDIS_ADDR; use redistest.Start")
 	}
-	s.proc = nil
-	_ = p.cmd.Process.Kill()
-	<-p.exited
+	s.Crash()
 }
 
 // Pause freezes the process with SIGSTOP, as a long stall would: it keeps
