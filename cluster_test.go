@@ -23,18 +23,13 @@ import (
 func TestRedisCluster(t *testing.T) {
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
-	newClient := func() *redis.ClusterClient {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
 	const lease = 600 * time.Millisecond
-	a := newRegistry(t, newClient(), WithExpireAfter(lease), WithRetryInterval(5*lease/6))
-	b := newRegistry(t, newClient(), WithExpireAfter(lease), WithRetryInterval(5*lease/6))
+	a := newRegistry(t, clusterClient(t, addrs), WithExpireAfter(lease), WithRetryInterval(5*lease/6))
+	b := newRegistry(t, clusterClient(t, addrs), WithExpireAfter(lease), WithRetryInterval(5*lease/6))
 
 	// Keys spread over the slots of all three nodes.
 	nodes := map[string]bool{}
-	admin := newClient()
+	admin := clusterClient(t, addrs)
 	var locks []*Lock
 	for i := range 30 {
 		lock := a.Obtain("order-" + strconv.Itoa(i))
@@ -92,16 +87,11 @@ func TestRedisCluster(t *testing.T) {
 // cluster, each registry with its own cluster client.
 func TestRedisClusterMutualExclusion(t *testing.T) {
 	addrs := redistest.StartCluster(t, 3)
-	newClient := func() *redis.ClusterClient {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
 	var registries []*Registry
 	for range 3 {
-		registries = append(registries, newRegistry(t, newClient(), WithRetryInterval(5*time.Millisecond)))
+		registries = append(registries, newRegistry(t, clusterClient(t, addrs), WithRetryInterval(5*time.Millisecond)))
 	}
-	requireExclusiveIncrements(t, registries, newClient(), "stress-counter", 4, 50)
+	requireExclusiveIncrements(t, registries, clusterClient(t, addrs), "stress-counter", 4, 50)
 }
 
 // migrateSlotSlowly moves slot to another primary with pauses of one lease
@@ -132,15 +122,10 @@ func migrateSlotSlowly(t *testing.T, addrs []string, slot int, lease time.Durati
 func TestRedisClusterSlotMigrationWhileHeld(t *testing.T) {
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
-	newClient := func() *redis.ClusterClient {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
 	const lease = 600 * time.Millisecond
 	var logs syncBuffer
-	a := newRegistry(t, newClient(), WithExpireAfter(lease), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
-	b := newRegistry(t, newClient(), WithExpireAfter(lease))
+	a := newRegistry(t, clusterClient(t, addrs), WithExpireAfter(lease), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	b := newRegistry(t, clusterClient(t, addrs), WithExpireAfter(lease))
 
 	lock := a.Obtain("order-42")
 	require.NoError(t, lock.LockContext(ctx))
@@ -174,16 +159,11 @@ func TestRedisClusterSlotMigrationWhileHeld(t *testing.T) {
 func TestRedisClusterSlotMigrationWhileWaited(t *testing.T) {
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
-	newClient := func() *redis.ClusterClient {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
 	const lease = 600 * time.Millisecond
 	const retry = 5 * lease / 6
 	var logs syncBuffer
-	a := newRegistry(t, newClient(), WithExpireAfter(lease), WithRetryInterval(retry))
-	b := newRegistry(t, newClient(), WithExpireAfter(lease), WithRetryInterval(retry), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	a := newRegistry(t, clusterClient(t, addrs), WithExpireAfter(lease), WithRetryInterval(retry))
+	b := newRegistry(t, clusterClient(t, addrs), WithExpireAfter(lease), WithRetryInterval(retry), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 
 	lock := a.Obtain("order-42")
 	require.NoError(t, lock.LockContext(ctx))
@@ -229,8 +209,7 @@ func TestRedisClusterSlotMigrationWhileWaited(t *testing.T) {
 func TestRedisClusterSlotMigrationKeepsHoldsSharingASlot(t *testing.T) {
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	t.Cleanup(func() { _ = client.Close() })
+	client := clusterClient(t, addrs)
 	const lease = 600 * time.Millisecond
 	var logs syncBuffer
 	r, err := New(client, "{lockreg-test:"+t.Name()+"}", WithExpireAfter(lease), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
@@ -269,13 +248,8 @@ func TestRedisClusterSlotMigrationKeepsHoldsSharingASlot(t *testing.T) {
 func TestRedisClusterLocksWorkDuringSlotMigration(t *testing.T) {
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
-	newClient := func() *redis.ClusterClient {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
-	a := newRegistry(t, newClient())
-	b := newRegistry(t, newClient())
+	a := newRegistry(t, clusterClient(t, addrs))
+	b := newRegistry(t, clusterClient(t, addrs))
 
 	lock := a.Obtain("order-42")
 	require.NoError(t, lock.LockContext(ctx))
@@ -294,8 +268,7 @@ func TestRedisClusterLocksWorkDuringSlotMigration(t *testing.T) {
 // one round trip per tick carrying a renewal for every key it holds.
 func TestRedisClusterRenewsInOneRoundTripPerNode(t *testing.T) {
 	addrs := redistest.StartCluster(t, 3)
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	t.Cleanup(func() { _ = client.Close() })
+	client := clusterClient(t, addrs)
 	var mu sync.Mutex
 	sentTo := map[string]*redisstat.Counter{}
 	client.OnNewNode(func(node *redis.Client) {
@@ -337,4 +310,12 @@ func TestRedisClusterRenewsInOneRoundTripPerNode(t *testing.T) {
 	for _, lock := range locks {
 		requireOpen(t, lock.Lost(), "renewed")
 	}
+}
+
+// clusterClient returns a new client of the cluster at addrs, closed when
+// the test ends.
+func clusterClient(t *testing.T, addrs []string) *redis.ClusterClient {
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
