@@ -45,7 +45,7 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 		}
 		queued := len(b.queue)
 		wg.Go(func() {
-			tokens[i], errs[i] = b.run(callCtx, obtainScript, lock.keys, lock.obtainArgs(false)...).Int64()
+			tokens[i], errs[i] = b.run(callCtx, obtainScript, lock.keys, lock.obtainArgs(false, false)...).Int64()
 		})
 		require.Eventually(t, func() bool {
 			b.mu.Lock()

@@ -146,7 +146,7 @@ func TestRedisClusterSlotMigrationWhileHeld(t *testing.T) {
 	require.Greater(t, target.PTTL(ctx, lock.keys[0]).Val(), lease/3, "and its lease is renewed there")
 	requireHeldByAnother(t, b, lock.Key(), "the moved hold still excludes other registries")
 	require.NoError(t, lock.UnlockContext(ctx), "the holder releases it on its new node")
-	require.Zero(t, target.Exists(ctx, lock.keys[0]).Val())
+	requireReleased(t, target, lock.keys[0], "released on the target")
 	taken := b.Obtain(lock.Key())
 	require.True(t, taken.TryLock(), "another registry takes it after the release")
 	require.NoError(t, taken.UnlockContext(ctx))

@@ -69,16 +69,40 @@
 //
 // Other registries learn of a release by pub/sub. A failed attempt marks
 // its registry as waiting for the key (a mark that lapses after two retry
-// intervals unless renewed); a release that finds a mark publishes the key
-// on <registryKey>:released, so releases nobody waits for publish nothing.
-// Each registry holds one subscription, opened on its first wait and
-// shared by all its keys, and wakes the key's waiter at once. The waiter
-// still retries every retry interval, so a lost message, a reconnect or a
-// server without pub/sub costs latency, never liveness. A release that
-// found another registry waiting also holds this registry's next
-// acquisition of the key back for 2ms (one retry interval with
-// WithPubSub(false)), so the waiter gets its turn instead of losing every
-// race to the releasing process.
+// intervals unless renewed); releases nobody waits for publish nothing.
+// Each registry holds one subscription to <registryKey>:released, opened
+// on its first wait and shared by all its keys. The waiter still retries
+// every retry interval, so a lost message, a reconnect or a server without
+// pub/sub costs latency, never liveness.
+//
+// # Hand-offs between registries
+//
+// A release that finds a waiting registry passes the key straight to the
+// one whose mark is oldest (it lapses first): in the same script call it
+// sets the key to that registry's client id with a short grant lease (two
+// retry intervals, at least 100ms), draws the next fencing token and
+// publishes both. The grantee's waiter holds the key as soon as the
+// message arrives, without a round trip of its own, and the registry
+// extends the lease to its own in the background. Hand-offs between
+// processes therefore cost the release's round trip and the message, not
+// a further acquisition.
+//
+// The grantee trusts a grant only if it provably came after one of its own
+// failed attempts, whose reply carried the key's last token: the grant's
+// token must be larger. Its lease is then counted from when that attempt
+// was sent, so the registry never overestimates it, and the token keeps
+// the fencing order. A grant it cannot place this way (it came before the
+// attempt, or Redis had no stored token) only wakes the waiter, whose next
+// attempt finds the key its own. A registry whose waiter gave up withdraws
+// its mark; a grant that still reaches it is given back at once, under the
+// key's local mutex; a grant to a registry that died while waiting blocks
+// the key for the grant lease only. Registries with WithPubSub(false) or
+// WithWaitReplicas take no grants (a grant is not acknowledged by
+// replicas); their marks ask to be woken, and a release whose oldest mark
+// is one of theirs deletes the key and publishes it to all waiters. Such a
+// release also holds this registry's next acquisition of the key back for
+// 2ms (one retry interval with WithPubSub(false)), so the waiters get their
+// turn instead of losing every race to the releasing process.
 //
 // On Redis Cluster the notification is a classic PUBLISH, which the cluster
 // broadcasts to every node; the registry's one subscription, on any node,
@@ -87,9 +111,9 @@
 // hold many subscriptions: the constant one subscription per registry was
 // chosen over it.
 //
-// Registry.Stats reports what happened: acquisitions and hand-offs, failed
-// attempts, Redis calls by kind, notifications, keys held and tracked, and
-// a wait-time summary.
+// Registry.Stats reports what happened: acquisitions, local hand-offs and
+// grants, failed attempts, Redis calls by kind, notifications, keys held
+// and tracked, and a wait-time summary.
 //
 // # Leases, loss and fencing
 //
@@ -139,8 +163,8 @@
 // script whose keys are split between the nodes or partly missing, which
 // the fence and the waiting marker usually are. Acquisitions and releases
 // of that key then run on the lock's key alone: the lock works as ever,
-// its tokens come from the clock alone, and waiters find a release by
-// polling. Renewal then renews the slot's keys one by one.
+// its tokens come from the clock alone, releases grant nothing, and
+// waiters find a release by polling. Renewal then renews the slot's keys one by one.
 //
 // # Errors
 //

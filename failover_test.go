@@ -99,6 +99,16 @@ func tryLockWithin(t *testing.T, lock *Lock, limit time.Duration, msg string) {
 
 // requireHeldByAnother checks that r cannot take key because another owner
 // holds it, not because Redis failed.
+// requireReleased checks that a released key leaves Redis. When another
+// registry gave up waiting for it just before, the release may grant it to
+// that registry, which gives it back within a round trip or two.
+func requireReleased(t *testing.T, client redis.Cmdable, redisKey, msg string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return client.Exists(context.Background(), redisKey).Val() == 0
+	}, 2*time.Second, time.Millisecond, msg)
+}
+
 func requireHeldByAnother(t *testing.T, r *Registry, key, msg string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -169,7 +179,7 @@ func TestFailoverKeepsWorkingAndReportsLostHolds(t *testing.T) {
 		require.Equal(t, r.clientID, newPrimary.Get(ctx, lock.keys[0]).Val())
 		requireHeldByAnother(t, other, lock.Key(), "a surviving hold still excludes other registries")
 		require.NoError(t, lock.UnlockContext(ctx))
-		require.Zero(t, newPrimary.Exists(ctx, lock.keys[0]).Val(), "released on the new primary")
+		requireReleased(t, newPrimary, lock.keys[0], "released on the new primary")
 	}
 	t.Logf("failover without WithWaitReplicas: %d holds the replica had survived, %d it never had were lost and reported %v after the crash (the first renewal, every %v, that reached the new primary)",
 		len(replicated), len(unreplicated), reported.Round(time.Millisecond), failoverLease/3)
@@ -217,7 +227,7 @@ func TestFailoverWithWaitReplicasLosesNoAcknowledgedHold(t *testing.T) {
 		require.Equal(t, r.clientID, newPrimary.Get(ctx, lock.keys[0]).Val(), "an acknowledged hold survives the failover")
 		requireHeldByAnother(t, other, lock.Key(), "and still excludes other registries")
 		require.NoError(t, lock.UnlockContext(ctx))
-		require.Zero(t, newPrimary.Exists(ctx, lock.keys[0]).Val(), "released on the new primary")
+		requireReleased(t, newPrimary, lock.keys[0], "released on the new primary")
 	}
 	t.Logf("failover with WithWaitReplicas(1, %v): 0 of %d acknowledged holds lost; %d unacknowledged acquisitions refused before the crash",
 		waitFor, len(acknowledged), refused)

@@ -33,14 +33,15 @@ type hold struct {
 	handoffs   int
 	// leaseEnd (unix ns) is when the lease ends at the latest: measured
 	// from when the last successful acquisition or renewal was sent, so it
-	// never overestimates the real lease.
-	leaseEnd atomic.Int64
+	// never overestimates the real lease. Holds handed on locally share it
+	// with the hold they came from, as they share its Redis key.
+	leaseEnd *atomic.Int64
 	lost     chan struct{}
 	loseOnce sync.Once
 }
 
 func newHold(redisKey string, token int64, sent time.Time, lease time.Duration) *hold {
-	h := &hold{redisKey: redisKey, token: token, taken: sent, redisTaken: sent, lost: make(chan struct{})}
+	h := &hold{redisKey: redisKey, token: token, taken: sent, redisTaken: sent, leaseEnd: new(atomic.Int64), lost: make(chan struct{})}
 	h.leaseEnd.Store(sent.Add(lease).UnixNano())
 	return h
 }
@@ -62,9 +63,9 @@ func (r *Registry) handoff(h *hold, local *localLock) *hold {
 		taken:      time.Now(),
 		redisTaken: h.redisTaken,
 		handoffs:   h.handoffs + 1,
+		leaseEnd:   h.leaseEnd,
 		lost:       make(chan struct{}),
 	}
-	next.leaseEnd.Store(h.leaseEnd.Load())
 	return next
 }
 

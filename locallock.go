@@ -35,6 +35,9 @@ type localLock struct {
 	// wake carries release notifications to the goroutine acquiring the key
 	// in Redis (one per registry and key, as it holds the mutex).
 	wake chan struct{}
+	// grantedToken is the token of a grant (see Lock.acceptGrant) that
+	// came with the last wake, or 0.
+	grantedToken atomic.Int64
 	// refs counts goroutines that hold or wait for the key. It is changed
 	// only inside localLocks' Compute calls, which serialize per key.
 	refs int

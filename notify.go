@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -60,12 +62,7 @@ func (r *Registry) route(stop context.Context, sub *redis.PubSub) {
 		}
 		if msg, ok := received.(*redis.Message); ok {
 			r.stats.notes.Add(1)
-			if local, ok := r.locals.m.Load(msg.Payload); ok {
-				select {
-				case local.wake <- struct{}{}:
-				default: // already woken
-				}
-			}
+			r.deliver(msg.Payload)
 		}
 		var netErr net.Error
 		switch {
@@ -83,4 +80,70 @@ func (r *Registry) route(stop context.Context, sub *redis.PubSub) {
 			}
 		}
 	}
+}
+
+// deliver acts on a notification from release.lua: 'w<key>' wakes this
+// registry's waiter for key, if any; 'g<token>:<client id>:<key>' grants
+// key to the registry with that client id, and wakes its waiter with the
+// token. A grant that finds no waiter (it gave up, or the mark outlived an
+// earlier acquisition) is given back, so that the key goes on to the next
+// waiter instead of blocking everyone until its lease ends.
+func (r *Registry) deliver(note string) {
+	var key string
+	var token int64
+	switch {
+	case strings.HasPrefix(note, "w"):
+		key = note[1:]
+	case strings.HasPrefix(note, "g"):
+		tokenText, rest, _ := strings.Cut(note[1:], ":")
+		grantee, grantedKey, _ := strings.Cut(rest, ":")
+		if grantee != r.clientID {
+			return
+		}
+		var err error
+		if token, err = strconv.ParseInt(tokenText, 10, 64); err != nil || token <= 0 {
+			r.cfg.logger.Warn("lockreg: malformed grant ignored; the key expires after a short lease", "note", note)
+			return
+		}
+		key = grantedKey
+	default:
+		return // another version's notification: its waiters fall back to polling
+	}
+	local, ok := r.locals.m.Load(key)
+	if !ok {
+		if token != 0 {
+			r.goBackground(func(ctx context.Context) { r.giveBack(ctx, key) })
+		}
+		return
+	}
+	if token != 0 {
+		local.grantedToken.Store(token)
+	}
+	select {
+	case local.wake <- struct{}{}:
+	default: // already woken
+	}
+}
+
+// giveBack releases a key granted to this registry that nobody here waits
+// for any more. It takes the key's local mutex first, as an acquisition
+// would, so that it never deletes a key a goroutine of this registry holds.
+func (r *Registry) giveBack(ctx context.Context, key string) {
+	l := &Lock{r: r, key: key, keys: redisKeys(r.registryKey, key)}
+	local := r.locals.join(key)
+	h, err := local.lock(ctx, r.closed, true)
+	if err != nil {
+		r.locals.leave(key)
+		return
+	}
+	if h != nil {
+		// A hold handed over with the mutex: give the key back with its
+		// tokens, as its unlock would have.
+		if _, err := l.releaseRedis(ctx, h); err != nil {
+			r.cfg.logger.Debug("lockreg: could not give a key back; it expires after its lease", "key", key, "error", err)
+		}
+		l.free(local)
+		return
+	}
+	l.settle(ctx, local, true)
 }

@@ -3,44 +3,35 @@
 -- waiting marker (all in one slot).
 -- ARGV[1]: the registry's client id; ARGV[2]: the lease in milliseconds;
 -- ARGV[3]: how long, in milliseconds, a failed attempt marks this registry
--- as waiting for the key; ARGV[4]: '1' if an earlier attempt marked it.
+-- as waiting for the key; ARGV[4]: '1' if an earlier attempt marked it;
+-- ARGV[5]: the mark: the client id, or '<client id>:<ms>' if a release may
+-- grant this registry the key, with a lease of that many milliseconds.
 -- Returns the new fencing token (> 0) when this registry holds the key
--- afterwards, 0 when another owner does (its value and TTL untouched).
+-- afterwards. When another owner does (its value and TTL untouched), it
+-- returns minus the key's last token, or 0 if none is stored: a grant that
+-- follows this attempt comes with a larger token.
 -- Called with KEYS[1] alone while the slot migrates between Redis Cluster
 -- nodes (Redis refuses a script whose keys are split or missing then): it
 -- neither marks nor reads the fence, and the token is the clock's.
 local now = redis.call('TIME')
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    if #KEYS > 1 then
-      -- Tell the holder who waits (a sorted set of client ids, scored by
-      -- when the mark lapses), so that it publishes its release.
-      local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-      redis.call('ZADD', KEYS[3], nowMs + tonumber(ARGV[3]), ARGV[1])
-      redis.call('PEXPIRE', KEYS[3], ARGV[3])
+    if #KEYS == 1 then
+      return 0
     end
-    return 0
+    -- Tell the holder who waits (a sorted set of marks, scored by when
+    -- they lapse), so that it passes the key on or publishes its release.
+    local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    redis.call('ZADD', KEYS[3], nowMs + tonumber(ARGV[3]), ARGV[5])
+    redis.call('PEXPIRE', KEYS[3], ARGV[3])
+    return -(tonumber(redis.call('GET', KEYS[2])) or 0)
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
--- The token is the larger of the last token + 1 and the server clock in
--- microseconds: the stored token keeps tokens strictly increasing while it
--- lives, and the clock keeps them increasing after Redis lost the stored
--- one (a restart without persistence, a failover to a lagging replica).
--- Microseconds stay below 2^53, exact in Lua's doubles.
-local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
 if #KEYS == 1 then
-  return token
+  return tonumber(now[1]) * 1000000 + tonumber(now[2])
 end
 if ARGV[4] == '1' then
-  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[5])
 end
--- One call in the usual case: store the clock's token and read the last
--- one; only if that was not lower (the same microsecond, or a clock that
--- stepped back) store last + 1 instead.
-local last = tonumber(redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[2], 'GET'))
-if last and last >= token then
-  token = last + 1
-  redis.call('SET', KEYS[2], string.format('%.0f', token), 'PX', ARGV[2])
-end
-return token
+return drawToken(KEYS[2], now, ARGV[2], 0)

@@ -14,15 +14,18 @@ import (
 )
 
 var (
+	//go:embed token.lua
+	tokenLua string
 	//go:embed obtain.lua
 	obtainLua string
 	//go:embed release.lua
 	releaseLua string
 
 	// Script.Run sends EVALSHA and falls back to EVAL on NOSCRIPT, so a
-	// restarted Redis costs one extra round trip, once.
-	obtainScript  = redis.NewScript(obtainLua)
-	releaseScript = redis.NewScript(releaseLua)
+	// restarted Redis costs one extra round trip, once. Both scripts draw
+	// tokens with token.lua's function.
+	obtainScript  = redis.NewScript(tokenLua + obtainLua)
+	releaseScript = redis.NewScript(tokenLua + releaseLua)
 )
 
 var _ sync.Locker = (*Lock)(nil)
@@ -234,22 +237,36 @@ func (l *Lock) attempts(ctx context.Context, wait bool, local *localLock, lastEr
 	var (
 		retry  *time.Timer
 		marked bool
+		// failed is the latest attempt that found another owner, and
+		// failedToken the last token it reported: see acceptGrant.
+		failed      time.Time
+		failedToken int64
 	)
 	if err := l.yield(ctx); err != nil {
 		l.free(local)
 		return nil, l.notAcquired(ctx, err, nil)
 	}
-	// A notification from before this first attempt says nothing new.
+	// A notification from before this first attempt says nothing new; a
+	// grant from before it, if the key is still ours, the attempt finds.
 	select {
 	case <-local.wake:
 	default:
 	}
+	local.grantedToken.Store(0)
 	for {
-		h, err := l.tryObtain(ctx, marked)
+		if token := local.grantedToken.Swap(0); token != 0 {
+			if h := l.acceptGrant(token, failed, failedToken); h != nil {
+				return h, nil
+			}
+		}
+		sent := time.Now()
+		h, lastToken, err := l.tryObtain(ctx, wait, marked)
 		if h != nil {
 			return h, nil
 		}
-		marked = marked || err == nil // another owner held it: obtain.lua marked us
+		if err == nil { // another owner held it: obtain.lua marked us
+			marked, failed, failedToken = true, sent, lastToken
+		}
 		if errors.Is(err, ErrClosed) {
 			l.free(local)
 			return nil, l.notAcquired(ctx, err, loadError(lastErr))
@@ -286,49 +303,101 @@ func (l *Lock) attempts(ctx context.Context, wait bool, local *localLock, lastEr
 			}
 			retry.Stop()
 		}
-		l.abandon(local, mayHaveRun(err))
+		// A grant that came meanwhile left the key to this registry.
+		granted := local.grantedToken.Swap(0) != 0
+		if marked {
+			l.unmark(wait)
+		}
+		l.abandon(local, mayHaveRun(err) || granted)
 		return nil, l.notAcquired(ctx, stop, loadError(lastErr))
 	}
 }
 
 // tryObtain runs obtain.lua once and returns the hold it took, or nil if
-// another owner holds the key. marked says that an earlier attempt marked
-// this registry as waiting, which a success must undo. With
+// another owner holds the key; then lastToken is the key's last token, if
+// Redis has it (see acceptGrant). wait says that the caller will wait for
+// the key, so that its mark may ask for a grant; marked, that an earlier
+// attempt marked this registry as waiting, which a success must undo. With
 // WithWaitReplicas, a hold too few replicas acknowledged is released again
 // and reported as ErrNotReplicated.
-func (l *Lock) tryObtain(ctx context.Context, marked bool) (*hold, error) {
+func (l *Lock) tryObtain(ctx context.Context, wait, marked bool) (h *hold, lastToken int64, err error) {
 	r := l.r
 	r.stats.acquireCalls.Add(1)
 	sent := time.Now()
 	var token int64
-	var err error
 	if r.cfg.waitReplicas == 0 {
-		token, err = l.runScript(ctx, obtainScript, l.obtainArgs(marked)...).Int64()
+		token, err = l.runScript(ctx, obtainScript, l.obtainArgs(wait, marked)...).Int64()
 		if err != nil {
 			err = fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
 		}
 	} else {
 		token, err = l.obtainReplicated(ctx, marked)
 	}
-	if token == 0 {
+	if token <= 0 {
 		r.stats.failed.Add(1)
-		return nil, err
+		return nil, -token, err
 	}
-	h := newHold(l.keys[0], token, sent, r.cfg.expireAfter)
+	h = newHold(l.keys[0], token, sent, r.cfg.expireAfter)
 	if h.leaseOver() {
 		// The reply came a lease or more after the call was sent (Redis or
 		// this process stalled): the key may have expired and passed on.
 		h.lose()
 	}
-	return h, nil
+	return h, 0, nil
+}
+
+// acceptGrant returns the hold on a key another registry's release granted
+// to this one with token, or nil if the grant cannot be trusted: the key
+// is ours then, but since when is unknown, and the next attempt finds out.
+// A grant answers the mark of a failed attempt. If it carries a larger
+// token than the last one that attempt reported (failedToken), it came
+// after that attempt ran, so after failed, and its lease runs at least
+// until failed + grantLease. That makes the hold as safe as one obtained
+// by a call sent at failed. The lease is then extended to the registry's
+// own in the background, with no one waiting for it.
+func (l *Lock) acceptGrant(token int64, failed time.Time, failedToken int64) *hold {
+	r := l.r
+	if failedToken <= 0 || token <= failedToken {
+		return nil
+	}
+	h := newHold(l.keys[0], token, failed, r.grantLease)
+	if h.leaseOver() {
+		return nil
+	}
+	// The hold itself begins now, for WithMaxHold and the run of local
+	// hand-offs.
+	h.taken = time.Now()
+	h.redisTaken = h.taken
+	if !r.goBackground(func(ctx context.Context) { r.renew(ctx, [][]*hold{{h}}) }) {
+		return nil // closing: the grant expires unextended
+	}
+	r.stats.grants.Add(1)
+	return h
+}
+
+// unmark withdraws, in the background, the mark of an acquisition that
+// gave up, so that releases stop passing the key to this registry, which
+// would only give it back.
+func (l *Lock) unmark(wait bool) {
+	r := l.r
+	mark := l.obtainArgs(wait, true)[4]
+	r.goBackground(func(ctx context.Context) {
+		if err := r.client.ZRem(ctx, l.keys[2], mark).Err(); err != nil {
+			r.cfg.logger.Debug("lockreg: could not withdraw a waiting mark; it lapses by itself", "key", l.key, "error", err)
+		}
+	})
 }
 
 // obtainArgs are obtain.lua's arguments.
-func (l *Lock) obtainArgs(marked bool) []any {
-	if marked {
-		return l.r.obtainArgs[1]
+func (l *Lock) obtainArgs(wait, marked bool) []any {
+	return l.r.obtainArgs[b2i(wait)][b2i(marked)]
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
 	}
-	return l.r.obtainArgs[0]
+	return 0
 }
 
 // obtainReplicated sends obtain.lua and WAIT in one pipeline, on one
@@ -348,7 +417,7 @@ func (l *Lock) obtainReplicated(ctx context.Context, marked bool) (int64, error)
 	run := func() {
 		// Each command's own error is read below; Pipelined's is the first.
 		_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
-			obtained = obtainScript.EvalSha(ctx, p, l.keys, l.obtainArgs(marked)...)
+			obtained = obtainScript.EvalSha(ctx, p, l.keys, l.obtainArgs(false, marked)...)
 			acks = p.Do(ctx, "WAIT", r.cfg.waitReplicas, r.cfg.waitTimeout.Milliseconds())
 			return nil
 		})
@@ -365,7 +434,7 @@ func (l *Lock) obtainReplicated(ctx context.Context, marked bool) (int64, error)
 		return 0, fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
 	}
 	acked, err := acks.Int64()
-	if token == 0 || (err == nil && acked >= int64(r.cfg.waitReplicas)) {
+	if token <= 0 || (err == nil && acked >= int64(r.cfg.waitReplicas)) {
 		return token, nil
 	}
 	// Too few replicas have the key: a failover now could lose it. Give it
@@ -395,6 +464,7 @@ const (
 	notOurs             = 0 // the key had expired or has another owner
 	released            = 1
 	releasedWhileWaited = 2 // released, and another registry waits for it
+	granted             = 3 // passed to the registry that waits longest
 )
 
 // releaseRedis runs release.lua for h, or, with h nil, for an attempt

@@ -51,6 +51,10 @@ const (
 	// a waiting registry, which learns of the release by pub/sub within a
 	// round trip or two, before its own next local waiter tries.
 	pubSubYield = 2 * time.Millisecond
+	// minGrantLease is the shortest lease of a granted key (see grant): the
+	// grantee must hear of the grant and extend the lease within it, and
+	// a grantee that died while waiting keeps the key from others as long.
+	minGrantLease = 100 * time.Millisecond
 )
 
 // Option configures a Registry; pass options to New.
@@ -187,10 +191,14 @@ type Registry struct {
 	yield  time.Duration
 	yields *xsync.MapOf[string, time.Time]
 	// obtainArgs are obtain.lua's arguments, made once (go-redis copies
-	// them): without and with the request to undo this registry's mark.
-	// The other arguments are boxed once too, as each boxing is an
-	// allocation per call.
-	obtainArgs                        [2][]any
+	// them), indexed by whether the attempt waits (its mark then asks for
+	// grants, when the registry takes them) and by whether an earlier
+	// attempt marked the key. The other arguments are boxed once too, as
+	// each boxing is an allocation per call.
+	obtainArgs [2][2][]any
+	// grantLease is the lease of a key another registry's release passes
+	// to this one (see grant), or 0 if this registry takes no grants.
+	grantLease                        time.Duration
 	clientIDArg, leaseArg, channelArg any
 
 	subscribeMu sync.Mutex // guards sub, and serializes opening it
@@ -261,8 +269,17 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 	// intervals, so that a polling waiter keeps its mark alive.
 	markWaiting := strconv.FormatInt(max(2*cfg.retryInterval.Milliseconds(), 2), 10)
 	r.clientIDArg, r.leaseArg = r.clientID, strconv.FormatInt(cfg.expireAfter.Milliseconds(), 10)
-	for i, unmark := range []string{"0", "1"} {
-		r.obtainArgs[i] = []any{r.clientIDArg, r.leaseArg, markWaiting, unmark}
+	if cfg.pubSub && cfg.waitReplicas == 0 {
+		r.grantLease = min(max(2*cfg.retryInterval, minGrantLease), cfg.expireAfter)
+	}
+	marks := [2]string{r.clientID, r.clientID} // without and with waiting
+	if r.grantLease > 0 {
+		marks[1] += ":" + strconv.FormatInt(r.grantLease.Milliseconds(), 10)
+	}
+	for wait, mark := range marks {
+		for marked, unmark := range []string{"0", "1"} {
+			r.obtainArgs[wait][marked] = []any{r.clientIDArg, r.leaseArg, markWaiting, unmark, mark}
+		}
 	}
 	r.channelArg = "" // no notifications
 	if cfg.pubSub {

@@ -1,39 +1,57 @@
--- Deletes the lock's key only if this registry owns it, atomically.
+-- Gives up the lock if this registry owns it, atomically: passes it to the
+-- registry that waits longest, or deletes it.
 -- KEYS[1]: the lock's Redis key; KEYS[2]: its fence key; KEYS[3]: its
 -- waiting marker.
 -- ARGV[1]: the registry's client id; ARGV[2]: the last fencing token the
 -- registry handed out locally for this key, or 0; ARGV[3]: the lease in
 -- milliseconds; ARGV[4]: the channel to notify waiters on, or '' for none;
--- ARGV[5]: the notification (the lock's key in its registry).
+-- ARGV[5]: the lock's key in its registry.
 -- Returns 0 when the key had expired or has another owner (which is left
 -- untouched), 1 when deleted, 2 when deleted while another registry waits
--- (its mark, set by a failed attempt, has not lapsed).
+-- (its mark, set by a failed attempt, has not lapsed), 3 when granted to a
+-- waiting registry.
+-- A grant sets the key to the waiter's client id with the lease its mark
+-- names, draws its token and publishes 'g<token>:<client id>:<key>'; a
+-- release others wait for publishes 'w<key>' to wake them.
 -- Called with KEYS[1] alone while the slot migrates between Redis Cluster
 -- nodes: it only deletes the key; waiters find it free by polling.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('DEL', KEYS[1])
 if #KEYS == 1 then
+  redis.call('DEL', KEYS[1])
   return 1
 end
+local handedOut = tonumber(ARGV[2])
+local now, waiter
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  now = redis.call('TIME')
+  local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  waiter = redis.call('ZRANGEBYSCORE', KEYS[3], nowMs, '+inf', 'LIMIT', 0, 1)[1]
+end
+if waiter and ARGV[4] ~= '' then
+  local grantee, lease = string.match(waiter, '^(.*):(%d+)$')
+  if grantee then
+    redis.call('SET', KEYS[1], grantee, 'PX', lease)
+    redis.call('ZREM', KEYS[3], waiter)
+    local token = drawToken(KEYS[2], now, ARGV[3], handedOut)
+    redis.call('PUBLISH', ARGV[4], 'g' .. string.format('%.0f', token) .. ':' .. grantee .. ':' .. ARGV[5])
+    return 3
+  end
+end
+redis.call('DEL', KEYS[1])
 -- Local hand-offs raise the token without a round trip; the stored token
 -- must not fall behind them.
-if ARGV[2] ~= '0' then
+if handedOut > 0 then
   local last = tonumber(redis.call('GET', KEYS[2]))
-  if not last or last < tonumber(ARGV[2]) then
+  if not last or last < handedOut then
     redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
   end
 end
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  return 1
-end
-local now = redis.call('TIME')
-local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-if redis.call('ZCOUNT', KEYS[3], nowMs, '+inf') == 0 then
+if not waiter then
   return 1
 end
 if ARGV[4] ~= '' then
-  redis.call('PUBLISH', ARGV[4], ARGV[5])
+  redis.call('PUBLISH', ARGV[4], 'w' .. ARGV[5])
 end
 return 2

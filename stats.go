@@ -15,6 +15,11 @@ type Stats struct {
 	// LocalHandoffs counts holds passed to a waiting goroutine of this
 	// registry without a Redis round trip.
 	LocalHandoffs int64
+	// Grants counts keys another registry's release passed straight to a
+	// goroutine of this registry that waited for them, without an
+	// acquisition call (see Hand-offs between registries in the package
+	// documentation).
+	Grants int64
 	// FailedAttempts counts acquisition calls to Redis that did not take
 	// the key: another owner held it, too few replicas acknowledged, or
 	// the call failed.
@@ -52,7 +57,7 @@ const waitBuckets = 40
 // counters are the registry's live statistics: atomics only, so that the
 // hot path never takes a lock for them.
 type counters struct {
-	acquisitions, handoffs, failed                atomic.Int64
+	acquisitions, handoffs, grants, failed        atomic.Int64
 	acquireCalls, releaseCalls, renewCalls, notes atomic.Int64
 	held                                          atomic.Int64
 	waitCount, waitTotal, waitMax                 atomic.Int64
@@ -80,6 +85,7 @@ func (r *Registry) Stats() Stats {
 	s := Stats{
 		Acquisitions:   c.acquisitions.Load(),
 		LocalHandoffs:  c.handoffs.Load(),
+		Grants:         c.grants.Load(),
 		FailedAttempts: c.failed.Load(),
 		AcquireCalls:   c.acquireCalls.Load(),
 		ReleaseCalls:   c.releaseCalls.Load(),

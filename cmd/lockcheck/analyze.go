@@ -165,12 +165,12 @@ func (a *analysis) index() {
 	}
 }
 
-// cover is how far a successful obtain or renewal sent at sent carries the
-// lease: one lease from the sending (never past the key's TTL in Redis,
-// which starts when the call runs, later), and not past the crash of a
-// Redis that restarted after it was sent, which lost the key.
-func (a *analysis) cover(sent int64) int64 {
-	end := sent + a.lease
+// cover is how far a successful obtain or renewal sent at sent carries a
+// lease: from the sending (never past the key's TTL in Redis, which starts
+// when the call runs, later), and not past the crash of a Redis that
+// restarted after it was sent, which lost the key.
+func (a *analysis) cover(sent, lease int64) int64 {
+	end := sent + lease
 	// The first restart that was not over when the call was sent: a call
 	// sent while Redis restarted may have reached the old server.
 	i := sort.Search(len(a.restarts), func(i int) bool { return a.restarts[i].End > sent })
@@ -191,7 +191,11 @@ func (a *analysis) liveEnd(hd *Hold) int64 {
 	if last == 0 {
 		last = a.death[hd.Worker]
 	}
-	end := a.cover(hd.Root)
+	lease := a.lease
+	if hd.RootLease > 0 {
+		lease = int64(hd.RootLease)
+	}
+	end := a.cover(hd.Root, lease)
 	// A renewal only succeeds while the key still holds the registry's
 	// client id, and the hold's registry cannot have taken it back in
 	// between (the hold keeps its local mutex), so any successful renewal
@@ -202,7 +206,7 @@ func (a *analysis) liveEnd(hd *Hold) int64 {
 		if s > last {
 			break
 		}
-		end = max(end, a.cover(s))
+		end = max(end, a.cover(s, a.lease))
 	}
 	if hd.Exit > 0 {
 		end = min(end, hd.Exit)

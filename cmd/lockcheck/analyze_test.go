@@ -123,6 +123,14 @@ func TestLiveIntervalEnds(t *testing.T) {
 			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(600)}}
 			h.Holds[0].Lost = ms2ns(1100)
 		}, false},
+		{"a grant's lease is the grant lease", func(h *History) {
+			h.Holds[0].RootLease = 200 * time.Millisecond
+			h.Holds[1] = hold(1, "k", 200, 300, 310, 1)
+		}, false},
+		{"a grant's lease is live until the grant lease ends", func(h *History) {
+			h.Holds[0].RootLease = 200 * time.Millisecond
+			h.Holds[1] = hold(1, "k", 200, 150, 160, 1)
+		}, true},
 		{"a killed holder's key stays leased", func(h *History) {
 			h.Holds[0].Exit, h.Holds[0].Read = 0, Op{}
 			h.Workers[0].Killed = ms2ns(100)

@@ -25,11 +25,15 @@ type Hold struct {
 	Acq   int64 // LockContext was called
 	Enter int64
 	// Root is when the obtain call the hold rests on was sent: the lease
-	// is counted from there, as the library counts it.
-	Root int64
-	Exit int64 // 0: the worker died inside (kill -9)
-	Lost int64 // when Lost() fired, if before Exit; 0: it did not
-	Read Op
+	// is counted from there, as the library counts it. For a grant (a
+	// release that passed the key to the hold's registry), it is when the
+	// failed attempt the grant followed was sent, and RootLease is the
+	// grant's lease; otherwise RootLease is 0 (the run's lease).
+	Root      int64
+	RootLease time.Duration
+	Exit      int64 // 0: the worker died inside (kill -9)
+	Lost      int64 // when Lost() fired, if before Exit; 0: it did not
+	Read      Op
 	// Write is only tried after an accepted read; WriteValue is the value
 	// it wrote (the read's value + 1).
 	Write      Op
@@ -129,18 +133,19 @@ type History struct {
 
 // event is one line a worker writes to its stdout.
 type event struct {
-	E     string `json:"e"` // enter, exit, renew, timeout, done, error
-	G     int    `json:"g,omitempty"`
-	Key   string `json:"k,omitempty"`
-	Token int64  `json:"t,omitempty"`
-	Fresh bool   `json:"f,omitempty"`
-	Acq   int64  `json:"acq,omitempty"`
-	At    int64  `json:"at,omitempty"` // enter, exit, the renewal's sending, the timeout
-	Root  int64  `json:"root,omitempty"`
-	Lost  int64  `json:"lost,omitempty"`
-	Read  Op     `json:"r,omitzero"`
-	Write Op     `json:"w,omitzero"`
-	Value int64  `json:"v,omitempty"`
+	E         string        `json:"e"` // enter, exit, renew, timeout, done, error
+	G         int           `json:"g,omitempty"`
+	Key       string        `json:"k,omitempty"`
+	Token     int64         `json:"t,omitempty"`
+	Fresh     bool          `json:"f,omitempty"`
+	Acq       int64         `json:"acq,omitempty"`
+	At        int64         `json:"at,omitempty"` // enter, exit, the renewal's sending, the timeout
+	Root      int64         `json:"root,omitempty"`
+	RootLease time.Duration `json:"rl,omitempty"`
+	Lost      int64         `json:"lost,omitempty"`
+	Read      Op            `json:"r,omitzero"`
+	Write     Op            `json:"w,omitzero"`
+	Value     int64         `json:"v,omitempty"`
 	// done: each goroutine's run, and how many unlocks reported
 	// ErrLockLost.
 	Goroutines  []GoroutineRun `json:"gs,omitempty"`
@@ -213,7 +218,7 @@ func (c *collector) add(w int, ev event) {
 		c.open[[2]int{w, ev.G}] = len(c.h.Holds)
 		c.h.Holds = append(c.h.Holds, Hold{
 			Worker: w, G: ev.G, Key: key, Token: ev.Token, Fresh: ev.Fresh,
-			Acq: ev.Acq, Enter: ev.At, Root: ev.Root,
+			Acq: ev.Acq, Enter: ev.At, Root: ev.Root, RootLease: ev.RootLease,
 		})
 	case "exit":
 		i, ok := c.open[[2]int{w, ev.G}]

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -71,6 +72,12 @@ func runWorker(spec string) int {
 		fmt.Fprintln(os.Stderr, "lockcheck worker:", err)
 		return 2
 	}
+	stopWatching, err := leases.watchGrants(lockClient, cfg.Registry)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lockcheck worker:", err)
+		return 2
+	}
+	defer stopWatching()
 	w := &worker{cfg: cfg, reg: reg, store: storeClient, leases: leases, out: out}
 	runs := make([]GoroutineRun, cfg.Goroutines)
 	var wg sync.WaitGroup
@@ -130,11 +137,11 @@ func (w *worker) loop(g int) GoroutineRun {
 func (w *worker) critical(g int, lock *lockreg.Lock, acq time.Time, rng *rand.Rand) {
 	enter := time.Now().UnixNano()
 	key, token, lost := lock.Key(), lock.Token(), lock.Lost()
-	root, fresh, ok := w.leases.rootOf(key, token)
+	root, ok := w.leases.rootOf(key, token)
 	if !ok {
-		w.out.emit(event{E: "error", Msg: fmt.Sprintf("goroutine %d holds %s with token %d, which no obtain call the worker saw explains (last: %d)", g, key, token, w.leases.lastToken(key))})
+		w.out.emit(event{E: "error", Msg: fmt.Sprintf("goroutine %d holds %s with token %d, which no obtain call or grant the worker saw explains (last: %d)", g, key, token, w.leases.lastToken(key))})
 	}
-	w.out.emit(event{E: "enter", G: g, Key: key, Token: token, Fresh: fresh, Acq: acq.UnixNano(), At: enter, Root: root})
+	w.out.emit(event{E: "enter", G: g, Key: key, Token: token, Fresh: root.fresh, Acq: acq.UnixNano(), At: enter, Root: root.sent, RootLease: root.lease})
 
 	var lostAt atomic.Int64
 	stop, watched := make(chan struct{}), make(chan struct{})
@@ -197,17 +204,50 @@ func (e *emitter) emit(ev event) {
 // renewals that extended it, each from when it was sent. Seeing them on
 // the wire, rather than asking the library, keeps the checker independent
 // of the library's own bookkeeping.
+//
+// A grant, a release that passed the key to this registry, is seen on the
+// tracker's own subscription to the registry's channel. The tracker
+// credits it only as the library's argument allows: it must carry a
+// larger token than the last one the registry's latest failed attempt on
+// the key reported, and its lease (the grant lease the attempt's mark
+// asked for) counts from when that attempt was sent.
 type leaseTracker struct {
-	mu    sync.Mutex
-	roots map[string]root   // by key: the last obtain that took it
-	keyOf map[string]string // Redis key → key
-	out   *emitter
+	mu     sync.Mutex
+	roots  map[string]root          // by key: the last obtain or grant that took it
+	failed map[string]failedAttempt // by key: the latest failed attempt
+	// granted is, by key, the token of the latest grant to this registry:
+	// its message may come before the reply of the attempt it followed.
+	granted map[string]int64
+	keyOf   map[string]string // Redis key → key
+	// clientID and grantLease are the registry's, read off its attempts.
+	clientID   string
+	grantLease time.Duration
+	out        *emitter
 }
 
-type root struct{ token, sent int64 }
+// root is what a hold rests on: the token its obtain or grant drew, when
+// the call its lease counts from was sent, and that lease (0: the run's).
+type root struct {
+	token, sent int64
+	lease       time.Duration
+}
+
+// failedAttempt is an obtain call that found the key taken, and the last
+// token its reply carried (0: none).
+type failedAttempt struct{ sent, lastToken int64 }
+
+// explained is what rootOf tells about a hold.
+type explained struct {
+	sent  int64
+	lease time.Duration
+	fresh bool // the hold has the root's own token: not a local hand-off
+}
 
 func newLeaseTracker(registry string, keys []string, out *emitter) *leaseTracker {
-	t := &leaseTracker{roots: make(map[string]root), keyOf: make(map[string]string), out: out}
+	t := &leaseTracker{
+		roots: make(map[string]root), failed: make(map[string]failedAttempt), granted: make(map[string]int64),
+		keyOf: make(map[string]string), out: out,
+	}
 	for _, k := range keys {
 		// The library's key scheme for keys without braces or '%'.
 		t.keyOf[registry+":{"+k+"}"] = k
@@ -215,16 +255,75 @@ func newLeaseTracker(registry string, keys []string, out *emitter) *leaseTracker
 	return t
 }
 
-// rootOf returns the obtain a hold with token rests on: its own, or, for a
-// local hand-off (token one higher per hand-off), its registry's last.
-func (t *leaseTracker) rootOf(key string, token int64) (sent int64, fresh, ok bool) {
+// rootOf returns the obtain or grant a hold with token rests on: its own,
+// or, for a local hand-off (token one higher per hand-off), its registry's
+// last. The library may hear of a grant before the tracker's subscription
+// does, so an unexplained hold is looked at again for a second.
+func (t *leaseTracker) rootOf(key string, token int64) (explained, bool) {
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+		t.mu.Lock()
+		r, d := t.roots[key], token-t.roots[key].token
+		t.mu.Unlock()
+		if r.token != 0 && d >= 0 && d <= maxHandoffs {
+			return explained{sent: r.sent, lease: r.lease, fresh: d == 0}, true
+		}
+		if time.Now().After(deadline) {
+			return explained{}, false
+		}
+	}
+}
+
+// watchGrants subscribes to registry's channel and credits the grants it
+// carries until stop is called. It returns once the subscription is open,
+// so that it is open before the registry's first attempt.
+func (t *leaseTracker) watchGrants(client *redis.Client, registry string) (stop func(), err error) {
+	sub := client.Subscribe(context.Background(), registry+":released")
+	if _, err := sub.Receive(context.Background()); err != nil {
+		_ = sub.Close()
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for msg := range sub.Channel() {
+			t.grant(msg.Payload)
+		}
+	}()
+	return func() { _ = sub.Close(); <-done }, nil
+}
+
+// grant credits a notification 'g<token>:<client id>:<key>' on the
+// registry's channel, if it grants a key to this registry after its latest
+// failed attempt.
+func (t *leaseTracker) grant(note string) {
+	body, ok := strings.CutPrefix(note, "g")
+	if !ok {
+		return
+	}
+	tokenText, rest, _ := strings.Cut(body, ":")
+	grantee, key, _ := strings.Cut(rest, ":")
+	token, err := strconv.ParseInt(tokenText, 10, 64)
+	if err != nil {
+		return
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	r, d := t.roots[key], token-t.roots[key].token
-	if r.token == 0 || d < 0 || d > maxHandoffs {
-		return 0, false, false
+	if grantee == "" || grantee != t.clientID {
+		return
 	}
-	return r.sent, d == 0, true
+	t.granted[key] = max(t.granted[key], token)
+	t.credit(key)
+}
+
+// credit makes the latest grant of key the root of its holds if it
+// followed the latest failed attempt, whichever of the two was seen last.
+// Called with mu held.
+func (t *leaseTracker) credit(key string) {
+	f, token := t.failed[key], t.granted[key]
+	if f.lastToken <= 0 || token <= f.lastToken || token < t.roots[key].token || t.grantLease <= 0 {
+		return
+	}
+	t.roots[key] = root{token: token, sent: f.sent, lease: t.grantLease}
 }
 
 func (t *leaseTracker) lastToken(key string) int64 {
@@ -263,10 +362,14 @@ func (t *leaseTracker) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // observe recognizes the library's scripts by their shape: obtain.lua
-// takes three keys (lock, fence, waiting marker) and four arguments and
-// answers the token; renew.lua takes the keys to renew and two arguments
-// (client id, lease) and answers 1 or 0 per key. Were the scripts to
-// change shape, holds would go unexplained and the run would fail loudly.
+// takes three keys (lock, fence, waiting marker) and five arguments
+// (client id, lease, mark time, unmark, mark), the mark starting with the
+// client id, and answers the token, or minus the last one when the key was
+// taken (release.lua takes as many, and its fifth is the key); renew.lua
+// takes the keys to
+// renew and two arguments (client id, lease) and answers 1 or 0 per key.
+// Were the scripts to change shape, holds would go unexplained and the run
+// would fail loudly.
 func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 	if name := cmd.Name(); name != "evalsha" && name != "eval" {
 		return
@@ -282,15 +385,27 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 	}
 	keys, argv := args[3:3+n], args[3+n:]
 	switch {
-	case n == 3 && len(argv) == 4 && strings.HasSuffix(fmt.Sprint(keys[1]), ":fence"):
+	case n == 3 && len(argv) == 5 && strings.HasSuffix(fmt.Sprint(keys[1]), ":fence") &&
+		strings.HasPrefix(fmt.Sprint(argv[4]), fmt.Sprint(argv[0])):
 		token, err := c.Int64()
 		key, known := t.keyOf[fmt.Sprint(keys[0])]
-		if err != nil || token <= 0 || !known {
+		if err != nil || !known {
 			return
 		}
 		t.mu.Lock()
-		t.roots[key] = root{token: token, sent: sent}
-		t.mu.Unlock()
+		defer t.mu.Unlock()
+		if token > 0 {
+			t.roots[key] = root{token: token, sent: sent}
+			return
+		}
+		t.failed[key] = failedAttempt{sent: sent, lastToken: -token}
+		t.clientID = fmt.Sprint(argv[0])
+		if _, ms, ok := strings.Cut(fmt.Sprint(argv[4]), ":"); ok {
+			if n, err := strconv.Atoi(ms); err == nil {
+				t.grantLease = time.Duration(n) * time.Millisecond
+			}
+		}
+		t.credit(key)
 	case len(argv) == 2:
 		renewed, err := c.Int64Slice()
 		if err != nil || len(renewed) != n {

@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -49,7 +50,7 @@ func TestLeaseTrackerExplainsEveryHold(t *testing.T) {
 			for i := range 50 {
 				lock := reg.Obtain(keys[(g+i)%len(keys)])
 				lock.Lock()
-				if _, _, ok := tracker.rootOf(lock.Key(), lock.Token()); !ok {
+				if _, ok := tracker.rootOf(lock.Key(), lock.Token()); !ok {
 					t.Errorf("no observed obtain explains %s with token %d (last %d)", lock.Key(), lock.Token(), tracker.lastToken(lock.Key()))
 				}
 				lock.Unlock()
@@ -69,5 +70,72 @@ func TestLeaseTrackerExplainsEveryHold(t *testing.T) {
 	}
 	if !renewed {
 		t.Errorf("no renewal seen of a key held for two leases:\n%s", buf.String())
+	}
+}
+
+// TestLeaseTrackerCreditsGrants has a second registry's releases pass a key
+// to a waiting registry, and checks that the tracker explains the granted
+// holds by the grant, with the grant lease counted from the failed attempt
+// before it: the lease the library counts.
+func TestLeaseTrackerCreditsGrants(t *testing.T) {
+	const registry = "grants"
+	var buf bytes.Buffer
+	tracker := newLeaseTracker(registry, []string{"k"}, &emitter{w: bufio.NewWriter(&buf)})
+	srv := redistest.Start(t)
+	client := srv.Client(t, tracker)
+	stop, err := tracker.watchGrants(client, registry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	waiter, err := lockreg.New(client, registry, lockreg.WithRetryInterval(time.Second), lockreg.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	holder, err := lockreg.New(srv.Client(t), registry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+
+	for range 5 {
+		held := holder.Obtain("k")
+		held.Lock()
+		failed, grants := waiter.Stats().FailedAttempts, waiter.Stats().Grants
+		tokens, release := make(chan int64), make(chan struct{})
+		go func() {
+			lock := waiter.Obtain("k")
+			if err := lock.LockContext(context.Background()); err != nil {
+				close(tokens)
+				return
+			}
+			tokens <- lock.Token()
+			<-release
+			lock.Unlock()
+		}()
+		for waiter.Stats().FailedAttempts == failed {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(20 * time.Millisecond) // the waiter subscribes after its failed attempt
+		held.Unlock()
+		token, ok := <-tokens
+		if !ok {
+			t.Fatal("the waiter did not acquire")
+		}
+		root, ok := tracker.rootOf("k", token)
+		granted := waiter.Stats().Grants > grants
+		switch {
+		case !ok:
+			t.Fatalf("no observed obtain or grant explains token %d", token)
+		case granted && root.lease != 2*time.Second:
+			t.Fatalf("a granted hold rests on lease %v, not the grant lease (two retry intervals)", root.lease)
+		case !granted && root.lease != 0:
+			t.Fatalf("an obtained hold rests on lease %v, not the registry's", root.lease)
+		}
+		close(release)
+	}
+	if waiter.Stats().Grants == 0 {
+		t.Fatal("no release granted the key; the test proves nothing")
 	}
 }

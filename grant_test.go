@@ -1,0 +1,111 @@
+package lockreg
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// markWaiting puts a registry's mark on key, as a failed attempt would,
+// lapsing in a minute.
+func markWaiting(t *testing.T, client redis.Cmdable, lock *Lock, mark string) {
+	t.Helper()
+	lapse := float64(time.Now().Add(time.Minute).UnixMilli())
+	require.NoError(t, client.ZAdd(context.Background(), lock.keys[2], redis.Z{Score: lapse, Member: mark}).Err())
+}
+
+func TestReleaseGrantsTheKeyToTheWaitingRegistry(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	waiter := newRegistry(t, client, WithRetryInterval(5*time.Second))
+	held := holder.Obtain("g")
+	held.Lock()
+	holderToken := held.Token()
+
+	lock := waiter.Obtain("g")
+	taken := make(chan int64, 1)
+	release := make(chan struct{})
+	go func() {
+		if err := lock.LockContext(ctx); err != nil {
+			close(taken)
+			return
+		}
+		taken <- lock.Token()
+		<-release
+		lock.Unlock()
+	}()
+	waitUntilWaiting(t, waiter)
+	callsWhileWaiting := waiter.Stats().AcquireCalls
+	held.Unlock()
+
+	token, ok := <-taken
+	require.True(t, ok, "the waiter acquired")
+	s := waiter.Stats()
+	require.Equal(t, int64(1), s.Grants, "the release passed the key on")
+	require.Equal(t, callsWhileWaiting, s.AcquireCalls, "and the waiter took it without a call of its own")
+	require.Greater(t, token, holderToken, "a grant draws a larger token")
+	require.Equal(t, waiter.clientID, client.Get(ctx, lock.keys[0]).Val())
+	require.Eventually(t, func() bool {
+		return client.PTTL(ctx, lock.keys[0]).Val() > waiter.grantLease
+	}, 2*time.Second, time.Millisecond, "the grantee extends the short grant lease to its own")
+	requireHeldByAnother(t, holder, "g", "the granted key excludes the old holder")
+	close(release)
+	requireReleased(t, client, lock.keys[0], "the grantee releases it")
+}
+
+func TestGrantNobodyWaitsForIsGivenBack(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	// Its grant lease (twice the retry interval) outlasts the check below:
+	// only giving the key back frees it in time.
+	gone := newRegistry(t, client, WithRetryInterval(5*time.Second))
+	require.NoError(t, gone.subscribe(ctx))
+	held := holder.Obtain("g")
+	held.Lock()
+	// The mark of a waiter that gave up before its withdrawal landed.
+	markWaiting(t, client, held, gone.obtainArgs[1][1][4].(string))
+
+	held.Unlock()
+	requireReleased(t, client, held.keys[0], "the registry that no longer waits gives the key back")
+	require.Zero(t, gone.Stats().Grants)
+	require.Equal(t, int64(1), gone.Stats().Notifications)
+	require.True(t, holder.Obtain("g").TryLock(), "the key is free again")
+	holder.Obtain("g").Unlock()
+}
+
+func TestGrantToADeadRegistryLastsOnlyTheGrantLease(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	waiter := newRegistry(t, client, WithRetryInterval(20*time.Millisecond))
+	held := holder.Obtain("g")
+	held.Lock()
+	const grantLease = 150 * time.Millisecond
+	markWaiting(t, client, held, "crashed-registry:150")
+
+	held.Unlock()
+	require.Equal(t, "crashed-registry", client.Get(ctx, held.keys[0]).Val(), "granted to the only mark")
+	require.LessOrEqual(t, client.PTTL(ctx, held.keys[0]).Val(), grantLease)
+	lock := waiter.Obtain("g")
+	require.NoError(t, lock.LockContext(ctx), "the key is free once the grant lease ran out")
+	lock.Unlock()
+}
+
+func TestOnlyAGrantAfterTheFailedAttemptIsTrusted(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	lock := r.Obtain("g")
+	failed := time.Now()
+	require.Nil(t, lock.acceptGrant(100, failed, 0), "the attempt saw no token: the grant's age is unknown")
+	require.Nil(t, lock.acceptGrant(100, failed, 100), "a grant with the token the attempt saw came before it")
+	require.Nil(t, lock.acceptGrant(101, failed.Add(-r.grantLease), 100), "the grant lease may be over")
+	h := lock.acceptGrant(101, failed, 100)
+	require.NotNil(t, h)
+	require.Equal(t, failed.Add(r.grantLease).UnixNano(), h.leaseEnd.Load(), "the lease is counted from the failed attempt")
+	require.Equal(t, int64(1), r.Stats().Grants)
+}
