@@ -82,8 +82,9 @@
 // sets the key to that registry's client id with a short grant lease (two
 // retry intervals, at least 100ms), draws the next fencing token and
 // publishes both. The grantee's waiter holds the key as soon as the
-// message arrives, without a round trip of its own, and the registry
-// extends the lease to its own in the background. Hand-offs between
+// message arrives, without a round trip of its own; if it still holds the
+// key halfway through the grant lease, the registry extends the lease to
+// its own in the background. Hand-offs between
 // processes therefore cost the release's round trip and the message, not
 // a further acquisition.
 //

@@ -22,7 +22,7 @@ func TestReleaseGrantsTheKeyToTheWaitingRegistry(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
 	holder := newRegistry(t, client)
-	waiter := newRegistry(t, client, WithRetryInterval(5*time.Second))
+	waiter := newRegistry(t, client, WithRetryInterval(time.Second)) // a grant lease of 2s
 	held := holder.Obtain("g")
 	held.Lock()
 	holderToken := held.Token()
@@ -52,10 +52,28 @@ func TestReleaseGrantsTheKeyToTheWaitingRegistry(t *testing.T) {
 	require.Equal(t, waiter.clientID, client.Get(ctx, lock.keys[0]).Val())
 	require.Eventually(t, func() bool {
 		return client.PTTL(ctx, lock.keys[0]).Val() > waiter.grantLease
-	}, 2*time.Second, time.Millisecond, "the grantee extends the short grant lease to its own")
+	}, waiter.grantLease, time.Millisecond, "a grantee still holding the key extends the short grant lease to its own")
 	requireHeldByAnother(t, holder, "g", "the granted key excludes the old holder")
 	close(release)
 	requireReleased(t, client, lock.keys[0], "the grantee releases it")
+}
+
+func TestShortGrantedHoldsAreNotExtended(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	waiter := newRegistry(t, client, WithRetryInterval(50*time.Millisecond))
+	held := holder.Obtain("g")
+	held.Lock()
+	lock := waiter.Obtain("g")
+	taken := lockInBackground(ctx, lock) // unlocks at once
+	waitUntilWaiting(t, waiter)
+	held.Unlock()
+	_, ok := <-taken
+	require.True(t, ok, "the waiter acquired")
+	require.Equal(t, int64(1), waiter.Stats().Grants)
+	time.Sleep(waiter.grantLease)
+	require.Zero(t, waiter.Stats().RenewCalls, "a hold released within its grant lease costs no extension")
 }
 
 func TestGrantNobodyWaitsForIsGivenBack(t *testing.T) {
@@ -101,10 +119,12 @@ func TestOnlyAGrantAfterTheFailedAttemptIsTrusted(t *testing.T) {
 	r := newRegistry(t, redistest.Shared(t).Client(t))
 	lock := r.Obtain("g")
 	failed := time.Now()
-	require.Nil(t, lock.acceptGrant(100, failed, 0), "the attempt saw no token: the grant's age is unknown")
-	require.Nil(t, lock.acceptGrant(100, failed, 100), "a grant with the token the attempt saw came before it")
-	require.Nil(t, lock.acceptGrant(101, failed.Add(-r.grantLease), 100), "the grant lease may be over")
-	h := lock.acceptGrant(101, failed, 100)
+	require.Nil(t, lock.acceptGrant(nil, 100, failed, 0), "the attempt saw no token: the grant's age is unknown")
+	require.Nil(t, lock.acceptGrant(nil, 100, failed, 100), "a grant with the token the attempt saw came before it")
+	require.Nil(t, lock.acceptGrant(nil, 101, failed.Add(-r.grantLease), 100), "the grant lease may be over")
+	local := r.locals.join("g")
+	defer r.locals.leave("g")
+	h := lock.acceptGrant(local, 101, failed, 100)
 	require.NotNil(t, h)
 	require.Equal(t, failed.Add(r.grantLease).UnixNano(), h.leaseEnd.Load(), "the lease is counted from the failed attempt")
 	require.Equal(t, int64(1), r.Stats().Grants)

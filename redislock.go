@@ -255,7 +255,7 @@ func (l *Lock) attempts(ctx context.Context, wait bool, local *localLock, lastEr
 	local.grantedToken.Store(0)
 	for {
 		if token := local.grantedToken.Swap(0); token != 0 {
-			if h := l.acceptGrant(token, failed, failedToken); h != nil {
+			if h := l.acceptGrant(local, token, failed, failedToken); h != nil {
 				return h, nil
 			}
 		}
@@ -354,8 +354,8 @@ func (l *Lock) tryObtain(ctx context.Context, wait, marked bool) (h *hold, lastT
 // after that attempt ran, so after failed, and its lease runs at least
 // until failed + grantLease. That makes the hold as safe as one obtained
 // by a call sent at failed. The lease is then extended to the registry's
-// own in the background, with no one waiting for it.
-func (l *Lock) acceptGrant(token int64, failed time.Time, failedToken int64) *hold {
+// own in the background if the key is still held later (see extendLater).
+func (l *Lock) acceptGrant(local *localLock, token int64, failed time.Time, failedToken int64) *hold {
 	r := l.r
 	if failedToken <= 0 || token <= failedToken {
 		return nil
@@ -368,11 +368,30 @@ func (l *Lock) acceptGrant(token int64, failed time.Time, failedToken int64) *ho
 	// hand-offs.
 	h.taken = time.Now()
 	h.redisTaken = h.taken
-	if !r.goBackground(func(ctx context.Context) { r.renew(ctx, [][]*hold{{h}}) }) {
+	if !r.extendLater(local, h) {
 		return nil // closing: the grant expires unextended
 	}
 	r.stats.grants.Add(1)
 	return h
+}
+
+// extendLater extends a granted hold's short lease to the registry's own
+// halfway through what is left of it, if the hold, or a hold handed on
+// from it, still has the key then. Most holds end sooner and need no
+// extension, which would cost a round trip.
+func (r *Registry) extendLater(local *localLock, h *hold) bool {
+	return r.goBackground(func(ctx context.Context) {
+		t := time.NewTimer(time.Until(time.Unix(0, h.leaseEnd.Load())) / 2)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		if current := local.hold.Load(); current != nil && current.leaseEnd == h.leaseEnd {
+			r.renew(ctx, [][]*hold{{current}})
+		}
+	})
 }
 
 // unmark withdraws, in the background, the mark of an acquisition that
