@@ -119,6 +119,33 @@ func CommandStats(ctx context.Context, c redis.UniversalClient) (map[string]int6
 	return stats, nil
 }
 
+// ScriptMicros returns the server's cumulative time in scripts, EVALSHA
+// and EVAL, in microseconds from INFO commandstats: the time Redis's one
+// thread spent running them, without reading and writing the calls.
+func ScriptMicros(ctx context.Context, c redis.UniversalClient) (int64, error) {
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		// cmdstat_evalsha:calls=5,usec=12,...
+		name, rest, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "cmdstat_"), ":calls=")
+		if !ok || (name != "evalsha" && name != "eval") {
+			continue
+		}
+		_, usec, _ := strings.Cut(rest, ",usec=")
+		usec, _, _ = strings.Cut(usec, ",")
+		n, err := strconv.ParseInt(usec, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("redisstat: cannot read %q: %w", sc.Text(), err)
+		}
+		total += n
+	}
+	return total, nil
+}
+
 // Delta returns after-before for every name in after, leaving out zeros.
 func Delta(before, after map[string]int64) map[string]int64 {
 	d := make(map[string]int64)

@@ -3,6 +3,7 @@ package redisstat
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -40,4 +41,29 @@ func TestCounterAndCommandStatsAgree(t *testing.T) {
 	for name, want := range map[string]int64{"set": 1, "incr": 2, "eval": 1, "get": 1, "info": 1, "ping": 0} {
 		require.Equal(t, want, delta[name], "server calls of %s (a GET inside the script counts)", name)
 	}
+}
+
+func TestScriptMicrosCountsTimeInScriptsOnly(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	busy := "local n = 0 for i = 1, tonumber(ARGV[1]) do n = n + i end return n"
+
+	before, err := ScriptMicros(ctx, c)
+	require.NoError(t, err)
+	for range 1000 {
+		require.NoError(t, c.Set(ctx, "k", "v", 0).Err())
+	}
+	afterSets, err := ScriptMicros(ctx, c)
+	require.NoError(t, err)
+	require.Equal(t, before, afterSets, "plain commands are not script time")
+
+	start := time.Now()
+	require.NoError(t, c.Eval(ctx, busy, nil, 20_000_000).Err())
+	took := time.Since(start)
+	after, err := ScriptMicros(ctx, c)
+	require.NoError(t, err)
+	spent := time.Duration(after-afterSets) * time.Microsecond
+	require.Greater(t, spent, took/4, "the script's run is counted")
+	require.LessOrEqual(t, spent, took, "and no more than the call took")
 }
