@@ -127,7 +127,9 @@ func (r *Registry) deliver(note string) {
 
 // giveBack releases a key granted to this registry that nobody here waits
 // for any more. It takes the key's local mutex first, as an acquisition
-// would, so that it never deletes a key a goroutine of this registry holds.
+// would, so that it never deletes a key a goroutine of this registry holds;
+// a hold handed over with the mutex is given back with its tokens, as its
+// unlock would have.
 func (r *Registry) giveBack(ctx context.Context, key string) {
 	l := &Lock{r: r, key: key, keys: redisKeys(r.registryKey, key)}
 	local := r.locals.join(key)
@@ -136,14 +138,10 @@ func (r *Registry) giveBack(ctx context.Context, key string) {
 		r.locals.leave(key)
 		return
 	}
-	if h != nil {
-		// A hold handed over with the mutex: give the key back with its
-		// tokens, as its unlock would have.
-		if _, err := l.releaseRedis(ctx, h); err != nil {
-			r.cfg.logger.Debug("lockreg: could not give a key back; it expires after its lease", "key", key, "error", err)
-		}
-		l.free(local)
-		return
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.expireAfter)
+	defer cancel()
+	if _, err := l.releaseRedis(ctx, h); err != nil {
+		r.cfg.logger.Debug("lockreg: could not give a granted key back; it expires after its lease", "key", key, "error", err)
 	}
-	l.settle(ctx, local, true)
+	l.free(local)
 }
