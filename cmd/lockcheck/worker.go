@@ -222,7 +222,10 @@ type leaseTracker struct {
 	// clientID and grantLease are the registry's, read off its attempts.
 	clientID   string
 	grantLease time.Duration
-	out        *emitter
+	// resubscribed is when the tracker's subscription last came back
+	// after its connection was lost (unix ns), 0 if never.
+	resubscribed int64
+	out          *emitter
 }
 
 // root is what a hold rests on: the token its obtain or grant drew, when
@@ -259,9 +262,19 @@ func newLeaseTracker(registry string, keys []string, out *emitter) *leaseTracker
 // or, for a local hand-off (token one higher per hand-off), its registry's
 // last. The library may hear of a grant before the tracker's subscription
 // does, so an unexplained hold is looked at again for a second.
+//
+// A fault that kills connections can make the tracker's subscription miss
+// a grant the library's received. So if the subscription came back after
+// the latest failed attempt was sent, a hold whose token exceeds the last
+// token that attempt reported is credited as that missed grant: it is what
+// the message would have said (the fenced store checks the token anyway).
 func (t *leaseTracker) rootOf(key string, token int64) (explained, bool) {
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
 		t.mu.Lock()
+		if f := t.failed[key]; time.Now().After(deadline) && t.resubscribed > f.sent {
+			t.granted[key] = max(t.granted[key], token)
+			t.credit(key)
+		}
 		r, d := t.roots[key], token-t.roots[key].token
 		t.mu.Unlock()
 		if r.token != 0 && d >= 0 && d <= maxHandoffs {
@@ -285,8 +298,17 @@ func (t *leaseTracker) watchGrants(client *redis.Client, registry string) (stop 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for msg := range sub.Channel() {
-			t.grant(msg.Payload)
+		// The first subscription was confirmed above: any later one is
+		// go-redis resubscribing on a new connection.
+		for msg := range sub.ChannelWithSubscriptions() {
+			switch msg := msg.(type) {
+			case *redis.Message:
+				t.grant(msg.Payload)
+			case *redis.Subscription:
+				t.mu.Lock()
+				t.resubscribed = time.Now().UnixNano()
+				t.mu.Unlock()
+			}
 		}
 	}()
 	return func() { _ = sub.Close(); <-done }, nil

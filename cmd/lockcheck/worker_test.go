@@ -139,3 +139,29 @@ func TestLeaseTrackerCreditsGrants(t *testing.T) {
 		t.Fatal("no release granted the key; the test proves nothing")
 	}
 }
+
+// TestLeaseTrackerCreditsGrantsMissedInASubscriptionGap: when a fault
+// dropped the tracker's subscription after the latest failed attempt, a
+// hold whose token is above what that attempt reported rests on the grant
+// the tracker missed; without such a gap, or with a token not above it,
+// the hold stays unexplained.
+func TestLeaseTrackerCreditsGrantsMissedInASubscriptionGap(t *testing.T) {
+	for _, tc := range []struct {
+		gap       bool
+		token     int64
+		explained bool
+	}{{true, 101, true}, {false, 101, false}, {true, 100, false}} {
+		tracker := newLeaseTracker("gap", []string{"k"}, &emitter{w: bufio.NewWriter(&bytes.Buffer{})})
+		sent := time.Now().UnixNano()
+		tracker.grantLease = 200 * time.Millisecond
+		tracker.failed["k"] = failedAttempt{sent: sent, lastToken: 100}
+		if tc.gap {
+			tracker.resubscribed = sent + 1
+		}
+		root, ok := tracker.rootOf("k", tc.token)
+		if ok != tc.explained || ok && (root.sent != sent || root.lease != tracker.grantLease || !root.fresh) {
+			t.Errorf("gap %v, token %d: got %+v, %v; want explained %v, by the grant lease from the failed attempt",
+				tc.gap, tc.token, root, ok, tc.explained)
+		}
+	}
+}
