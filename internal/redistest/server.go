@@ -103,8 +103,9 @@ func Launch() (*Server, error) { return start() }
 // Shutdown stops a server from Launch and removes its data dir.
 func (s *Server) Shutdown() { s.close() }
 
-// M wraps a test binary's testing.M so that the shared server stops after
-// the tests and before goleak looks for leaked goroutines:
+// M wraps a test binary's testing.M so that go-redis logs nothing (see
+// quietLogger), and the shared server stops after the tests and before
+// goleak looks for leaked goroutines:
 //
 //	goleak.VerifyTestMain(redistest.M(m))
 func M(m *testing.M) interface{ Run() int } { return mainRunner{m} }
@@ -112,6 +113,7 @@ func M(m *testing.M) interface{ Run() int } { return mainRunner{m} }
 type mainRunner struct{ m *testing.M }
 
 func (r mainRunner) Run() int {
+	redis.SetLogger(quietLogger{})
 	code := r.m.Run()
 	shared.Lock()
 	defer shared.Unlock()
@@ -413,3 +415,12 @@ func freePort() (int, error) {
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
+
+// quietLogger drops go-redis's own log lines in tests. Tests stop, pause,
+// kill and fail over servers on purpose, and go-redis reports each failed
+// dial and dropped connection that follows on stderr: thousands of lines
+// that buried the test output. Tests assert what happened; the library's
+// own logger (slog) is untouched.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
