@@ -129,3 +129,28 @@ func TestOnlyAGrantAfterTheFailedAttemptIsTrusted(t *testing.T) {
 	require.Equal(t, failed.Add(r.grantLease).UnixNano(), h.leaseEnd.Load(), "the lease is counted from the failed attempt")
 	require.Equal(t, int64(1), r.Stats().Grants)
 }
+
+func TestWaiterThatGivesUpWithdrawsItsMark(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	// Its marks lapse after two retry intervals, 2s: only the withdrawal
+	// removes one sooner.
+	waiter := newRegistry(t, client, WithRetryInterval(time.Second))
+	held := holder.Obtain("g")
+	held.Lock()
+	defer held.Unlock()
+	mark := waiter.obtainArgs[1][1][4].(string)
+
+	waitCtx, cancel := context.WithCancel(ctx)
+	gaveUp := make(chan error, 1)
+	go func() { gaveUp <- waiter.Obtain("g").LockContext(waitCtx) }()
+	require.Eventually(t, func() bool {
+		return client.ZScore(ctx, held.keys[2], mark).Err() == nil
+	}, time.Second, time.Millisecond, "the waiting registry is marked")
+	cancel()
+	require.ErrorIs(t, <-gaveUp, ErrNotObtained)
+	require.Eventually(t, func() bool {
+		return client.ZScore(ctx, held.keys[2], mark).Err() == redis.Nil
+	}, time.Second, time.Millisecond, "the mark is withdrawn, not left to lapse")
+}

@@ -305,8 +305,10 @@ func (l *Lock) attempts(ctx context.Context, wait bool, local *localLock, lastEr
 		}
 		// A grant that came meanwhile left the key to this registry.
 		granted := local.grantedToken.Swap(0) != 0
-		if marked {
-			l.unmark(wait)
+		if marked && wait {
+			// TryLock's mark asks for no grant and lapses soon; a waiter's
+			// would draw grants for a while.
+			l.unmark()
 		}
 		l.abandon(local, mayHaveRun(err) || granted)
 		return nil, l.notAcquired(ctx, stop, loadError(lastErr))
@@ -394,12 +396,12 @@ func (r *Registry) extendLater(local *localLock, h *hold) bool {
 	})
 }
 
-// unmark withdraws, in the background, the mark of an acquisition that
-// gave up, so that releases stop passing the key to this registry, which
-// would only give it back.
-func (l *Lock) unmark(wait bool) {
+// unmark withdraws, in the background, the mark of a waiting acquisition
+// that gave up, so that releases stop passing the key to this registry,
+// which would only give it back.
+func (l *Lock) unmark() {
 	r := l.r
-	mark := l.obtainArgs(wait, true)[4]
+	mark := l.obtainArgs(true, true)[4]
 	r.goBackground(func(ctx context.Context) {
 		if err := r.client.ZRem(ctx, l.keys[2], mark).Err(); err != nil {
 			r.cfg.logger.Debug("lockreg: could not withdraw a waiting mark; it lapses by itself", "key", l.key, "error", err)
