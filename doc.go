@@ -67,9 +67,11 @@
 // (WithLocalHandoff, 16 hand-offs or 10ms by default); then the key goes
 // back to Redis.
 //
-// Other registries learn of a release by pub/sub. A failed attempt marks
-// its registry as waiting for the key (a mark that lapses after two retry
-// intervals unless renewed); releases nobody waits for publish nothing.
+// Other registries learn of a release by pub/sub. A failed attempt of an
+// acquisition that waits marks its registry as waiting for the key (a mark
+// that lapses after two retry intervals unless renewed, and is withdrawn
+// when the acquisition gives up; TryLock leaves none); releases nobody
+// waits for publish nothing.
 // Each registry holds one subscription to <registryKey>:released, opened
 // on its first wait and shared by all its keys. The waiter still retries
 // every retry interval, so a lost message, a reconnect or a server without

@@ -154,3 +154,16 @@ func TestWaiterThatGivesUpWithdrawsItsMark(t *testing.T) {
 		return client.ZScore(ctx, held.keys[2], mark).Err() == redis.Nil
 	}, time.Second, time.Millisecond, "the mark is withdrawn, not left to lapse")
 }
+
+func TestFailedTryLockLeavesNoMark(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	other := newRegistry(t, client)
+	held := holder.Obtain("g")
+	held.Lock()
+	require.False(t, other.Obtain("g").TryLock())
+	require.Zero(t, client.Exists(ctx, held.keys[2]).Val(), "nobody waits, so nobody is marked")
+	held.Unlock()
+	requireReleased(t, client, held.keys[0], "the release deletes the key")
+}

@@ -3,20 +3,22 @@
 -- waiting marker (all in one slot).
 -- ARGV[1]: the registry's client id; ARGV[2]: the lease in milliseconds;
 -- ARGV[3]: how long, in milliseconds, a failed attempt marks this registry
--- as waiting for the key; ARGV[4]: '1' if an earlier attempt marked it;
+-- as waiting for the key, or '0' for an attempt that will not wait (it
+-- leaves no mark); ARGV[4]: '1' if an earlier attempt marked it;
 -- ARGV[5]: the mark: the client id, or '<client id>:<ms>' if a release may
 -- grant this registry the key, with a lease of that many milliseconds.
 -- Returns the new fencing token (> 0) when this registry holds the key
 -- afterwards. When another owner does (its value and TTL untouched), it
--- returns minus the key's last token, or 0 if none is stored: a grant that
--- follows this attempt comes with a larger token.
+-- returns minus the key's last token if it marked the registry, or 0 if it
+-- did not or none is stored: a grant that follows this attempt comes with
+-- a larger token.
 -- Called with KEYS[1] alone while the slot migrates between Redis Cluster
 -- nodes (Redis refuses a script whose keys are split or missing then): it
 -- neither marks nor reads the fence, and the token is the clock's.
 local now = redis.call('TIME')
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    if #KEYS == 1 then
+    if #KEYS == 1 or ARGV[3] == '0' then
       return 0
     end
     -- Tell the holder who waits (a sorted set of marks, scored by when

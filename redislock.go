@@ -264,8 +264,8 @@ func (l *Lock) attempts(ctx context.Context, wait bool, local *localLock, lastEr
 		if h != nil {
 			return h, nil
 		}
-		if err == nil { // another owner held it: obtain.lua marked us
-			marked, failed, failedToken = true, sent, lastToken
+		if err == nil { // another owner held it: obtain.lua marked us if we wait
+			marked, failed, failedToken = wait, sent, lastToken
 		}
 		if errors.Is(err, ErrClosed) {
 			l.free(local)
@@ -305,9 +305,7 @@ func (l *Lock) attempts(ctx context.Context, wait bool, local *localLock, lastEr
 		}
 		// A grant that came meanwhile left the key to this registry.
 		granted := local.grantedToken.Swap(0) != 0
-		if marked && wait {
-			// TryLock's mark asks for no grant and lapses soon; a waiter's
-			// would draw grants for a while.
+		if marked {
 			l.unmark()
 		}
 		l.abandon(local, mayHaveRun(err) || granted)

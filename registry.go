@@ -265,9 +265,11 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 	if cfg.pubSub {
 		r.yield = min(pubSubYield, cfg.retryInterval)
 	}
-	// A failed attempt marks its key as waited for during two retry
-	// intervals, so that a polling waiter keeps its mark alive.
-	markWaiting := strconv.FormatInt(max(2*cfg.retryInterval.Milliseconds(), 2), 10)
+	// A failed attempt that will wait marks its key as waited for during
+	// two retry intervals, so that a polling waiter keeps its mark alive.
+	// TryLock's attempt leaves none: nobody would answer a wake-up, and its
+	// mark, served first, would cost a real waiter its grant.
+	markFor := [2]string{"0", strconv.FormatInt(max(2*cfg.retryInterval.Milliseconds(), 2), 10)} // without and with waiting
 	r.clientIDArg, r.leaseArg = r.clientID, strconv.FormatInt(cfg.expireAfter.Milliseconds(), 10)
 	if cfg.pubSub && cfg.waitReplicas == 0 {
 		r.grantLease = min(max(2*cfg.retryInterval, minGrantLease), cfg.expireAfter)
@@ -278,7 +280,7 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 	}
 	for wait, mark := range marks {
 		for marked, unmark := range []string{"0", "1"} {
-			r.obtainArgs[wait][marked] = []any{r.clientIDArg, r.leaseArg, markWaiting, unmark, mark}
+			r.obtainArgs[wait][marked] = []any{r.clientIDArg, r.leaseArg, markFor[wait], unmark, mark}
 		}
 	}
 	r.channelArg = "" // no notifications
