@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -318,4 +319,49 @@ func clusterClient(t *testing.T, addrs []string) *redis.ClusterClient {
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// TestRedisClusterWaitsForReplicas runs WithWaitReplicas on a cluster whose
+// three primaries have a replica each. The WAIT must go to the primary of
+// each key's slot, on the connection that wrote the key: when LockContext
+// returns, the key's replica has the key, whichever node serves it.
+func TestRedisClusterWaitsForReplicas(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartClusterWithReplicas(t, 3)
+	client := clusterClient(t, addrs)
+	r := newRegistry(t, client, WithWaitReplicas(1, 2*time.Second))
+	var replicas []*redis.Client
+	for _, addr := range addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr, OnConnect: func(ctx context.Context, cn *redis.Conn) error {
+			return cn.ReadOnly(ctx).Err() // a replica answers reads of its primary's slots
+		}})
+		t.Cleanup(func() { _ = node.Close() })
+		if info := node.Info(ctx, "replication").Val(); strings.Contains(info, "role:slave") {
+			replicas = append(replicas, node)
+		}
+	}
+	require.Len(t, replicas, 3)
+
+	primaries := make(map[string]bool)
+	for i := range 12 {
+		lock := r.Obtain("order-" + strconv.Itoa(i))
+		// A WAIT sent to a node that did not take the write counts no
+		// replica, and the registry would retry until the deadline.
+		lockCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		require.NoError(t, lock.LockContext(lockCtx))
+		cancel()
+		primary, err := client.MasterForKey(ctx, lock.keys[0])
+		require.NoError(t, err)
+		primaries[primary.Options().Addr] = true
+		copies := 0
+		for _, replica := range replicas {
+			if replica.Get(ctx, lock.keys[0]).Val() == r.clientID {
+				copies++
+			}
+		}
+		require.Equal(t, 1, copies, "the replica of %s's primary has it when the lock returns", lock.Key())
+		require.NoError(t, lock.UnlockContext(ctx))
+	}
+	require.Len(t, primaries, 3, "the keys spread over every primary")
+	require.Zero(t, r.Stats().FailedAttempts, "every acquisition was acknowledged")
 }

@@ -211,11 +211,25 @@ func StartReplica(tb testing.TB, primary *Server) *Server {
 // until every node reports the cluster ok. It returns the nodes' addresses.
 func StartCluster(tb testing.TB, n int) []string {
 	tb.Helper()
+	return startCluster(tb, n, 0)
+}
+
+// StartClusterWithReplicas starts a Redis Cluster of n primaries (at least
+// 3, as redis-cli requires for replicas) with one replica each, and waits
+// until the cluster is ok and every replica is in sync with its primary.
+// It returns all 2n nodes' addresses.
+func StartClusterWithReplicas(tb testing.TB, n int) []string {
+	tb.Helper()
+	return startCluster(tb, n, 1)
+}
+
+func startCluster(tb testing.TB, primaries, replicasEach int) []string {
+	tb.Helper()
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
 		tb.Fatalf("redistest: redis-cli not found (%v); install it (Debian/Ubuntu: apt-get install -y redis-tools, which redis-server pulls in)", err)
 	}
-	addrs := make([]string, n)
+	addrs := make([]string, primaries*(1+replicasEach))
 	for i := range addrs {
 		s, err := start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
 		if err != nil {
@@ -224,7 +238,8 @@ func StartCluster(tb testing.TB, n int) []string {
 		tb.Cleanup(s.close)
 		addrs[i] = s.addr
 	}
-	out, err := exec.Command(cli, append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
+	args := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", strconv.Itoa(replicasEach), "--cluster-yes")
+	out, err := exec.Command(cli, args...).CombinedOutput()
 	if err != nil {
 		tb.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
 	}
@@ -233,12 +248,15 @@ func StartCluster(tb testing.TB, n int) []string {
 		c := redis.NewClient(&redis.Options{Addr: addr})
 		for {
 			info, _ := c.ClusterInfo(context.Background()).Result()
-			if strings.Contains(info, "cluster_state:ok") {
+			replication, _ := c.Info(context.Background(), "replication").Result()
+			synced := strings.Contains(replication, "master_link_status:up") ||
+				strings.Contains(replication, "connected_slaves:"+strconv.Itoa(replicasEach))
+			if strings.Contains(info, "cluster_state:ok") && synced {
 				break
 			}
 			if time.Now().After(deadline) {
 				c.Close()
-				tb.Fatalf("redistest: cluster node %s never became ok:\n%s", addr, info)
+				tb.Fatalf("redistest: cluster node %s never became ok and in sync:\n%s\n%s", addr, info, replication)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
