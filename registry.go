@@ -148,10 +148,11 @@ func WithWaitReplicas(n int, timeout time.Duration) Option {
 }
 
 // WithPubSub turns release notifications on (the default) or off. On, a
-// release that another registry waits for is published, and waiters, which
-// share one subscription per registry, wake at once instead of at their
-// next retry; the retry stays as the safety net for lost messages. Off,
-// waiters poll every retry interval (Spring's SPIN_LOCK).
+// release that another registry waits for grants it the key, or wakes its
+// waiters, by a message on one subscription per registry, at once instead
+// of at their next retry; the retry stays as the safety net for lost
+// messages. Off, the registry takes no grants and its waiters poll every
+// retry interval (Spring's SPIN_LOCK).
 func WithPubSub(on bool) Option {
 	return func(c *config) { c.pubSub = on }
 }
