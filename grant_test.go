@@ -167,3 +167,23 @@ func TestFailedTryLockLeavesNoMark(t *testing.T) {
 	held.Unlock()
 	requireReleased(t, client, held.keys[0], "the release deletes the key")
 }
+
+func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("g")
+	// The key as a grant left it: this registry's, with the grant's token.
+	require.NoError(t, client.Set(ctx, lock.keys[0], r.clientID, time.Minute).Err())
+	require.NoError(t, client.Set(ctx, lock.keys[1], "1000", time.Minute).Err())
+
+	found, err := lock.releaseRedis(ctx, nil, "999")
+	require.NoError(t, err)
+	require.Equal(t, int64(notOurs), found, "an acquisition here drew a newer token: it keeps the key")
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys[0]).Val())
+
+	found, err = lock.releaseRedis(ctx, nil, "1000")
+	require.NoError(t, err)
+	require.Equal(t, int64(released), found, "nobody took the grant: it goes back")
+	require.Zero(t, client.Exists(ctx, lock.keys[0]).Val())
+}

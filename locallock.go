@@ -85,6 +85,15 @@ func (l *localLock) lock(ctx context.Context, closed <-chan struct{}, wait bool)
 	return <-w.grant, nil
 }
 
+// wakeUp tells the goroutine acquiring the key in Redis, if any, to try
+// again now.
+func (l *localLock) wakeUp() {
+	select {
+	case l.wake <- struct{}{}:
+	default: // already woken
+	}
+}
+
 // waited reports whether some goroutine waits for the mutex.
 func (l *localLock) waited() bool {
 	l.mu.Lock()

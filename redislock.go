@@ -486,16 +486,21 @@ const (
 	granted             = 3 // passed to the registry that waits longest
 )
 
-// releaseRedis runs release.lua for h, or, with h nil, for an attempt
-// that may have taken the key.
-func (l *Lock) releaseRedis(ctx context.Context, h *hold) (int64, error) {
+// releaseRedis runs release.lua for h; with h nil, for an attempt that
+// may have taken the key; with a grantToken, for a grant nobody here took
+// (see giveBack).
+func (l *Lock) releaseRedis(ctx context.Context, h *hold, grantToken ...string) (int64, error) {
 	r := l.r
 	r.stats.releaseCalls.Add(1)
 	var handedOutToken int64
 	if h != nil && h.handoffs > 0 {
 		handedOutToken = h.token
 	}
-	found, err := l.runScript(ctx, releaseScript, r.clientIDArg, handedOutToken, r.leaseArg, r.channelArg, l.key).Int64()
+	args := []any{r.clientIDArg, handedOutToken, r.leaseArg, r.channelArg, l.key}
+	for _, token := range grantToken {
+		args = append(args, token)
+	}
+	found, err := l.runScript(ctx, releaseScript, args...).Int64()
 	if err != nil {
 		return notOurs, fmt.Errorf("%w: release %q: %w", ErrRedis, l.key, err)
 	}

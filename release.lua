@@ -5,7 +5,10 @@
 -- ARGV[1]: the registry's client id; ARGV[2]: the last fencing token the
 -- registry handed out locally for this key, or 0; ARGV[3]: the lease in
 -- milliseconds; ARGV[4]: the channel to notify waiters on, or '' for none;
--- ARGV[5]: the lock's key in its registry.
+-- ARGV[5]: the lock's key in its registry; ARGV[6], only when giving back a
+-- grant nobody took: the grant's token, which the key's last token must
+-- still be (an acquisition of this registry that found the key its own
+-- drew a newer one, and keeps the key).
 -- Returns 0 when the key had expired or has another owner (which is left
 -- untouched), 1 when deleted, 2 when deleted while another registry waits
 -- (its mark, set by a failed attempt, has not lapsed), 3 when granted to a
@@ -16,6 +19,9 @@
 -- Called with KEYS[1] alone while the slot migrates between Redis Cluster
 -- nodes: it only deletes the key; waiters find it free by polling.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if ARGV[6] and (#KEYS == 1 or redis.call('GET', KEYS[2]) ~= ARGV[6]) then
   return 0
 end
 if #KEYS == 1 then

@@ -81,6 +81,36 @@ func TestLostNotificationCostsOnlyTheRetry(t *testing.T) {
 	}
 }
 
+// TestResubscribedWaiterTriesAtOnce: a grant published while a waiter's
+// subscription is down is lost, though the key is the waiter's. When
+// go-redis resubscribes, the registry wakes its waiters, and the next
+// attempt finds the key, instead of a retry interval later.
+func TestResubscribedWaiterTriesAtOnce(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	holder := newRegistry(t, srv.Client(t))
+	const retry = 5 * time.Second
+	waiter := newRegistry(t, srv.Client(t), WithRetryInterval(retry))
+	held := holder.Obtain("k")
+	held.Lock()
+
+	taken := lockInBackground(ctx, waiter.Obtain("k"))
+	waitUntilWaiting(t, waiter)
+	// The grant, without its message.
+	require.NoError(t, admin.Set(ctx, held.keys[0], waiter.clientID, time.Minute).Err())
+	killed, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), killed, "the waiter's subscription")
+	select {
+	case _, ok := <-taken:
+		require.True(t, ok, "the waiter acquired")
+	case <-time.After(retry / 2):
+		t.Fatalf("the waiter did not try again when its subscription came back (retry interval %v)", retry)
+	}
+	require.ErrorIs(t, held.UnlockContext(ctx), ErrLockLost)
+}
+
 func TestOneSubscriptionPerRegistryWhateverTheKeys(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
