@@ -75,7 +75,9 @@
 // Each registry holds one subscription to <registryKey>:released, opened
 // on its first wait and shared by all its keys. The waiter still retries
 // every retry interval, so a lost message, a reconnect or a server without
-// pub/sub costs latency, never liveness.
+// pub/sub costs latency, never liveness; when the subscription comes back
+// after a lost connection, every waiter of the registry tries at once,
+// which finds a grant whose message was lost.
 //
 // # Hand-offs between registries
 //
