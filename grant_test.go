@@ -187,3 +187,21 @@ func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
 	require.Equal(t, int64(released), found, "nobody took the grant: it goes back")
 	require.Zero(t, client.Exists(ctx, lock.keys[0]).Val())
 }
+
+func TestReplicatedWaiterMarksItselfForWakeUps(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	waiter := newRegistry(t, client, WithWaitReplicas(1, 10*time.Millisecond), WithRetryInterval(time.Second))
+	held := holder.Obtain("g")
+	held.Lock()
+	defer held.Unlock()
+	waitCtx, cancel := context.WithCancel(ctx)
+	gaveUp := make(chan error, 1)
+	go func() { gaveUp <- waiter.Obtain("g").LockContext(waitCtx) }()
+	require.Eventually(t, func() bool {
+		return client.ZScore(ctx, held.keys[2], waiter.clientID).Err() == nil
+	}, time.Second, time.Millisecond, "a waiting WithWaitReplicas registry asks to be woken (it takes no grants)")
+	cancel()
+	require.ErrorIs(t, <-gaveUp, ErrNotObtained)
+}

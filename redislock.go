@@ -331,7 +331,7 @@ func (l *Lock) tryObtain(ctx context.Context, wait, marked bool) (h *hold, lastT
 			err = fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
 		}
 	} else {
-		token, err = l.obtainReplicated(ctx, marked)
+		token, err = l.obtainReplicated(ctx, wait, marked)
 	}
 	if token <= 0 {
 		r.stats.failed.Add(1)
@@ -422,7 +422,7 @@ func b2i(b bool) int {
 // obtainReplicated sends obtain.lua and WAIT in one pipeline, on one
 // connection to the key's primary, as WAIT counts the acknowledgements of
 // that connection's writes.
-func (l *Lock) obtainReplicated(ctx context.Context, marked bool) (int64, error) {
+func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (int64, error) {
 	r := l.r
 	node := redis.Cmdable(r.client)
 	if cluster, ok := r.client.(*redis.ClusterClient); ok {
@@ -436,7 +436,7 @@ func (l *Lock) obtainReplicated(ctx context.Context, marked bool) (int64, error)
 	run := func() {
 		// Each command's own error is read below; Pipelined's is the first.
 		_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
-			obtained = obtainScript.EvalSha(ctx, p, l.keys, l.obtainArgs(false, marked)...)
+			obtained = obtainScript.EvalSha(ctx, p, l.keys, l.obtainArgs(wait, marked)...)
 			acks = p.Do(ctx, "WAIT", r.cfg.waitReplicas, r.cfg.waitTimeout.Milliseconds())
 			return nil
 		})
