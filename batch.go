@@ -16,7 +16,7 @@ import (
 // the fastest.
 const maxInFlight = 4
 
-// batcher sends the obtain and release script calls of concurrent
+// batcher sends the acquisition and release calls of concurrent
 // goroutines, up to maxInFlight at a time, coalescing the rest into
 // pipelines (auto-pipelining): one write and one read for many calls, on
 // the client and on the server.
@@ -25,34 +25,41 @@ type batcher struct {
 
 	mu       sync.Mutex // guards inFlight and queue
 	inFlight int
-	queue    []*scriptCall
+	queue    []*call
 }
 
-// scriptCall is one script call in a pipeline. A queued call's done is
-// closed when cmd has its reply or when the call must lead the queue
-// (batch is then set).
-type scriptCall struct {
+// call is one call to Redis, alone or in a pipeline: a script with its
+// keys and arguments, or, with no script, the plain command args. A
+// queued call's done is closed when cmd has its reply or when the call
+// must lead the queue (batch is then set).
+type call struct {
 	script *redis.Script
 	keys   []string
 	args   []any
 	cmd    *redis.Cmd
 	done   chan struct{}
-	batch  []*scriptCall
+	batch  []*call
 }
 
-// run runs script once, alone or in a pipeline with other goroutines'
-// calls, and returns its reply. As with Script.Run, a NOSCRIPT reply is
+// run makes a call, alone or in a pipeline with other goroutines' calls,
+// and returns its reply: script on keys with args, or, if script is nil,
+// the plain command args. As with Script.Run, a NOSCRIPT reply is
 // answered by sending the script itself.
 func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	b.mu.Lock()
 	if b.inFlight < maxInFlight {
 		b.inFlight++
 		b.mu.Unlock()
-		cmd := script.Run(ctx, b.client, keys, args...)
+		var cmd *redis.Cmd
+		if script == nil {
+			cmd = b.client.Do(ctx, args...)
+		} else {
+			cmd = script.Run(ctx, b.client, keys, args...)
+		}
 		b.next()
 		return cmd
 	}
-	c := &scriptCall{script: script, keys: keys, args: args, done: make(chan struct{})}
+	c := &call{script: script, keys: keys, args: args, done: make(chan struct{})}
 	b.queue = append(b.queue, c)
 	b.mu.Unlock()
 	<-c.done
@@ -83,7 +90,7 @@ func (b *batcher) next() {
 
 // pipeline sends batch as one pipeline and wakes every caller but the
 // first, which is the one sending.
-func (b *batcher) pipeline(ctx context.Context, batch []*scriptCall) {
+func (b *batcher) pipeline(ctx context.Context, batch []*call) {
 	runPipeline(ctx, b.client, batch)
 	for _, c := range batch[1:] {
 		close(c.done)
@@ -92,11 +99,11 @@ func (b *batcher) pipeline(ctx context.Context, batch []*scriptCall) {
 
 // runPipeline sends calls as one pipeline (go-redis splits it by node on
 // Redis Cluster) and sets each call's cmd. If Redis lost the scripts (a
-// restart), the calls it refused for that go again by EVAL, which loads
-// them.
-func runPipeline(ctx context.Context, client redis.UniversalClient, calls []*scriptCall) {
+// restart), the script calls it refused for that go again by EVAL, which
+// loads them.
+func runPipeline(ctx context.Context, client redis.UniversalClient, calls []*call) {
 	send(ctx, client, calls, (*redis.Script).EvalSha)
-	var again []*scriptCall
+	var again []*call
 	for _, c := range calls {
 		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
 			again = append(again, c)
@@ -107,11 +114,15 @@ func runPipeline(ctx context.Context, client redis.UniversalClient, calls []*scr
 	}
 }
 
-func send(ctx context.Context, client redis.UniversalClient, calls []*scriptCall, eval func(*redis.Script, context.Context, redis.Scripter, []string, ...any) *redis.Cmd) {
+func send(ctx context.Context, client redis.UniversalClient, calls []*call, eval func(*redis.Script, context.Context, redis.Scripter, []string, ...any) *redis.Cmd) {
 	// Each call's own error is read from its cmd.
 	_, _ = client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, c := range calls {
-			c.cmd = eval(c.script, ctx, p, c.keys, c.args...)
+			if c.script == nil {
+				c.cmd = p.Do(ctx, c.args...)
+			} else {
+				c.cmd = eval(c.script, ctx, p, c.keys, c.args...)
+			}
 		}
 		return nil
 	})

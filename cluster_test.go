@@ -75,8 +75,8 @@ func TestRedisCluster(t *testing.T) {
 	for i := range 10 {
 		lock := []*Registry{a, b}[i%2].Obtain("fenced")
 		lock.Lock()
-		require.Greater(t, lock.Token(), last)
-		last = lock.Token()
+		require.Greater(t, mustToken(t, lock), last)
+		last = mustToken(t, lock)
 		lock.Unlock()
 	}
 	for _, lock := range locks[6:] {

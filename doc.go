@@ -21,11 +21,14 @@
 //     owner started, wait here, in arrival order and with no Redis traffic.
 //     Only the goroutine that holds the local mutex talks to Redis for the
 //     key.
-//  2. The Redis key. The local owner runs obtain.lua, one atomic script:
-//     if the key holds this registry's client id, refresh its lease; if it
-//     is absent, SET it with the lease; otherwise fail and try again after
-//     the retry interval (100ms by default) until the context ends. A failed
-//     attempt never touches another owner's key.
+//  2. The Redis key. The local owner sets the key to the client id with
+//     the lease, if it is absent: a plain SET NX PX, the least Redis can do
+//     to take a key. If the key is taken, or this registry lately found it
+//     taken, obtain.lua runs instead, one atomic script: if the key holds
+//     this registry's client id, refresh its lease; if it is absent, SET it
+//     with the lease; otherwise mark this registry as waiting and try again
+//     after the retry interval (100ms by default) until the context ends.
+//     A failed attempt never touches another owner's key.
 //  3. The lease. The key expires after WithExpireAfter (30s by default), so
 //     a crashed holder cannot block the key for ever. While the key is held,
 //     the registry's watchdog renews it every expireAfter/3, so work may
@@ -38,9 +41,10 @@
 //
 // # Round trips
 //
-// An uncontended lock and unlock cost one round trip each. When many
+// An uncontended lock and unlock cost one round trip each; asking for the
+// hold's fencing token costs one more, once per hold. When many
 // goroutines of one registry lock and unlock different keys at once, the
-// registry keeps at most four script calls on the wire; calls made
+// registry keeps at most four calls on the wire; calls made
 // meanwhile queue, and leave as one pipeline when a call returns. A
 // pipeline costs one write and one read, on the client and in Redis's one
 // thread, however many calls it carries, and a call that finds the wire
@@ -63,7 +67,7 @@
 // Goroutines of one registry wait for a key on its local mutex, in arrival
 // order. When the owner unlocks while one waits, the registry passes the
 // hold on without a Redis round trip: the key stays held and the fencing
-// token rises by one. The run of such hand-offs is bounded
+// token, if the hold had one, rises by one. The run of such hand-offs is bounded
 // (WithLocalHandoff, 16 hand-offs or 10ms by default); then the key goes
 // back to Redis.
 //
@@ -93,12 +97,13 @@
 // a further acquisition.
 //
 // The grantee trusts a grant only if it provably came after one of its own
-// failed attempts, whose reply carried the key's last token: the grant's
-// token must be larger. Its lease is then counted from when that attempt
+// failed attempts, whose reply carried the key's last token (the attempt
+// stores one from the clock if none is stored): the grant's token must be
+// larger. Its lease is then counted from when that attempt
 // was sent, so the registry never overestimates it, and the token keeps
 // the fencing order. A grant it cannot place this way (it came before the
-// attempt, or Redis had no stored token) only wakes the waiter, whose next
-// attempt finds the key its own. A registry whose waiter gave up withdraws
+// attempt) only wakes the waiter, whose next attempt finds the key its
+// own. A registry whose waiter gave up withdraws
 // its mark; a grant that still reaches it is given back at once, under the
 // key's local mutex; a grant to a registry that died while waiting blocks
 // the key for the grant lease only. Registries with WithPubSub(false) or
@@ -145,20 +150,27 @@
 // lock to a second owner; WithWaitReplicas narrows that window by waiting
 // for replicas to acknowledge each acquisition, but does not close it.
 //
-// Fencing tokens close both gaps for storage that checks them. Every fresh
-// acquisition of a key gets a token (Lock.Token) greater than every earlier
-// token of that key, from any registry, drawn by the same script call that
-// takes the key. The storage remembers the highest token it has seen and
-// rejects writes with a lower one, so a stale holder's late write fails.
+// Fencing tokens close both gaps for storage that checks them. A hold that
+// asks for its token (Lock.Token) gets one greater than every earlier
+// token of that key, from any registry. The first ask of a hold draws it in
+// Redis, in one script call (draw.lua) that first checks that the key
+// still holds this registry's client id, so a holder whose key passed on
+// gets ErrLockLost instead of a token; holds passed on locally from a hold
+// with a token, and holds another registry's release granted (the grant
+// carries a token), get theirs without a call. Tokens are drawn on demand
+// so that holds that never use one, most of them, pay nothing for fencing:
+// an uncontended cycle then costs Redis a plain SET and one script call.
+// The storage remembers the highest token it has seen and rejects writes
+// with a lower one, so a stale holder's late write fails.
 //
 // Tokens must keep rising even when Redis loses its data (a restart
 // without persistence, a failover to a lagging replica), where a stored
 // counter alone would restart at 1. The token is therefore the larger of
 // the stored last token + 1 and the Redis server's clock in microseconds
-// (TIME). Every token is at most its issue time plus the few acquisitions
-// that can fall into one microsecond, so after a data loss the clock alone
-// is ahead of every earlier token; while the stored token lives (one lease
-// after the last acquisition), it also covers the clock stepping back. The
+// (TIME). Every token is at most its issue time plus the few draws that
+// can fall into one microsecond, so after a data loss the clock alone is
+// ahead of every earlier token; while the stored token lives (one lease
+// after the last draw), it also covers the clock stepping back. The
 // argument needs the servers' clocks not to step back by more than the time
 // since the key's last acquisition, nor a replica's clock to lag its
 // primary's by more than that: true for NTP-synchronised servers at any
@@ -168,7 +180,7 @@
 // script whose keys are split between the nodes or partly missing, which
 // the fence and the waiting marker usually are. Acquisitions and releases
 // of that key then run on the lock's key alone: the lock works as ever,
-// its tokens come from the clock alone, releases grant nothing, and
+// tokens drawn then come from the clock alone, releases grant nothing, and
 // waiters find a release by polling. Renewal then renews the slot's keys one by one.
 //
 // # Errors

@@ -113,6 +113,7 @@ func (s *fencedStore) Write(token int64, value string) error {
 // A holder that stalls past its lease can still try to write; the token
 // lets the storage turn it away.
 func ExampleLock_Token() {
+	ctx := context.Background()
 	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	defer client.Close()
 	// A fixed 100ms lease stands for a holder paused for longer than its lease.
@@ -125,18 +126,28 @@ func ExampleLock_Token() {
 
 	stale := slow.Obtain("doc-1")
 	stale.Lock()
-	staleToken := stale.Token()
+	staleToken, err := stale.Token(ctx) // drawn while the hold is good
+	if err != nil {
+		panic(err)
+	}
 	<-stale.Lost() // the lease ran out while "paused"
 
 	lock := fast.Obtain("doc-1")
 	lock.Lock()
-	fmt.Println("new holder writes:", store.Write(lock.Token(), "v2"))
+	token, err := lock.Token(ctx)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("new holder writes:", store.Write(token, "v2"))
 	lock.Unlock()
 
 	fmt.Println("stale holder writes:", store.Write(staleToken, "v1"))
-	fmt.Println("stale holder unlocks:", errors.Is(stale.UnlockContext(context.Background()), lockreg.ErrLockLost))
+	_, err = stale.Token(ctx)
+	fmt.Println("stale holder's token:", errors.Is(err, lockreg.ErrLockLost))
+	fmt.Println("stale holder unlocks:", errors.Is(stale.UnlockContext(ctx), lockreg.ErrLockLost))
 	// Output:
 	// new holder writes: <nil>
 	// stale holder writes: stale fencing token: the writer lost its lock
+	// stale holder's token: true
 	// stale holder unlocks: true
 }

@@ -145,7 +145,7 @@ func TestFailoverKeepsWorkingAndReportsLostHolds(t *testing.T) {
 	unreplicated := holdKeys(t, r, "unreplicated", 10)
 	lostTokens := make([]int64, len(unreplicated))
 	for i, lock := range unreplicated {
-		lostTokens[i] = lock.Token()
+		lostTokens[i] = mustToken(t, lock)
 	}
 
 	newPrimary, crashed, promotion := crashPrimary(t, g)
@@ -167,7 +167,7 @@ func TestFailoverKeepsWorkingAndReportsLostHolds(t *testing.T) {
 		// stored one too.
 		taken := other.Obtain(lock.Key())
 		tryLockWithin(t, taken, 10*time.Second, "the lost key is free on the new primary")
-		require.Greater(t, taken.Token(), lostTokens[i], "tokens rise across the failover")
+		require.Greater(t, mustToken(t, taken), lostTokens[i], "tokens rise across the failover")
 		require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
 		require.Equal(t, other.clientID, newPrimary.Get(ctx, lock.keys[0]).Val(), "the lost holder's unlock leaves the successor's key alone")
 		require.NoError(t, taken.UnlockContext(ctx))

@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ func TestReleaseGrantsTheKeyToTheWaitingRegistry(t *testing.T) {
 	waiter := newRegistry(t, client, WithRetryInterval(time.Second)) // a grant lease of 2s
 	held := holder.Obtain("g")
 	held.Lock()
-	holderToken := held.Token()
+	holderToken := mustToken(t, held)
 
 	lock := waiter.Obtain("g")
 	taken := make(chan int64, 1)
@@ -35,7 +36,7 @@ func TestReleaseGrantsTheKeyToTheWaitingRegistry(t *testing.T) {
 			close(taken)
 			return
 		}
-		taken <- lock.Token()
+		taken <- mustToken(t, lock)
 		<-release
 		lock.Unlock()
 	}()
@@ -184,7 +185,7 @@ func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
 
 	found, err = lock.releaseRedis(ctx, nil, "1000")
 	require.NoError(t, err)
-	require.Equal(t, int64(released), found, "nobody took the grant: it goes back")
+	require.Equal(t, int64(releasedAlone), found, "nobody took the grant: it goes back")
 	require.Zero(t, client.Exists(ctx, lock.keys[0]).Val())
 }
 
@@ -204,4 +205,41 @@ func TestReplicatedWaiterMarksItselfForWakeUps(t *testing.T) {
 	}, time.Second, time.Millisecond, "a waiting WithWaitReplicas registry asks to be woken (it takes no grants)")
 	cancel()
 	require.ErrorIs(t, <-gaveUp, ErrNotObtained)
+}
+
+// TestGrantIsTrustedWhenNoHoldDrewAToken: holds draw tokens only when
+// asked, so a key may have no stored token when a waiter fails on it. The
+// failed attempt then stores one from the clock, and the grant, drawn
+// after it, carries a larger one: the waiter still takes the key without
+// a call of its own.
+func TestGrantIsTrustedWhenNoHoldDrewAToken(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	waiter := newRegistry(t, client, WithRetryInterval(time.Second))
+	key := "g" + strconv.FormatInt(time.Now().UnixNano(), 10) // no token stored by an earlier run
+	held := holder.Obtain(key)
+	held.Lock()
+	fence := held.keys[1]
+	require.Zero(t, client.Exists(ctx, fence).Val(), "the holder never asked for a token")
+
+	lock := waiter.Obtain(key)
+	taken := lockInBackground(ctx, lock)
+	waitUntilWaiting(t, waiter)
+	stored, err := client.Get(ctx, fence).Int64()
+	require.NoError(t, err, "the failed attempt stored a token to compare grants with")
+	callsWhileWaiting := waiter.Stats().AcquireCalls
+	held.Unlock()
+
+	select {
+	case <-taken:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter did not acquire")
+	}
+	s := waiter.Stats()
+	require.Equal(t, int64(1), s.Grants, "the release passed the key on")
+	require.Equal(t, callsWhileWaiting, s.AcquireCalls, "and the waiter took it without a call of its own")
+	granted, err := client.Get(ctx, fence).Int64()
+	require.NoError(t, err)
+	require.Greater(t, granted, stored, "the grant drew a larger token")
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/puzpuzpuz/xsync/v3"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -25,8 +26,10 @@ const renewBatch = 100
 // hold is one fresh acquisition of a key: from depth 0 to 1 and back.
 type hold struct {
 	redisKey string
-	token    int64
-	taken    time.Time // when this hold began (for WithMaxHold)
+	// token is the hold's fencing token, 0 until drawn (see Lock.Token).
+	// Only the owner goroutine reads or writes it.
+	token int64
+	taken time.Time // when this hold began (for WithMaxHold)
 	// redisTaken is when the registry took the key in Redis; handoffs
 	// counts the local hand-offs since. Both bound the run of hand-offs.
 	redisTaken time.Time
@@ -49,9 +52,10 @@ func newHold(redisKey string, token int64, sent time.Time, lease time.Duration) 
 // handoff returns the hold to pass, with the Redis key, to the next local
 // waiter, or nil when h must go back to Redis: hand-offs are off, h may be
 // lost, nobody waits, or the run of hand-offs reached its bound, after
-// which other registries get their turn. The next hold's token is one more:
-// no other registry can draw a token meanwhile, as the key stays held, and
-// the release stores the last one handed out.
+// which other registries get their turn. If h has a token, the next hold's
+// is one more: no other registry can draw a token meanwhile, as the key
+// stays held, and the release stores the last one handed out. Otherwise
+// the next hold draws its own if asked.
 func (r *Registry) handoff(h *hold, local *localLock) *hold {
 	if r.cfg.handoffMax == 0 || h.handoffs >= r.cfg.handoffMax || h.isLost() || h.leaseOver() ||
 		time.Since(h.redisTaken) >= r.cfg.handoffFor || !local.waited() {
@@ -59,12 +63,14 @@ func (r *Registry) handoff(h *hold, local *localLock) *hold {
 	}
 	next := &hold{
 		redisKey:   h.redisKey,
-		token:      h.token + 1,
 		taken:      time.Now(),
 		redisTaken: h.redisTaken,
 		handoffs:   h.handoffs + 1,
 		leaseEnd:   h.leaseEnd,
 		lost:       make(chan struct{}),
+	}
+	if h.token != 0 {
+		next.token = h.token + 1
 	}
 	return next
 }
@@ -109,7 +115,8 @@ func (r *Registry) watch(ctx context.Context) {
 }
 
 func (r *Registry) renewHolds(ctx context.Context) {
-	r.dropStaleYields()
+	dropLapsed(r.yields)
+	dropLapsed(r.contended)
 	if r.cfg.renewal {
 		var due []*hold
 		now := time.Now()
@@ -129,10 +136,11 @@ func (r *Registry) renewHolds(ctx context.Context) {
 	})
 }
 
-// dropStaleYields forgets yields no acquisition came for.
-func (r *Registry) dropStaleYields() {
-	r.yields.Range(func(key string, _ time.Time) bool {
-		r.yields.Compute(key, func(until time.Time, loaded bool) (time.Time, bool) {
+// dropLapsed forgets the per-key deadlines of m that passed: yields nobody
+// came for, contention long over.
+func dropLapsed(m *xsync.MapOf[string, time.Time]) {
+	m.Range(func(key string, _ time.Time) bool {
+		m.Compute(key, func(until time.Time, loaded bool) (time.Time, bool) {
 			return until, !loaded || time.Now().After(until)
 		})
 		return true
@@ -172,13 +180,13 @@ func (r *Registry) renew(ctx context.Context, batches [][]*hold) {
 		return
 	}
 	args := []any{r.clientIDArg, r.leaseArg}
-	calls := make([]*scriptCall, len(batches))
+	calls := make([]*call, len(batches))
 	for i, batch := range batches {
 		keys := make([]string, len(batch))
 		for j, h := range batch {
 			keys[j] = h.redisKey
 		}
-		calls[i] = &scriptCall{script: renewScript, keys: keys, args: args}
+		calls[i] = &call{script: renewScript, keys: keys, args: args}
 	}
 	sent := time.Now()
 	r.stats.renewCalls.Add(int64(len(calls)))

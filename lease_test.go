@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/redisstat"
@@ -60,7 +62,7 @@ func TestLeaseRunsOutWithoutRenewal(t *testing.T) {
 	lock := r.Obtain("k")
 	start := time.Now()
 	lock.Lock()
-	first := lock.Token()
+	first := mustToken(t, lock)
 
 	requireFires(t, lock.Lost(), lease+lease/3+500*time.Millisecond, "lease ran out")
 	require.GreaterOrEqual(t, time.Since(start), lease, "not before the lease ends")
@@ -74,7 +76,7 @@ func TestLeaseRunsOutWithoutRenewal(t *testing.T) {
 	// Nothing stale is left: the next hold is fresh.
 	lock.Lock()
 	requireOpen(t, lock.Lost(), "a fresh hold starts unlost")
-	require.Greater(t, lock.Token(), first)
+	require.Greater(t, mustToken(t, lock), first)
 	lock.Unlock()
 }
 
@@ -203,18 +205,86 @@ func TestTokensIncreaseAcrossRegistries(t *testing.T) {
 	var last int64
 	for i := range 30 {
 		lock := registries[i%3].Obtain("k")
-		require.Zero(t, lock.Token(), "nothing held yet")
+		_, err := lock.Token(context.Background())
+		require.ErrorIs(t, err, ErrNotHeld, "nothing held yet")
 		lock.Lock()
-		token := lock.Token()
+		token := mustToken(t, lock)
 		require.Greater(t, token, last, "acquisition %d", i)
 		last = token
 
 		lock.Lock()
-		require.Equal(t, token, lock.Token(), "a re-lock keeps the token")
-		inGoroutine(func() { require.Zero(t, lock.Token(), "another goroutine holds nothing") })
+		require.Equal(t, token, mustToken(t, lock), "a re-lock keeps the token")
+		inGoroutine(func() {
+			_, err := lock.Token(context.Background())
+			assert.ErrorIs(t, err, ErrNotHeld, "another goroutine holds nothing")
+		})
 		lock.Unlock()
 		lock.Unlock()
 	}
+}
+
+// TestTokensAreDrawnWhenAskedFor: a hold that never asks for its token
+// costs no more than its SET and its release; the first ask draws it in
+// one call, later asks and a hold handed on locally cost nothing.
+func TestTokensAreDrawnWhenAskedFor(t *testing.T) {
+	ctx := context.Background()
+	var counter redisstat.Counter
+	srv := redistest.Shared(t)
+	client := srv.Client(t, &counter)
+	for _, script := range []*redis.Script{obtainScript, releaseScript, drawScript} {
+		require.NoError(t, script.Load(ctx, client).Err())
+	}
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	commands := func() map[string]int64 {
+		c := counter.Commands()
+		return map[string]int64{"set": c["set"], "evalsha": c["evalsha"]}
+	}
+
+	lock.Lock()
+	lock.Unlock()
+	require.Equal(t, map[string]int64{"set": 1, "evalsha": 1}, commands(), "a plain SET and the release")
+
+	lock.Lock()
+	first := mustToken(t, lock)
+	require.Equal(t, first, mustToken(t, lock), "asked again, the same token")
+	require.Equal(t, map[string]int64{"set": 2, "evalsha": 2}, commands(), "one draw for two asks")
+
+	next := make(chan int64)
+	go func() {
+		lock.Lock()
+		next <- mustToken(t, lock)
+		lock.Unlock()
+	}()
+	require.Eventually(t, func() bool { return refsOf(r, "k") == 2 }, 5*time.Second, time.Millisecond, "the goroutine queued")
+	lock.Unlock() // hands the hold to the goroutine
+	require.Equal(t, first+1, <-next, "a hold handed on locally gets the next token")
+	require.Eventually(t, func() bool { return commands()["evalsha"] == 3 }, 5*time.Second, time.Millisecond, "the release")
+	require.Equal(t, map[string]int64{"set": 2, "evalsha": 3}, commands(), "and no draw for the hand-off")
+	require.Equal(t, int64(1), r.Stats().LocalHandoffs)
+}
+
+// TestTokenOfALostHoldIsRefused: a hold whose key passed on gets no token;
+// the draw checks the owner in Redis, before the registry noticed.
+func TestTokenOfALostHoldIsRefused(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	other := newRegistry(t, client)
+	lock := r.Obtain("k")
+	lock.Lock()
+	require.NoError(t, client.Del(ctx, lock.keys[0]).Err()) // as if the lease ran out in a pause
+	taken := other.Obtain("k")
+	require.True(t, taken.TryLock())
+
+	_, err := lock.Token(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	requireFires(t, lock.Lost(), time.Second, "the refused draw signals the loss")
+	_, err = lock.Token(ctx)
+	require.ErrorIs(t, err, ErrLockLost, "and stays refused")
+	require.Positive(t, mustToken(t, taken), "the new holder gets its token")
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
+	taken.Unlock()
 }
 
 func TestTokensIncreaseAcrossRedisDataLoss(t *testing.T) {
@@ -226,7 +296,7 @@ func TestTokensIncreaseAcrossRedisDataLoss(t *testing.T) {
 	take := func() int64 {
 		lock.Lock()
 		defer lock.Unlock()
-		return lock.Token()
+		return mustToken(t, lock)
 	}
 	t1 := take()
 	t2 := take()
@@ -253,7 +323,7 @@ func TestWaitReplicas(t *testing.T) {
 
 	lock := r.Obtain("k")
 	require.NoError(t, lock.LockContext(ctx))
-	require.Positive(t, lock.Token())
+	require.Positive(t, mustToken(t, lock))
 	redisKey := "lockreg-test:" + t.Name() + ":{k}"
 	require.Equal(t, r.clientID, replica.Client(t).Get(ctx, redisKey).Val(), "the replica has the lock once it is held")
 	require.NoError(t, lock.UnlockContext(ctx))

@@ -1,4 +1,5 @@
--- Takes or refreshes the lock and draws its fencing token, atomically.
+-- Takes or refreshes the lock, atomically. (An acquisition's first attempt
+-- on a key that looks free is a plain SET NX PX instead: see tryObtain.)
 -- KEYS[1]: the lock's Redis key; KEYS[2]: its fence key; KEYS[3]: its
 -- waiting marker (all in one slot).
 -- ARGV[1]: the registry's client id; ARGV[2]: the lease in milliseconds;
@@ -7,15 +8,15 @@
 -- leaves no mark); ARGV[4]: '1' if an earlier attempt marked it;
 -- ARGV[5]: the mark: the client id, or '<client id>:<ms>' if a release may
 -- grant this registry the key, with a lease of that many milliseconds.
--- Returns the new fencing token (> 0) when this registry holds the key
--- afterwards. When another owner does (its value and TTL untouched), it
--- returns minus the key's last token if it marked the registry, or 0 if it
--- did not or none is stored: a grant that follows this attempt comes with
--- a larger token.
+-- Returns 1 when this registry holds the key afterwards (its fencing token
+-- is drawn when asked for: see draw.lua). When another owner does (its
+-- value and TTL untouched), it returns minus the key's last token if it
+-- marked the registry, storing one drawn from the clock if none is stored,
+-- or 0 if it did not mark: a grant that follows this attempt comes with a
+-- larger token.
 -- Called with KEYS[1] alone while the slot migrates between Redis Cluster
 -- nodes (Redis refuses a script whose keys are split or missing then): it
--- neither marks nor reads the fence, and the token is the clock's.
-local now = redis.call('TIME')
+-- neither marks nor unmarks.
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     if #KEYS == 1 or ARGV[3] == '0' then
@@ -23,17 +24,15 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     end
     -- Tell the holder who waits (a sorted set of marks, scored by when
     -- they lapse), so that it passes the key on or publishes its release.
+    local now = redis.call('TIME')
     local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
     redis.call('ZADD', KEYS[3], nowMs + tonumber(ARGV[3]), ARGV[5])
     redis.call('PEXPIRE', KEYS[3], ARGV[3])
-    return -(tonumber(redis.call('GET', KEYS[2])) or 0)
+    return -(tonumber(redis.call('GET', KEYS[2])) or drawToken(KEYS[2], now, ARGV[2], 0))
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-if #KEYS == 1 then
-  return tonumber(now[1]) * 1000000 + tonumber(now[2])
-end
-if ARGV[4] == '1' then
+if #KEYS > 1 and ARGV[4] == '1' then
   redis.call('ZREM', KEYS[3], ARGV[5])
 end
-return drawToken(KEYS[2], now, ARGV[2], 0)
+return 1

@@ -20,12 +20,15 @@ var (
 	obtainLua string
 	//go:embed release.lua
 	releaseLua string
+	//go:embed draw.lua
+	drawLua string
 
 	// Script.Run sends EVALSHA and falls back to EVAL on NOSCRIPT, so a
-	// restarted Redis costs one extra round trip, once. Both scripts draw
+	// restarted Redis costs one extra round trip, once. The scripts draw
 	// tokens with token.lua's function.
 	obtainScript  = redis.NewScript(tokenLua + obtainLua)
 	releaseScript = redis.NewScript(tokenLua + releaseLua)
+	drawScript    = redis.NewScript(tokenLua + drawLua)
 )
 
 var _ sync.Locker = (*Lock)(nil)
@@ -111,10 +114,18 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 		return nil
 	}
 	released, err := l.releaseRedis(ctx, h)
-	if released == releasedWhileWaited {
+	switch released {
+	case releasedWhileWaited:
 		// Another registry waits: let it take the key before our next
 		// acquisition tries, or that would nearly always win.
 		r.yields.Store(l.key, time.Now().Add(r.yield))
+		l.sawContention()
+	case granted:
+		l.sawContention()
+	case releasedAlone:
+		if _, ok := r.contended.Load(l.key); ok {
+			r.contended.Delete(l.key)
+		}
 	}
 	l.free(local)
 	if err == nil && released == notOurs {
@@ -153,17 +164,43 @@ func (l *Lock) acquire(ctx context.Context, wait bool) error {
 	return nil
 }
 
-// Token returns the fencing token of the calling goroutine's hold, or 0 if
-// it holds nothing. Every fresh acquisition of a key, by any registry, gets
-// a token greater than all earlier ones of that key; re-locks by the owner
+// Token returns the fencing token of the calling goroutine's hold. Every
+// hold of a key, by any registry, that asks for a token gets one greater
+// than the tokens of all earlier holds of that key; re-locks by the owner
 // keep it. Pass it with every write the lock protects, and have the store
 // reject a write whose token is lower than one it has seen: that stops a
 // holder that lost its lock (a long pause past the lease) from doing harm.
-func (l *Lock) Token() int64 {
-	if local := l.r.locals.ownedBy(l.key, goroutineID()); local != nil {
-		return local.hold.Load().token
+//
+// A hold's first call draws its token in Redis, one round trip, checking
+// that the key is still this registry's; later calls, holds passed on
+// from a hold that has a token, and keys another registry passed to this
+// one cost nothing. Holds that never ask pay nothing for fencing. Token
+// returns an ErrNotHeld error if the caller holds nothing; an ErrLockLost
+// error if the key expired or passed on, or may have (Lost has fired):
+// stop the protected work; and an ErrRedis error if Redis failed (the hold
+// is unchanged: call again).
+func (l *Lock) Token(ctx context.Context) (int64, error) {
+	local := l.r.locals.ownedBy(l.key, goroutineID())
+	if local == nil {
+		return 0, fmt.Errorf("%w: key %q: lock it before asking for its token", ErrNotHeld, l.key)
 	}
-	return 0
+	h := local.hold.Load()
+	if h.isLost() || h.leaseOver() {
+		return 0, fmt.Errorf("%w: key %q may have passed on: stop the work the lock protects", ErrLockLost, l.key)
+	}
+	if h.token != 0 {
+		return h.token, nil
+	}
+	token, err := l.runScript(ctx, drawScript, l.keys[:2], l.r.clientIDArg, l.r.leaseArg).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, l.key, err)
+	}
+	if token == 0 {
+		h.lose()
+		return 0, fmt.Errorf("%w: key %q expired or has another owner", ErrLockLost, l.key)
+	}
+	h.token = token
+	return token, nil
 }
 
 // Lost returns a channel that is closed when the calling goroutine's hold
@@ -313,37 +350,85 @@ func (l *Lock) attempts(ctx context.Context, wait bool, local *localLock, lastEr
 	}
 }
 
-// tryObtain runs obtain.lua once and returns the hold it took, or nil if
-// another owner holds the key; then lastToken is the key's last token, if
-// Redis has it (see acceptGrant). wait says that the caller will wait for
-// the key, so that its mark may ask for a grant; marked, that an earlier
-// attempt marked this registry as waiting, which a success must undo. With
-// WithWaitReplicas, a hold too few replicas acknowledged is released again
-// and reported as ErrNotReplicated.
+// tryObtain makes one attempt to take the key and returns the hold it
+// took, or nil if another owner holds the key; then lastToken is the key's
+// last token, if Redis has it (see acceptGrant). wait says that the caller
+// will wait for the key, so that its mark may ask for a grant; marked,
+// that an earlier attempt marked this registry as waiting, which a success
+// must undo. With WithWaitReplicas, a hold too few replicas acknowledged
+// is released again and reported as ErrNotReplicated.
+//
+// An unmarked attempt on a key this registry has not seen contended is a
+// plain SET NX PX, the least Redis can do to take a key; only if that
+// finds the key taken does obtain.lua follow, which marks this registry as
+// waiting, or finds the key its own already.
 func (l *Lock) tryObtain(ctx context.Context, wait, marked bool) (h *hold, lastToken int64, err error) {
 	r := l.r
-	r.stats.acquireCalls.Add(1)
 	sent := time.Now()
-	var token int64
-	if r.cfg.waitReplicas == 0 {
-		token, err = l.runScript(ctx, obtainScript, l.obtainArgs(wait, marked)...).Int64()
-		if err != nil {
-			err = fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
+	var reply int64 // obtain.lua's: 1 when held, else 0 or minus the last token
+	switch {
+	case r.cfg.waitReplicas > 0:
+		reply, err = l.obtainReplicated(ctx, wait, marked)
+	case !marked && !l.looksContended():
+		if reply, err = l.setIfFree(ctx); reply == 0 && err == nil {
+			reply, err = l.obtainScripted(ctx, wait, marked)
 		}
-	} else {
-		token, err = l.obtainReplicated(ctx, wait, marked)
+	default:
+		reply, err = l.obtainScripted(ctx, wait, marked)
 	}
-	if token <= 0 {
+	if reply <= 0 {
 		r.stats.failed.Add(1)
-		return nil, -token, err
+		if err == nil {
+			l.sawContention()
+		}
+		return nil, -reply, err
 	}
-	h = newHold(l.keys[0], token, sent, r.cfg.expireAfter)
+	h = newHold(l.keys[0], 0, sent, r.cfg.expireAfter)
 	if h.leaseOver() {
 		// The reply came a lease or more after the call was sent (Redis or
 		// this process stalled): the key may have expired and passed on.
 		h.lose()
 	}
 	return h, 0, nil
+}
+
+// setIfFree sets the key to the client id with the lease if no one holds
+// it, and answers as obtain.lua does: 1 if it did, 0 if not.
+func (l *Lock) setIfFree(ctx context.Context) (int64, error) {
+	r := l.r
+	r.stats.acquireCalls.Add(1)
+	err := r.calls.run(ctx, nil, nil, "set", l.keys[0], r.clientIDArg, "px", r.leaseArg, "nx").Err()
+	switch {
+	case err == nil:
+		return 1, nil
+	case errors.Is(err, redis.Nil):
+		return 0, nil
+	default:
+		return 0, fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
+	}
+}
+
+// obtainScripted runs obtain.lua once.
+func (l *Lock) obtainScripted(ctx context.Context, wait, marked bool) (int64, error) {
+	l.r.stats.acquireCalls.Add(1)
+	reply, err := l.runScript(ctx, obtainScript, l.keys, l.obtainArgs(wait, marked)...).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
+	}
+	return reply, nil
+}
+
+// looksContended reports whether this registry lately found the key taken
+// by another registry, or released it while another waited: its next
+// attempt then goes straight to obtain.lua, as a plain SET would likely
+// fail and cost a round trip.
+func (l *Lock) looksContended() bool {
+	until, ok := l.r.contended.Load(l.key)
+	return ok && time.Now().Before(until)
+}
+
+func (l *Lock) sawContention() {
+	l.r.contended.Store(l.key, time.Now().Add(l.r.cfg.expireAfter))
 }
 
 // acceptGrant returns the hold on a key another registry's release granted
@@ -432,6 +517,7 @@ func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (int64, 
 		}
 		node = primary
 	}
+	r.stats.acquireCalls.Add(1)
 	var obtained, acks *redis.Cmd
 	run := func() {
 		// Each command's own error is read below; Pipelined's is the first.
@@ -464,16 +550,16 @@ func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (int64, 
 	return 0, errors.Join(fmt.Errorf("%w: %d of %d replicas acknowledged %q within %v", ErrNotReplicated, acked, r.cfg.waitReplicas, l.key, r.cfg.waitTimeout), err)
 }
 
-// runScript runs obtain.lua or release.lua on the lock's keys. While the
-// lock's slot moves between Redis Cluster nodes, Redis refuses a script
-// whose keys are split between the nodes or partly missing, which the
-// waiting marker and the fence usually are; the script then runs on the
-// lock's key alone (no marker, no fence: see the scripts), which Redis
+// runScript runs one of the lock's scripts on keys, the lock's key first.
+// While the lock's slot moves between Redis Cluster nodes, Redis refuses a
+// script whose keys are split between the nodes or partly missing, which
+// the waiting marker and the fence usually are; the script then runs on
+// the lock's key alone (no marker, no fence: see the scripts), which Redis
 // always serves, so locks keep working during a migration.
-func (l *Lock) runScript(ctx context.Context, script *redis.Script, args ...any) *redis.Cmd {
-	cmd := l.r.calls.run(ctx, script, l.keys, args...)
+func (l *Lock) runScript(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	cmd := l.r.calls.run(ctx, script, keys, args...)
 	if slotMigrating(cmd.Err()) {
-		cmd = l.r.calls.run(ctx, script, l.keys[:1], args...)
+		cmd = l.r.calls.run(ctx, script, keys[:1], args...)
 	}
 	return cmd
 }
@@ -481,7 +567,7 @@ func (l *Lock) runScript(ctx context.Context, script *redis.Script, args ...any)
 // What release.lua found.
 const (
 	notOurs             = 0 // the key had expired or has another owner
-	released            = 1
+	releasedAlone       = 1 // released, and no other registry waits
 	releasedWhileWaited = 2 // released, and another registry waits for it
 	granted             = 3 // passed to the registry that waits longest
 )
@@ -500,7 +586,7 @@ func (l *Lock) releaseRedis(ctx context.Context, h *hold, grantToken ...string) 
 	for _, token := range grantToken {
 		args = append(args, token)
 	}
-	found, err := l.runScript(ctx, releaseScript, args...).Int64()
+	found, err := l.runScript(ctx, releaseScript, l.keys, args...).Int64()
 	if err != nil {
 		return notOurs, fmt.Errorf("%w: release %q: %w", ErrRedis, l.key, err)
 	}

@@ -191,6 +191,9 @@ type Registry struct {
 	// pending ones (the watchdog drops those nobody came for).
 	yield  time.Duration
 	yields *xsync.MapOf[string, time.Time]
+	// contended holds, by key, until when an acquisition skips the plain
+	// SET and goes straight to obtain.lua (see tryObtain).
+	contended *xsync.MapOf[string, time.Time]
 	// obtainArgs are obtain.lua's arguments, made once (go-redis copies
 	// them), indexed by whether the attempt waits (its mark then asks for
 	// grants, when the registry takes them) and by whether an earlier
@@ -259,6 +262,7 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 		channel:     registryKey + ":released",
 		yield:       cfg.retryInterval,
 		yields:      xsync.NewMapOf[string, time.Time](),
+		contended:   xsync.NewMapOf[string, time.Time](),
 		closed:      make(chan struct{}),
 		stop:        stop,
 		stopCtx:     stopCtx,

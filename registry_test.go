@@ -33,6 +33,16 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(redistest.M(m))
 }
 
+// mustToken returns the calling goroutine's fencing token for l, failing
+// the test (without stopping it, so that goroutines may call it too) if
+// there is none.
+func mustToken(t testing.TB, l *Lock) int64 {
+	t.Helper()
+	token, err := l.Token(context.Background())
+	assert.NoError(t, err, "token of %q", l.Key())
+	return token
+}
+
 // newRegistry makes a registry on client, namespaced by the test's name and
 // closed when the test ends; registries of one test share the namespace.
 func newRegistry(t testing.TB, client redis.UniversalClient, opts ...Option) *Registry {
@@ -753,4 +763,39 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 	for _, err := range []error{ErrNotObtained, ErrNotHeld, ErrLockLost, ErrClosed, ErrInvalidOption, ErrRedis} {
 		require.Regexp(t, regexp.MustCompile(`^lockreg: .+; .+`), err.Error())
 	}
+}
+
+// TestAContendedKeySkipsThePlainSet: an attempt on a key this registry
+// found taken goes straight to obtain.lua, as a plain SET would fail and
+// cost a round trip; once a release finds nobody waiting, the key counts
+// as uncontended again.
+func TestAContendedKeySkipsThePlainSet(t *testing.T) {
+	ctx := context.Background()
+	var counter redisstat.Counter
+	srv := redistest.Shared(t)
+	client := srv.Client(t, &counter)
+	for _, script := range []*redis.Script{obtainScript, releaseScript} {
+		require.NoError(t, script.Load(ctx, client).Err())
+	}
+	r := newRegistry(t, client)
+	other := newRegistry(t, srv.Client(t))
+	key := "c" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	calls := func() [2]int64 {
+		c := counter.Commands()
+		return [2]int64{c["set"], c["evalsha"]}
+	}
+	held := other.Obtain(key)
+	held.Lock()
+	lock := r.Obtain(key)
+	require.False(t, lock.TryLock())
+	require.Equal(t, [2]int64{1, 1}, calls(), "a plain SET, then obtain.lua to see whose the key is")
+	require.False(t, lock.TryLock())
+	require.Equal(t, [2]int64{1, 2}, calls(), "a key found taken: obtain.lua alone")
+	held.Unlock()
+	require.True(t, lock.TryLock())
+	lock.Unlock() // nobody waits
+	require.Equal(t, [2]int64{1, 4}, calls())
+	require.True(t, lock.TryLock())
+	require.Equal(t, [2]int64{2, 4}, calls(), "uncontended again: a plain SET")
+	lock.Unlock()
 }

@@ -24,10 +24,12 @@ type Stats struct {
 	// the key: another owner held it, too few replicas acknowledged, or
 	// the call failed.
 	FailedAttempts int64
-	// AcquireCalls, ReleaseCalls and RenewCalls count the script calls sent
-	// to Redis of each kind. Concurrent calls share round trips (see Round
-	// trips in the package documentation); with WithWaitReplicas an
-	// acquisition's WAIT rides in its call's round trip.
+	// AcquireCalls, ReleaseCalls and RenewCalls count the calls sent to
+	// Redis of each kind: an attempt's plain SET and the obtain.lua call
+	// that follows it when the key was taken count as two. Concurrent calls
+	// share round trips (see Round trips in the package documentation);
+	// with WithWaitReplicas an acquisition's WAIT rides in its call's round
+	// trip. Lock.Token's draws are not counted.
 	AcquireCalls, ReleaseCalls, RenewCalls int64
 	// Notifications counts release notifications received by the
 	// registry's subscription.

@@ -33,6 +33,7 @@ type Result struct {
 	KilledInside   int                 `json:"killed_inside"`
 	LostSignals    int                 `json:"lost_signals"`
 	LostUnlocks    int                 `json:"lost_unlocks"`
+	NoTokens       int                 `json:"no_token"`
 	Overlaps       int                 `json:"overlaps"`
 	TokenOrder     int                 `json:"token_order_violations"`
 	DuplicateToken int                 `json:"duplicate_tokens"`
@@ -240,6 +241,7 @@ func (a *analysis) counts() {
 	r.Workers = len(h.Workers)
 	r.Acquisitions = len(h.Holds)
 	r.LostUnlocks = h.LostUnlocks
+	r.NoTokens = h.NoTokens
 	var maxWait int64
 	for i, hd := range h.Holds {
 		if hd.Fresh {
@@ -600,6 +602,7 @@ func merge(parts []*Result) *Result {
 		t.KilledInside += p.KilledInside
 		t.LostSignals += p.LostSignals
 		t.LostUnlocks += p.LostUnlocks
+		t.NoTokens += p.NoTokens
 		t.Overlaps += p.Overlaps
 		t.TokenOrder += p.TokenOrder
 		t.DuplicateToken += p.DuplicateToken

@@ -129,6 +129,10 @@ type History struct {
 	Errors []string
 	// LostUnlocks counts the unlocks that reported ErrLockLost.
 	LostUnlocks int
+	// NoTokens counts the holds that got no fencing token (lost, or Redis
+	// failing, when it was drawn), which skip the store and are not in
+	// Holds.
+	NoTokens int
 }
 
 // event is one line a worker writes to its stdout.
@@ -146,10 +150,11 @@ type event struct {
 	Read      Op            `json:"r,omitzero"`
 	Write     Op            `json:"w,omitzero"`
 	Value     int64         `json:"v,omitempty"`
-	// done: each goroutine's run, and how many unlocks reported
-	// ErrLockLost.
+	// done: each goroutine's run, how many unlocks reported ErrLockLost
+	// and how many holds got no token.
 	Goroutines  []GoroutineRun `json:"gs,omitempty"`
 	LostUnlocks int            `json:"lu,omitempty"`
+	NoTokens    int            `json:"nt,omitempty"`
 	Msg         string         `json:"msg,omitempty"`
 }
 
@@ -239,6 +244,7 @@ func (c *collector) add(w int, ev event) {
 			c.h.Goroutines = append(c.h.Goroutines, g)
 		}
 		c.h.LostUnlocks += ev.LostUnlocks
+		c.h.NoTokens += ev.NoTokens
 		for i := range c.h.Workers {
 			if c.h.Workers[i].ID == w {
 				c.h.Workers[i].Done = true

@@ -69,6 +69,7 @@ func writeTable(w io.Writer, cfg config, phases []*Result, total *Result) error 
 	row("holds whose lease had run out before they entered", num(func(r *Result) int { return r.NeverLive }))
 	row("Lost() fired during a hold", num(func(r *Result) int { return r.LostSignals }))
 	row("unlocks returning ErrLockLost", num(func(r *Result) int { return r.LostUnlocks }))
+	row("holds that got no token (lost or Redis failing when drawn)", num(func(r *Result) int { return r.NoTokens }))
 	section("fencing")
 	row("  stale reads rejected", num(func(r *Result) int { return r.StaleReads.Rejected }))
 	row("  stale writes rejected", num(func(r *Result) int { return r.StaleWrites.Rejected }))

@@ -86,7 +86,7 @@ func runWorker(spec string) int {
 	}
 	wg.Wait()
 	_ = reg.Close()
-	out.emit(event{E: "done", Goroutines: runs, LostUnlocks: int(w.lostUnlocks.Load())})
+	out.emit(event{E: "done", Goroutines: runs, LostUnlocks: int(w.lostUnlocks.Load()), NoTokens: int(w.noTokens.Load())})
 	return 0
 }
 
@@ -97,6 +97,7 @@ type worker struct {
 	leases      *leaseTracker
 	out         *emitter
 	lostUnlocks atomic.Int64
+	noTokens    atomic.Int64
 }
 
 func (w *worker) loop(g int) GoroutineRun {
@@ -135,8 +136,22 @@ func (w *worker) loop(g int) GoroutineRun {
 // key's record in the fenced store, with a pause between read and write
 // in which a stale holder's write could overtake a newer holder's.
 func (w *worker) critical(g int, lock *lockreg.Lock, acq time.Time, rng *rand.Rand) {
+	ctx := context.Background()
 	enter := time.Now().UnixNano()
-	key, token, lost := lock.Key(), lock.Token(), lock.Lost()
+	key, lost := lock.Key(), lock.Lost()
+	token, err := lock.Token(ctx)
+	if err != nil {
+		// Lost before the token was drawn, or Redis failing: the hold has
+		// no token to fence its writes with, so it makes none.
+		if !errors.Is(err, lockreg.ErrLockLost) && !errors.Is(err, lockreg.ErrRedis) {
+			w.out.emit(event{E: "error", Msg: fmt.Sprintf("goroutine %d: Token(%s): %v", g, key, err)})
+		}
+		w.noTokens.Add(1)
+		if err := lock.UnlockContext(ctx); errors.Is(err, lockreg.ErrLockLost) {
+			w.lostUnlocks.Add(1)
+		}
+		return
+	}
 	root, ok := w.leases.rootOf(key, token)
 	if !ok {
 		w.out.emit(event{E: "error", Msg: fmt.Sprintf("goroutine %d holds %s with token %d, which no obtain call or grant the worker saw explains (last: %d)", g, key, token, w.leases.lastToken(key))})
@@ -154,7 +169,6 @@ func (w *worker) critical(g int, lock *lockreg.Lock, acq time.Time, rng *rand.Ra
 		}
 	}()
 
-	ctx := context.Background()
 	record := storeRecord(w.cfg.Registry, key)
 	ev := event{E: "exit", G: g}
 	var value int64
@@ -200,8 +214,8 @@ func (e *emitter) emit(ev event) {
 
 // leaseTracker is a go-redis hook on the lock client that watches for the
 // calls a hold's lease rests on, as the library counts it: the obtain
-// call that took the key (its reply is the fencing token), and the
-// renewals that extended it, each from when it was sent. Seeing them on
+// call that took the key, the draw of its fencing token, and the renewals
+// that extended it, each from when it was sent. Seeing them on
 // the wire, rather than asking the library, keeps the checker independent
 // of the library's own bookkeeping.
 //
@@ -338,11 +352,13 @@ func (t *leaseTracker) grant(note string) {
 }
 
 // credit makes the latest grant of key the root of its holds if it
-// followed the latest failed attempt, whichever of the two was seen last.
-// Called with mu held.
+// followed the latest failed attempt, whichever of the two was seen last,
+// and no obtain took the key since that attempt: a grant whose message
+// came late may have found the key taken by the registry's next attempt
+// already, and the hold rests on that attempt. Called with mu held.
 func (t *leaseTracker) credit(key string) {
-	f, token := t.failed[key], t.granted[key]
-	if f.lastToken <= 0 || token <= f.lastToken || token < t.roots[key].token || t.grantLease <= 0 {
+	f, token, r := t.failed[key], t.granted[key], t.roots[key]
+	if f.lastToken <= 0 || token <= f.lastToken || token < r.token || r.sent > f.sent || t.grantLease <= 0 {
 		return
 	}
 	t.roots[key] = root{token: token, sent: f.sent, lease: t.grantLease}
@@ -383,21 +399,31 @@ func (t *leaseTracker) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// observe recognizes the library's scripts by their shape: obtain.lua
-// takes three keys (lock, fence, waiting marker) and five arguments
-// (client id, lease, mark time, unmark, mark), the mark starting with the
-// client id, and answers the token, or minus the last one when the key was
-// taken (release.lua takes as many, and its fifth is the key); renew.lua
-// takes the keys to
-// renew and two arguments (client id, lease) and answers 1 or 0 per key.
-// Were the scripts to change shape, holds would go unexplained and the run
-// would fail loudly.
+// observe recognizes the library's calls by their shape: a plain SET of a
+// lock key with NX takes it; obtain.lua takes three keys (lock, fence,
+// waiting marker) and five arguments (client id, lease, mark time,
+// unmark, mark), the mark starting with the client id, and answers 1 when
+// it took the key, or minus the last token when the key was taken
+// (release.lua takes as many, and its fifth is the key); draw.lua takes
+// two keys (lock, fence) and two arguments (client id, lease) and answers
+// the hold's token; renew.lua takes the keys to renew and two arguments
+// (client id, lease) and answers 1 or 0 per key. Were the calls to change
+// shape, holds would go unexplained and the run would fail loudly.
 func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
+	args := cmd.Args()
+	if cmd.Name() == "set" && len(args) == 6 && fmt.Sprint(args[5]) == "nx" {
+		if key, known := t.keyOf[fmt.Sprint(args[1])]; known {
+			t.mu.Lock()
+			t.roots[key] = root{sent: sent}
+			t.mu.Unlock()
+		}
+		return
+	}
 	if name := cmd.Name(); name != "evalsha" && name != "eval" {
 		return
 	}
 	c, ok := cmd.(*redis.Cmd)
-	args := cmd.Args() // name, script, number of keys, keys..., arguments...
+	// args: name, script, number of keys, keys..., arguments...
 	if !ok || len(args) < 3 {
 		return
 	}
@@ -409,18 +435,18 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 	switch {
 	case n == 3 && len(argv) == 5 && strings.HasSuffix(fmt.Sprint(keys[1]), ":fence") &&
 		strings.HasPrefix(fmt.Sprint(argv[4]), fmt.Sprint(argv[0])):
-		token, err := c.Int64()
+		reply, err := c.Int64()
 		key, known := t.keyOf[fmt.Sprint(keys[0])]
 		if err != nil || !known {
 			return
 		}
 		t.mu.Lock()
 		defer t.mu.Unlock()
-		if token > 0 {
-			t.roots[key] = root{token: token, sent: sent}
+		if reply > 0 {
+			t.roots[key] = root{sent: sent}
 			return
 		}
-		t.failed[key] = failedAttempt{sent: sent, lastToken: -token}
+		t.failed[key] = failedAttempt{sent: sent, lastToken: -reply}
 		t.clientID = fmt.Sprint(argv[0])
 		if _, ms, ok := strings.Cut(fmt.Sprint(argv[4]), ":"); ok {
 			if n, err := strconv.Atoi(ms); err == nil {
@@ -428,6 +454,22 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 			}
 		}
 		t.credit(key)
+	case n == 2 && len(argv) == 2 && strings.HasSuffix(fmt.Sprint(keys[1]), ":fence"):
+		// A token drawn for the hold the latest obtain began: only the
+		// first draw of a hold, or of a run of local hand-offs, may come
+		// from Redis. A draw for a hold whose root has a token already is
+		// left unexplained.
+		token, err := c.Int64()
+		key, known := t.keyOf[fmt.Sprint(keys[0])]
+		if err != nil || !known || token <= 0 {
+			return
+		}
+		t.mu.Lock()
+		if r := t.roots[key]; r.token == 0 && r.sent != 0 {
+			r.token = token
+			t.roots[key] = r
+		}
+		t.mu.Unlock()
 	case len(argv) == 2:
 		renewed, err := c.Int64Slice()
 		if err != nil || len(renewed) != n {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/lockreg/lockreg"
 	"github.com/lockreg/lockreg/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestLeaseTrackerExplainsEveryHold runs the library as a worker does, with
@@ -50,8 +51,8 @@ func TestLeaseTrackerExplainsEveryHold(t *testing.T) {
 			for i := range 50 {
 				lock := reg.Obtain(keys[(g+i)%len(keys)])
 				lock.Lock()
-				if _, ok := tracker.rootOf(lock.Key(), lock.Token()); !ok {
-					t.Errorf("no observed obtain explains %s with token %d (last %d)", lock.Key(), lock.Token(), tracker.lastToken(lock.Key()))
+				if _, ok := tracker.rootOf(lock.Key(), token(t, lock)); !ok {
+					t.Errorf("no observed obtain explains %s with token %d (last %d)", lock.Key(), token(t, lock), tracker.lastToken(lock.Key()))
 				}
 				lock.Unlock()
 			}
@@ -110,7 +111,7 @@ func TestLeaseTrackerCreditsGrants(t *testing.T) {
 				close(tokens)
 				return
 			}
-			tokens <- lock.Token()
+			tokens <- token(t, lock)
 			<-release
 			lock.Unlock()
 		}()
@@ -163,5 +164,38 @@ func TestLeaseTrackerCreditsGrantsMissedInASubscriptionGap(t *testing.T) {
 			t.Errorf("gap %v, token %d: got %+v, %v; want explained %v, by the grant lease from the failed attempt",
 				tc.gap, tc.token, root, ok, tc.explained)
 		}
+	}
+}
+
+// token returns the calling goroutine's fencing token for lock, failing the
+// test, without stopping it, if there is none.
+func token(t *testing.T, lock *lockreg.Lock) int64 {
+	t.Helper()
+	token, err := lock.Token(context.Background())
+	if err != nil {
+		t.Errorf("token of %q: %v", lock.Key(), err)
+	}
+	return token
+}
+
+// TestLeaseTrackerIgnoresAGrantAnObtainOvertook: a grant whose message
+// comes after the registry's next attempt found the key its own leaves the
+// hold on that attempt, whose token the hold then draws.
+func TestLeaseTrackerIgnoresAGrantAnObtainOvertook(t *testing.T) {
+	ctx := context.Background()
+	tracker := newLeaseTracker("late", []string{"k"}, &emitter{w: bufio.NewWriter(&bytes.Buffer{})})
+	failed := time.Now().UnixNano()
+	tracker.grantLease = 200 * time.Millisecond
+	tracker.clientID = "me"
+	tracker.failed["k"] = failedAttempt{sent: failed, lastToken: 100}
+	set := redis.NewCmd(ctx, "set", "late:{k}", "me", "px", "30000", "nx")
+	set.SetVal("OK")
+	tracker.observe(set, failed+1) // the next attempt took the key
+	tracker.grant("g101:me:k")
+	draw := redis.NewCmd(ctx, "evalsha", "sha", 2, "late:{k}", "late:{k}:fence", "me", "30000")
+	draw.SetVal(int64(150))
+	tracker.observe(draw, failed+2)
+	if r, ok := tracker.rootOf("k", 150); !ok || r.sent != failed+1 || r.lease != 0 || !r.fresh {
+		t.Errorf("got %+v, %v; want the hold on the SET sent at %d, with the registry's lease", r, ok, failed+1)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -119,10 +120,12 @@ func CommandStats(ctx context.Context, c redis.UniversalClient) (map[string]int6
 	return stats, nil
 }
 
-// ScriptMicros returns the server's cumulative time in scripts, EVALSHA
-// and EVAL, in microseconds from INFO commandstats: the time Redis's one
-// thread spent running them, without reading and writing the calls.
-func ScriptMicros(ctx context.Context, c redis.UniversalClient) (int64, error) {
+// CommandMicros returns the server's cumulative time in the named
+// commands, in microseconds from INFO commandstats: the time Redis's one
+// thread spent running them, without reading and writing the calls. A
+// script's time includes the commands it ran, which commandstats also
+// counts under their own names.
+func CommandMicros(ctx context.Context, c redis.UniversalClient, names ...string) (int64, error) {
 	info, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {
 		return 0, err
@@ -132,7 +135,7 @@ func ScriptMicros(ctx context.Context, c redis.UniversalClient) (int64, error) {
 	for sc.Scan() {
 		// cmdstat_evalsha:calls=5,usec=12,...
 		name, rest, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "cmdstat_"), ":calls=")
-		if !ok || (name != "evalsha" && name != "eval") {
+		if !ok || !slices.Contains(names, name) {
 			continue
 		}
 		_, usec, _ := strings.Cut(rest, ",usec=")
