@@ -41,8 +41,13 @@
 //
 // # Round trips
 //
-// An uncontended lock and unlock cost one round trip each; asking for the
-// hold's fencing token costs one more, once per hold. When many
+// An uncontended lock and unlock cost one round trip each: a plain SET,
+// and release.lua with the client id as its only argument. Asking for the
+// hold's fencing token costs one more, once per hold. A release that finds
+// another registry waiting, on a key this registry did not know to be
+// contended, changes nothing and goes again with the arguments a grant or
+// a notification needs: one more round trip, the first time a key turns
+// contended. When many
 // goroutines of one registry lock and unlock different keys at once, the
 // registry keeps at most four calls on the wire; calls made
 // meanwhile queue, and leave as one pipeline when a call returns. A

@@ -243,3 +243,34 @@ func TestGrantIsTrustedWhenNoHoldDrewAToken(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, granted, stored, "the grant drew a larger token")
 }
+
+// TestAReleaseFindingAWaiterUnexpectedlyIsSentAgain: a release of a key
+// the registry took uncontended sends release.lua the client id alone; if
+// another registry waits after all, the script changes nothing and the
+// release goes again with all its arguments, which grants the key. The
+// key then looks contended, and its next release sends them at once.
+func TestAReleaseFindingAWaiterUnexpectedlyIsSentAgain(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	waiter := newRegistry(t, client, WithRetryInterval(time.Second))
+	key := "r" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	held := holder.Obtain(key)
+	for round := range 2 {
+		held.Lock()
+		taken := lockInBackground(ctx, waiter.Obtain(key))
+		require.Eventually(t, func() bool {
+			return client.Exists(ctx, held.keys[2]).Val() == 1 && waiter.subscribed.Load()
+		}, 5*time.Second, time.Millisecond, "the waiter marked itself and listens")
+		before := holder.Stats().ReleaseCalls
+		held.Unlock()
+		select {
+		case <-taken:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the waiter did not acquire")
+		}
+		require.Equal(t, int64(round+1), waiter.Stats().Grants, "round %d: the release granted the key", round)
+		require.Equal(t, int64(2-round), holder.Stats().ReleaseCalls-before, "round %d: release calls", round)
+		requireReleased(t, client, held.keys[0], "the waiter unlocked")
+	}
+}

@@ -204,6 +204,9 @@ type Registry struct {
 	// to this one (see grant), or 0 if this registry takes no grants.
 	grantLease                        time.Duration
 	clientIDArg, leaseArg, channelArg any
+	// releaseArgs are release.lua's arguments when nobody is expected to
+	// wait: the client id alone.
+	releaseArgs []any
 
 	subscribeMu sync.Mutex // guards sub, and serializes opening it
 	sub         *redis.PubSub
@@ -288,6 +291,7 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 			r.obtainArgs[wait][marked] = []any{r.clientIDArg, r.leaseArg, markFor[wait], unmark, mark}
 		}
 	}
+	r.releaseArgs = []any{r.clientIDArg}
 	r.channelArg = "" // no notifications
 	if cfg.pubSub {
 		r.channelArg = r.channel

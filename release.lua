@@ -2,17 +2,19 @@
 -- registry that waits longest, or deletes it.
 -- KEYS[1]: the lock's Redis key; KEYS[2]: its fence key; KEYS[3]: its
 -- waiting marker.
--- ARGV[1]: the registry's client id; ARGV[2]: the last fencing token the
--- registry handed out locally for this key, or 0; ARGV[3]: the lease in
--- milliseconds; ARGV[4]: the channel to notify waiters on, or '' for none;
--- ARGV[5]: the lock's key in its registry; ARGV[6], only when giving back a
--- grant nobody took: the grant's token, which the key's last token must
--- still be (an acquisition of this registry that found the key its own
--- drew a newer one, and keeps the key).
+-- ARGV[1]: the registry's client id. The rest are sent only when the
+-- registry expects them to be needed (see releaseRedis): ARGV[2]: the last
+-- fencing token the registry handed out locally for this key, or 0;
+-- ARGV[3]: the lease in milliseconds; ARGV[4]: the channel to notify
+-- waiters on, or '' for none; ARGV[5]: the lock's key in its registry;
+-- ARGV[6], only when giving back a grant nobody took: the grant's token,
+-- which the key's last token must still be (an acquisition of this
+-- registry that found the key its own drew a newer one, and keeps the key).
 -- Returns 0 when the key had expired or has another owner (which is left
 -- untouched), 1 when deleted, 2 when deleted while another registry waits
 -- (its mark, set by a failed attempt, has not lapsed), 3 when granted to a
--- waiting registry.
+-- waiting registry, and 4, changing nothing, when another registry waits
+-- and only ARGV[1] was sent: call again with all the arguments.
 -- A grant sets the key to the waiter's client id with the lease its mark
 -- names, draws its token and publishes 'g<token>:<client id>:<key>'; a
 -- release others wait for publishes 'w<key>' to wake them.
@@ -28,12 +30,15 @@ if #KEYS == 1 then
   redis.call('DEL', KEYS[1])
   return 1
 end
-local handedOut = tonumber(ARGV[2])
+local handedOut = tonumber(ARGV[2] or '0')
 local now, waiter
 if redis.call('EXISTS', KEYS[3]) == 1 then
   now = redis.call('TIME')
   local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   waiter = redis.call('ZRANGEBYSCORE', KEYS[3], nowMs, '+inf', 'LIMIT', 0, 1)[1]
+  if waiter and #ARGV == 1 then
+    return 4
+  end
 end
 if waiter and ARGV[4] ~= '' then
   local grantee, lease = string.match(waiter, '^(.*):(%d+)$')
