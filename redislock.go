@@ -122,10 +122,6 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 		l.sawContention()
 	case granted:
 		l.sawContention()
-	case releasedAlone:
-		if _, ok := r.contended.Load(l.key); ok {
-			r.contended.Delete(l.key)
-		}
 	}
 	l.free(local)
 	if err == nil && released == notOurs {
@@ -418,10 +414,13 @@ func (l *Lock) obtainScripted(ctx context.Context, wait, marked bool) (int64, er
 	return reply, nil
 }
 
-// looksContended reports whether this registry lately found the key taken
-// by another registry, or released it while another waited: its next
-// attempt then goes straight to obtain.lua, as a plain SET would likely
-// fail and cost a round trip.
+// looksContended reports whether this registry found the key taken by
+// another registry, or released it while another waited, within the last
+// lease: its attempts then go straight to obtain.lua, as a plain SET would
+// likely fail and cost a round trip, and its releases send release.lua all
+// its arguments. A release nobody waited for does not end that: under
+// intermittent contention, an extra round trip costs far more than the
+// few microseconds the plain path saves.
 func (l *Lock) looksContended() bool {
 	until, ok := l.r.contended.Load(l.key)
 	return ok && time.Now().Before(until)

@@ -191,8 +191,8 @@ type Registry struct {
 	// pending ones (the watchdog drops those nobody came for).
 	yield  time.Duration
 	yields *xsync.MapOf[string, time.Time]
-	// contended holds, by key, until when an acquisition skips the plain
-	// SET and goes straight to obtain.lua (see tryObtain).
+	// contended holds, by key, until when the key counts as contended
+	// (see looksContended).
 	contended *xsync.MapOf[string, time.Time]
 	// obtainArgs are obtain.lua's arguments, made once (go-redis copies
 	// them), indexed by whether the attempt waits (its mark then asks for
