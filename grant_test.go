@@ -175,14 +175,19 @@ func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
 	r := newRegistry(t, client)
 	lock := r.Obtain("g")
 	// The key as a grant left it: this registry's, with the grant's token.
-	require.NoError(t, client.Set(ctx, lock.keys[0], r.clientID, time.Minute).Err())
-	require.NoError(t, client.Set(ctx, lock.keys[1], "1000", time.Minute).Err())
-
-	found, err := lock.releaseRedis(ctx, nil, "999")
+	grantLeft := func() {
+		require.NoError(t, client.Set(ctx, lock.keys[0], r.clientID, time.Minute).Err())
+		require.NoError(t, client.Set(ctx, lock.keys[1], "1000", time.Minute).Err())
+	}
+	grantLeft()
+	require.True(t, lock.TryLock(), "an acquisition here finds the key its own")
+	found, err := lock.releaseRedis(ctx, nil, "1000")
 	require.NoError(t, err)
-	require.Equal(t, int64(notOurs), found, "an acquisition here drew a newer token: it keeps the key")
+	require.Equal(t, int64(notOurs), found, "it moved the key's last token past the grant's: the give-back spares the key")
 	require.Equal(t, r.clientID, client.Get(ctx, lock.keys[0]).Val())
+	lock.Unlock()
 
+	grantLeft()
 	found, err = lock.releaseRedis(ctx, nil, "1000")
 	require.NoError(t, err)
 	require.Equal(t, int64(releasedAlone), found, "nobody took the grant: it goes back")

@@ -16,7 +16,7 @@
 -- larger token.
 -- Called with KEYS[1] alone while the slot migrates between Redis Cluster
 -- nodes (Redis refuses a script whose keys are split or missing then): it
--- neither marks nor unmarks.
+-- neither marks nor unmarks nor draws.
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     if #KEYS == 1 or ARGV[3] == '0' then
@@ -30,7 +30,14 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     redis.call('PEXPIRE', KEYS[3], ARGV[3])
     return -(tonumber(redis.call('GET', KEYS[2])) or drawToken(KEYS[2], now, ARGV[2], 0))
   end
+  -- The key is this registry's already: a grant its waiter gave up on,
+  -- being given back (see release.lua's ARGV[6]). Drawing a token moves
+  -- the key's last token past the grant's, so that the give-back spares
+  -- the key this acquisition now holds.
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if #KEYS > 1 then
+    drawToken(KEYS[2], redis.call('TIME'), ARGV[2], 0)
+  end
 end
 if #KEYS > 1 and ARGV[4] == '1' then
   redis.call('ZREM', KEYS[3], ARGV[5])
