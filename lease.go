@@ -121,7 +121,11 @@ func (r *Registry) renewHolds(ctx context.Context) {
 		var due []*hold
 		now := time.Now()
 		r.forEachHold(func(h *hold) {
-			if !h.isLost() && (r.cfg.maxHold == 0 || now.Sub(h.taken) < r.cfg.maxHold) {
+			// A hold whose lease ran out is not renewed: the key may have
+			// passed on and come back to this registry since (a grant, a
+			// new acquisition), and the owner check, by client id, cannot
+			// tell that from a key held all along.
+			if !h.isLost() && !h.leaseOver() && (r.cfg.maxHold == 0 || now.Sub(h.taken) < r.cfg.maxHold) {
 				due = append(due, h)
 			}
 		})

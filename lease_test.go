@@ -402,3 +402,30 @@ func TestHoldAnsweredPastItsLeaseIsLostAtOnce(t *testing.T) {
 	live.leaseEnd.Store(time.Now().UnixNano()) // within the run of hand-offs
 	require.Nil(t, r.handoff(live, waited))
 }
+
+// TestAHoldWhoseLeaseRanOutIsNotRenewed: a hold whose lease ran out
+// unrenewed (its process stopped past it) may have lost the key, and the
+// key may have come back to the registry since, by a grant or a new
+// acquisition. Renewal checks the owner by client id, which cannot tell
+// that apart from a key held all along, so such a hold is lost, not
+// renewed.
+func TestAHoldWhoseLeaseRanOutIsNotRenewed(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	lock.Lock()
+	local := r.locals.ownedBy("k", goroutineID())
+	require.NotNil(t, local)
+	// As after a stop past the lease: the registry's count ran out, while
+	// the key holds the client id (again).
+	local.hold.Load().leaseEnd.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	before := r.Stats().RenewCalls
+	r.renewHolds(ctx)
+	requireFires(t, lock.Lost(), time.Second, "the hold is lost")
+	require.Equal(t, before, r.Stats().RenewCalls, "and not renewed")
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys[0]).Val())
+	_, err := lock.Token(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	lock.Unlock()
+}

@@ -472,7 +472,7 @@ func (r *Registry) extendLater(local *localLock, h *hold) bool {
 		case <-ctx.Done():
 			return
 		}
-		if current := local.hold.Load(); current != nil && current.leaseEnd == h.leaseEnd {
+		if current := local.hold.Load(); current != nil && current.leaseEnd == h.leaseEnd && !current.leaseOver() {
 			r.renew(ctx, [][]*hold{{current}})
 		}
 	})
