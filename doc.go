@@ -134,10 +134,12 @@
 //
 // One watchdog goroutine per registry renews the leases of all keys it
 // holds, every expireAfter/3, with one owner-checked script call per 100
-// keys (per slot, on Redis Cluster). A renewal error is logged and retried on the next tick. Renewal
-// stops when the key is released, when it is found gone or owned by
-// someone else, after WithMaxHold, or at Close; WithRenewal(false) turns it
-// off and leaves a fixed lease.
+// keys (per slot, on Redis Cluster). A renewal error is logged and retried
+// on the next tick. Renewal stops when the key is released, when it is
+// found gone or owned by someone else, when the lease ran out unrenewed
+// (the owner check, by client id, cannot tell a key held all along from
+// one that came back to the registry since), after WithMaxHold, or at
+// Close; WithRenewal(false) turns it off and leaves a fixed lease.
 //
 // A holder learns that its hold may be lost through Lock.Lost, a channel
 // closed when renewal found the key gone or taken, or when the lease ran
