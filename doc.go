@@ -81,8 +81,11 @@
 // that lapses after two retry intervals unless renewed, and is withdrawn
 // when the acquisition gives up; TryLock leaves none); releases nobody
 // waits for publish nothing.
-// Each registry holds one subscription to <registryKey>:released, opened
-// on its first wait and shared by all its keys. The waiter still retries
+// Each registry holds one subscription, opened on its first wait and shared
+// by all its keys, to <registryKey>:released, where a release wakes the
+// waiters of all registries, and to <registryKey>:released:<client id>,
+// where it receives the grants to it alone (see below), so that a grant
+// wakes no other process. The waiter still retries
 // every retry interval, so a lost message, a reconnect or a server without
 // pub/sub costs latency, never liveness; when the subscription comes back
 // after a lost connection, every waiter of the registry tries at once,

@@ -27,6 +27,14 @@ func TestReleaseGrantsTheKeyToTheWaitingRegistry(t *testing.T) {
 	held := holder.Obtain("g")
 	held.Lock()
 	holderToken := mustToken(t, held)
+	// A third registry, subscribed as it waits for another key, must not
+	// hear of the grant.
+	bystander := newRegistry(t, client)
+	holder.Obtain("other").Lock()
+	bctx, stopWaiting := context.WithCancel(ctx)
+	defer stopWaiting()
+	go func() { _ = bystander.Obtain("other").LockContext(bctx) }()
+	waitUntilWaiting(t, bystander)
 
 	lock := waiter.Obtain("g")
 	taken := make(chan int64, 1)
@@ -51,6 +59,11 @@ func TestReleaseGrantsTheKeyToTheWaitingRegistry(t *testing.T) {
 	require.Equal(t, callsWhileWaiting, s.AcquireCalls, "and the waiter took it without a call of its own")
 	require.Greater(t, token, holderToken, "a grant draws a larger token")
 	require.Equal(t, waiter.clientID, client.Get(ctx, lock.keys[0]).Val())
+	// A notification published after the grant reaches the bystander
+	// after the grant would have.
+	require.NoError(t, client.Publish(ctx, holder.channel, "wnobody").Err())
+	require.Eventually(t, func() bool { return bystander.Stats().Notifications > 0 }, time.Second, time.Millisecond)
+	require.Equal(t, int64(1), bystander.Stats().Notifications, "the grant went to the grantee's channel alone")
 	require.Eventually(t, func() bool {
 		return client.PTTL(ctx, lock.keys[0]).Val() > waiter.grantLease
 	}, waiter.grantLease, time.Millisecond, "a grantee still holding the key extends the short grant lease to its own")

@@ -13,19 +13,22 @@ import (
 )
 
 // subscribe opens the registry's one subscription, to the release
-// notifications of its registryKey, unless it is open; it returns once
-// Redis confirmed it. Every key the registry waits for shares it: a
-// notification names its key, and route wakes that key's waiter.
+// notifications of its registryKey and to its grants, unless it is open;
+// it returns once Redis confirmed it. Every key the registry waits for
+// shares it: a notification names its key, and route wakes that key's
+// waiter.
 func (r *Registry) subscribe(ctx context.Context) error {
 	r.subscribeMu.Lock()
 	defer r.subscribeMu.Unlock()
 	if r.subscribed.Load() {
 		return nil
 	}
-	sub := r.client.Subscribe(ctx, r.channel)
-	if _, err := sub.Receive(ctx); err != nil {
-		_ = sub.Close()
-		return fmt.Errorf("%w: subscribe to %q: %w", ErrRedis, r.channel, err)
+	sub := r.client.Subscribe(ctx, r.subscriptions...)
+	for range r.subscriptions { // one confirmation per channel
+		if _, err := sub.Receive(ctx); err != nil {
+			_ = sub.Close()
+			return fmt.Errorf("%w: subscribe to %q: %w", ErrRedis, r.subscriptions, err)
+		}
 	}
 	if !r.goBackground(func(stop context.Context) { r.route(stop, sub) }) {
 		_ = sub.Close()
@@ -72,8 +75,9 @@ func (r *Registry) route(stop context.Context, sub *redis.PubSub) {
 			// subscribe confirmed the first subscription: this is go-redis
 			// resubscribing on a new connection. A grant published in
 			// between is lost; each waiter's next attempt finds its key, so
-			// make that attempt now rather than a retry interval later.
-			if msg.Kind == "subscribe" {
+			// make that attempt now rather than a retry interval later,
+			// once every channel is back.
+			if msg.Kind == "subscribe" && msg.Count == len(r.subscriptions) {
 				r.wakeAll()
 			}
 		}

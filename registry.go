@@ -184,8 +184,12 @@ type Registry struct {
 	locals      localLocks
 	calls       batcher
 	stats       counters
-	// channel carries release notifications of this registryKey.
-	channel string
+	// channel wakes the waiters of every registry of this registryKey.
+	// subscriptions are the channels the registry listens to: channel, and
+	// channel:<client id>, which carries the grants to this registry alone,
+	// so that a grant wakes no other process.
+	channel       string
+	subscriptions []string
 	// yield is how long a release that another registry waits for keeps
 	// this registry's next acquisition of the key back; yields holds the
 	// pending ones (the watchdog drops those nobody came for).
@@ -295,6 +299,10 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 	r.channelArg = "" // no notifications
 	if cfg.pubSub {
 		r.channelArg = r.channel
+		r.subscriptions = []string{r.channel}
+	}
+	if r.grantLease > 0 {
+		r.subscriptions = append(r.subscriptions, r.channel+":"+r.clientID)
 	}
 	r.goBackground(r.watch)
 	return r, nil

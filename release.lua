@@ -6,7 +6,8 @@
 -- registry expects them to be needed (see releaseRedis): ARGV[2]: the last
 -- fencing token the registry handed out locally for this key, or 0;
 -- ARGV[3]: the lease in milliseconds; ARGV[4]: the channel to notify
--- waiters on, or '' for none; ARGV[5]: the lock's key in its registry;
+-- waiters on, or '' for none (a grant goes to ARGV[4]:<grantee's client
+-- id>, which only the grantee subscribes to); ARGV[5]: the lock's key in its registry;
 -- ARGV[6], only when giving back a grant nobody took: the grant's token,
 -- which the key's last token must still be (an acquisition of this
 -- registry that found the key its own drew a newer one, and keeps the key).
@@ -46,7 +47,7 @@ if waiter and ARGV[4] ~= '' then
     redis.call('SET', KEYS[1], grantee, 'PX', lease)
     redis.call('ZREM', KEYS[3], waiter)
     local token = drawToken(KEYS[2], now, ARGV[3], handedOut)
-    redis.call('PUBLISH', ARGV[4], 'g' .. string.format('%.0f', token) .. ':' .. grantee .. ':' .. ARGV[5])
+    redis.call('PUBLISH', ARGV[4] .. ':' .. grantee, 'g' .. string.format('%.0f', token) .. ':' .. grantee .. ':' .. ARGV[5])
     return 3
   end
 end

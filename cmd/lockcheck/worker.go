@@ -220,7 +220,7 @@ func (e *emitter) emit(ev event) {
 // of the library's own bookkeeping.
 //
 // A grant, a release that passed the key to this registry, is seen on the
-// tracker's own subscription to the registry's channel. The tracker
+// tracker's own subscription to the registries' grant channels. The tracker
 // credits it only as the library's argument allows: it must carry a
 // larger token than the last one the registry's latest failed attempt on
 // the key reported, and its lease (the grant lease the attempt's mark
@@ -300,11 +300,12 @@ func (t *leaseTracker) rootOf(key string, token int64) (explained, bool) {
 	}
 }
 
-// watchGrants subscribes to registry's channel and credits the grants it
-// carries until stop is called. It returns once the subscription is open,
+// watchGrants subscribes to the grant channels of registry's registries
+// (<registry>:released:<client id>) and credits the grants they carry
+// until stop is called. It returns once the subscription is open,
 // so that it is open before the registry's first attempt.
 func (t *leaseTracker) watchGrants(client *redis.Client, registry string) (stop func(), err error) {
-	sub := client.Subscribe(context.Background(), registry+":released")
+	sub := client.PSubscribe(context.Background(), registry+":released:*")
 	if _, err := sub.Receive(context.Background()); err != nil {
 		_ = sub.Close()
 		return nil, err
@@ -328,8 +329,8 @@ func (t *leaseTracker) watchGrants(client *redis.Client, registry string) (stop 
 	return func() { _ = sub.Close(); <-done }, nil
 }
 
-// grant credits a notification 'g<token>:<client id>:<key>' on the
-// registry's channel, if it grants a key to this registry after its latest
+// grant credits a notification 'g<token>:<client id>:<key>' on a grant
+// channel, if it grants a key to this registry after its latest
 // failed attempt.
 func (t *leaseTracker) grant(note string) {
 	body, ok := strings.CutPrefix(note, "g")
