@@ -100,9 +100,12 @@
 // publishes both. The grantee's waiter holds the key as soon as the
 // message arrives, without a round trip of its own; if it still holds the
 // key halfway through the grant lease, the registry extends the lease to
-// its own in the background. Hand-offs between
-// processes therefore cost the release's round trip and the message, not
-// a further acquisition.
+// its own in the background. When goroutines of the releasing registry
+// wait for the key too (its run of local hand-offs ended), the same call
+// marks that registry as waiting, so that the next of them waits for its
+// grant without a failing attempt of its own. Hand-offs between processes
+// therefore cost the release's round trip and the message, not a further
+// acquisition.
 //
 // The grantee trusts a grant only if it provably came after one of its own
 // failed attempts, whose reply carried the key's last token (the attempt

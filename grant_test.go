@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -194,14 +195,14 @@ func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
 	}
 	grantLeft()
 	require.True(t, lock.TryLock(), "an acquisition here finds the key its own")
-	found, err := lock.releaseRedis(ctx, nil, "1000")
+	found, err := lock.releaseRedis(ctx, nil, false, "1000")
 	require.NoError(t, err)
 	require.Equal(t, int64(notOurs), found, "it moved the key's last token past the grant's: the give-back spares the key")
 	require.Equal(t, r.clientID, client.Get(ctx, lock.keys[0]).Val())
 	lock.Unlock()
 
 	grantLeft()
-	found, err = lock.releaseRedis(ctx, nil, "1000")
+	found, err = lock.releaseRedis(ctx, nil, false, "1000")
 	require.NoError(t, err)
 	require.Equal(t, int64(releasedAlone), found, "nobody took the grant: it goes back")
 	require.Zero(t, client.Exists(ctx, lock.keys[0]).Val())
@@ -291,4 +292,81 @@ func TestAReleaseFindingAWaiterUnexpectedlyIsSentAgain(t *testing.T) {
 		require.Equal(t, int64(2-round), holder.Stats().ReleaseCalls-before, "round %d: release calls", round)
 		requireReleased(t, client, held.keys[0], "the waiter unlocked")
 	}
+}
+
+// holdAndWaitBehind has holder take key and another registry wait for it
+// (marked), then queues a second goroutine of holder behind the holder
+// with ctx, unlocking at once when it gets the key. It returns the held
+// lock, the other registry's lock, a channel that reports when the other
+// registry took the key, one to let it release, and the second goroutine's.
+func holdAndWaitBehind(t *testing.T, ctx context.Context, holder, other *Registry, key string) (held *Lock, otherTaken, otherRelease chan struct{}, behind <-chan time.Time) {
+	t.Helper()
+	held = holder.Obtain(key)
+	held.Lock()
+	require.NoError(t, holder.subscribe(ctx))
+	otherTaken, otherRelease = make(chan struct{}), make(chan struct{})
+	go func() {
+		lock := other.Obtain(key)
+		if err := lock.LockContext(context.Background()); err != nil {
+			return
+		}
+		close(otherTaken)
+		<-otherRelease
+		lock.Unlock()
+	}()
+	waitUntilWaiting(t, other)
+	behind = lockInBackground(ctx, holder.Obtain(key))
+	require.Eventually(t, func() bool {
+		local, ok := holder.locals.m.Load(key)
+		return ok && local.waited()
+	}, time.Second, time.Millisecond)
+	return held, otherTaken, otherRelease, behind
+}
+
+func TestAReleasePassingTheKeyOnMarksTheGoroutineWaitingBehind(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	// Retry intervals longer than the test: every attempt is one it makes
+	// by itself, not one a timer made. No local hand-off: the holder's
+	// unlock releases the key in Redis.
+	holder := newRegistry(t, client, WithRetryInterval(time.Second), WithLocalHandoff(0, 0))
+	other := newRegistry(t, client, WithRetryInterval(time.Second))
+	held, otherTaken, otherRelease, behind := holdAndWaitBehind(t, ctx, holder, other, "g")
+	calls := holder.Stats().AcquireCalls
+
+	held.Unlock()
+	<-otherTaken
+	mark := held.obtainArgs(true, true)[4].(string)
+	require.NoError(t, client.ZScore(ctx, held.keys[2], mark).Err(), "the release marked the holder as waiting")
+	close(otherRelease)
+	_, ok := <-behind
+	require.True(t, ok, "the goroutine waiting behind the holder acquired")
+	s := holder.Stats()
+	require.Equal(t, int64(1), s.Grants, "by a grant")
+	require.Equal(t, calls, s.AcquireCalls, "without an attempt of its own")
+	requireReleased(t, client, held.keys[0], "and released")
+}
+
+func TestAWaiterGivingUpWithdrawsTheMarkItsReleaseLeft(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client, WithRetryInterval(time.Second), WithLocalHandoff(0, 0))
+	other := newRegistry(t, client, WithRetryInterval(time.Second))
+	wctx, giveUp := context.WithCancel(ctx)
+	defer giveUp()
+	held, otherTaken, otherRelease, behind := holdAndWaitBehind(t, wctx, holder, other, "g")
+
+	held.Unlock()
+	<-otherTaken
+	mark := held.obtainArgs(true, true)[4].(string)
+	require.NoError(t, client.ZScore(ctx, held.keys[2], mark).Err(), "the release marked the holder as waiting")
+	giveUp()
+	_, ok := <-behind
+	require.False(t, ok, "the waiter gave up")
+	require.Eventually(t, func() bool {
+		return errors.Is(client.ZScore(ctx, held.keys[2], mark).Err(), redis.Nil)
+	}, time.Second, time.Millisecond, "and withdrew the mark")
+	close(otherRelease)
+	requireReleased(t, client, held.keys[0], "the other registry's release deleted the key")
+	require.Zero(t, holder.Stats().Grants, "and granted the holder nothing")
 }

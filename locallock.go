@@ -44,32 +44,39 @@ type localLock struct {
 }
 
 // waiter is one goroutine queued for a localLock. It receives the mutex
-// through grant, with the Redis hold it inherits, or nil if it must take
-// the key in Redis itself.
-type waiter struct{ grant chan *hold }
+// through grant, with what the unlock hands over.
+type waiter struct{ grant chan handover }
+
+// handover is what an unlock passes to the next owner of the mutex: the
+// Redis hold it inherits, or nil if it must take the key in Redis itself;
+// then mark, if set, is the waiting mark its release left for it.
+type handover struct {
+	hold *hold
+	mark waitMark
+}
 
 // lock takes the mutex, waiting unless wait is false (then errBusy), until
-// ctx ends (ctx.Err()) or closed is closed (ErrClosed). It returns the Redis
-// hold handed over with the mutex, if any.
-func (l *localLock) lock(ctx context.Context, closed <-chan struct{}, wait bool) (*hold, error) {
+// ctx ends (ctx.Err()) or closed is closed (ErrClosed). It returns what was
+// handed over with the mutex, if anything.
+func (l *localLock) lock(ctx context.Context, closed <-chan struct{}, wait bool) (handover, error) {
 	l.mu.Lock()
 	if !l.locked {
 		l.locked = true
 		l.mu.Unlock()
-		return nil, nil
+		return handover{}, nil
 	}
 	if !wait {
 		l.mu.Unlock()
-		return nil, errBusy
+		return handover{}, errBusy
 	}
-	w := &waiter{grant: make(chan *hold, 1)}
+	w := &waiter{grant: make(chan handover, 1)}
 	l.queue = append(l.queue, w)
 	l.mu.Unlock()
 
 	var reason error
 	select {
-	case h := <-w.grant:
-		return h, nil
+	case got := <-w.grant:
+		return got, nil
 	case <-ctx.Done():
 		reason = ctx.Err()
 	case <-closed:
@@ -79,7 +86,7 @@ func (l *localLock) lock(ctx context.Context, closed <-chan struct{}, wait bool)
 	defer l.mu.Unlock()
 	if i := slices.Index(l.queue, w); i >= 0 {
 		l.queue = slices.Delete(l.queue, i, i+1)
-		return nil, reason
+		return handover{}, reason
 	}
 	// The mutex was granted as we gave up: it is ours after all.
 	return <-w.grant, nil
@@ -101,20 +108,21 @@ func (l *localLock) waited() bool {
 	return len(l.queue) > 0
 }
 
-// unlock passes the mutex, with h, to the longest waiter and reports true;
-// with nobody waiting it frees the mutex, unless h is a hold to hand over,
-// in which case the caller keeps the mutex (and must release h itself).
-func (l *localLock) unlock(h *hold) (handedOver bool) {
+// unlock passes the mutex, with next, to the longest waiter and reports
+// true; with nobody waiting it frees the mutex, unless next has a hold to
+// hand over, in which case the caller keeps the mutex (and must release
+// the hold itself).
+func (l *localLock) unlock(next handover) (handedOver bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.queue) > 0 {
 		w := l.queue[0]
 		l.queue[0] = nil
 		l.queue = l.queue[1:]
-		w.grant <- h
+		w.grant <- next
 		return true
 	}
-	if h == nil {
+	if next.hold == nil {
 		l.locked = false
 	}
 	return false

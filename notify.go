@@ -163,7 +163,7 @@ func (r *Registry) giveBack(ctx context.Context, key, token string) {
 	l := &Lock{r: r, key: key, keys: redisKeys(r.registryKey, key)}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.expireAfter)
 	defer cancel()
-	if _, err := l.releaseRedis(ctx, nil, token); err != nil {
+	if _, err := l.releaseRedis(ctx, nil, false, token); err != nil {
 		r.cfg.logger.Debug("lockreg: could not give a granted key back; it expires after its grant lease", "key", key, "error", err)
 	}
 }

@@ -109,11 +109,23 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 	local.hold.Store(nil)
 	local.owner.Store(0)
 	r.stats.held.Add(-1)
-	if next := r.handoff(h, local); next != nil && local.unlock(next) {
+	if next := r.handoff(h, local); next != nil && local.unlock(handover{hold: next}) {
 		r.locals.leave(l.key)
 		return nil
 	}
-	released, err := l.releaseRedis(ctx, h)
+	// If a goroutine of this registry waits for the key and the release
+	// passes it to another registry, the release marks this one as waiting
+	// too, in the same call, for that goroutine: it then waits for its
+	// grant without a failing attempt of its own, one round trip less per
+	// hand-off between processes. Only a subscribed registry hears grants.
+	markNext := r.grantLease > 0 && r.subscribed.Load() && local.waited()
+	sent := time.Now()
+	released, err := l.releaseRedis(ctx, h, markNext)
+	var mark waitMark
+	if released < 0 {
+		mark = waitMark{sent: sent, token: -released}
+		released = granted
+	}
 	switch released {
 	case releasedWhileWaited:
 		// Another registry waits: let it take the key before our next
@@ -123,7 +135,10 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 	case granted:
 		l.sawContention()
 	}
-	l.free(local)
+	if !local.unlock(handover{mark: mark}) && mark.token != 0 {
+		l.unmark() // the waiter gave up meanwhile
+	}
+	r.locals.leave(l.key)
 	if err == nil && released == notOurs {
 		err = fmt.Errorf("%w: key %q", ErrLockLost, l.key)
 	}
@@ -142,14 +157,14 @@ func (l *Lock) acquire(ctx context.Context, wait bool) error {
 	}
 	start := time.Now()
 	local := r.locals.join(l.key)
-	h, err := local.lock(ctx, r.closed, wait)
+	got, err := local.lock(ctx, r.closed, wait)
 	if err != nil {
 		r.locals.leave(l.key)
 		return l.notAcquired(ctx, err, nil)
 	}
-	handedOver := h != nil
+	h, handedOver := got.hold, got.hold != nil
 	if !handedOver {
-		if h, err = l.obtainRedis(ctx, wait, local); err != nil {
+		if h, err = l.obtainRedis(ctx, wait, local, got.mark); err != nil {
 			return err
 		}
 	}
@@ -216,7 +231,9 @@ func (l *Lock) Lost() <-chan struct{} {
 }
 
 // obtainRedis runs obtain.lua until it succeeds or, when wait is false,
-// once. Called with the local mutex held; on failure it gives that up.
+// once; with a mark that a release left, it first waits for the grant the
+// mark asks for. Called with the local mutex held; on failure it gives
+// that up.
 //
 // A go-redis client need not honour ctx while Redis is slow to answer
 // (ContextTimeoutEnabled is off by default), so with a cancellable ctx the
@@ -224,10 +241,10 @@ func (l *Lock) Lost() <-chan struct{} {
 // first, obtainRedis returns at once and leaves the local mutex to that
 // goroutine, which gives it up when Redis answers, deleting the key
 // (owner-checked) if the attempt in flight took it.
-func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) (*hold, error) {
+func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock, mark waitMark) (*hold, error) {
 	var lastErr atomic.Pointer[error] // the last Redis error, for the caller's error
 	if ctx.Done() == nil {
-		return l.attempts(ctx, wait, local, &lastErr)
+		return l.attempts(ctx, wait, local, mark, &lastErr)
 	}
 	type result struct {
 		h   *hold
@@ -235,7 +252,7 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock) (*h
 	}
 	answer, left := make(chan result), make(chan struct{})
 	started := l.r.goBackground(func(stop context.Context) {
-		h, err := l.attempts(ctx, wait, local, &lastErr)
+		h, err := l.attempts(ctx, wait, local, mark, &lastErr)
 		select {
 		case answer <- result{h, err}:
 		case <-left:
@@ -264,42 +281,63 @@ func loadError(p *atomic.Pointer[error]) error {
 	return nil
 }
 
+// waitMark is a mark of this registry as waiting for a key, left by a
+// release of this registry that passed the key to another one while a
+// goroutine of this one waited for it: the release was sent at sent, and
+// token is the key's last token then (the grant's). It stands for the
+// failed attempt that goroutine would have made (see acceptGrant).
+type waitMark struct {
+	sent  time.Time
+	token int64
+}
+
 // attempts is obtainRedis's loop; it stores each Redis error in lastErr.
-func (l *Lock) attempts(ctx context.Context, wait bool, local *localLock, lastErr *atomic.Pointer[error]) (*hold, error) {
+func (l *Lock) attempts(ctx context.Context, wait bool, local *localLock, mark waitMark, lastErr *atomic.Pointer[error]) (*hold, error) {
 	r := l.r
 	var (
-		retry  *time.Timer
-		marked bool
+		retry *time.Timer
+		// attempt says that an attempt is due before waiting: always,
+		// except first with a mark, which awaits its grant.
+		attempt = mark.token == 0
+		marked  = !attempt
 		// failed is the latest attempt that found another owner, and
 		// failedToken the last token it reported: see acceptGrant.
-		failed      time.Time
-		failedToken int64
+		failed, failedToken = mark.sent, mark.token
 	)
-	if err := l.yield(ctx); err != nil {
-		l.free(local)
-		return nil, l.notAcquired(ctx, err, nil)
+	if attempt {
+		if err := l.yield(ctx); err != nil {
+			l.free(local)
+			return nil, l.notAcquired(ctx, err, nil)
+		}
+		// A notification from before this first attempt says nothing new;
+		// a grant from before it, if the key is still ours, the attempt
+		// finds. (With a mark, the grant may have come already.)
+		select {
+		case <-local.wake:
+		default:
+		}
+		local.grantedToken.Store(0)
 	}
-	// A notification from before this first attempt says nothing new; a
-	// grant from before it, if the key is still ours, the attempt finds.
-	select {
-	case <-local.wake:
-	default:
-	}
-	local.grantedToken.Store(0)
 	for {
 		if token := local.grantedToken.Swap(0); token != 0 {
 			if h := l.acceptGrant(local, token, failed, failedToken); h != nil {
 				return h, nil
 			}
+			attempt = true // the key is ours, but since when is unknown
 		}
-		sent := time.Now()
-		h, lastToken, err := l.tryObtain(ctx, wait, marked)
-		if h != nil {
-			return h, nil
+		var err error
+		if attempt {
+			sent := time.Now()
+			var h *hold
+			var lastToken int64
+			if h, lastToken, err = l.tryObtain(ctx, wait, marked); h != nil {
+				return h, nil
+			}
+			if err == nil { // another owner held it: obtain.lua marked us if we wait
+				marked, failed, failedToken = wait, sent, lastToken
+			}
 		}
-		if err == nil { // another owner held it: obtain.lua marked us if we wait
-			marked, failed, failedToken = wait, sent, lastToken
-		}
+		attempt = true
 		if errors.Is(err, ErrClosed) {
 			l.free(local)
 			return nil, l.notAcquired(ctx, err, loadError(lastErr))
@@ -543,7 +581,7 @@ func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (int64, 
 	}
 	// Too few replicas have the key: a failover now could lose it. Give it
 	// back rather than hold a lock that might not survive.
-	if _, err := l.releaseRedis(ctx, nil); err != nil {
+	if _, err := l.releaseRedis(ctx, nil, false); err != nil {
 		return 0, err
 	}
 	return 0, errors.Join(fmt.Errorf("%w: %d of %d replicas acknowledged %q within %v", ErrNotReplicated, acked, r.cfg.waitReplicas, l.key, r.cfg.waitTimeout), err)
@@ -570,11 +608,14 @@ const (
 	releasedWhileWaited = 2 // released, and another registry waits for it
 	granted             = 3 // passed to the registry that waits longest
 	waitedFor           = 4 // nothing done: another registry waits, and release.lua needs all its arguments
+	// Below zero: passed on as granted, and this registry marked as
+	// waiting (markNext); minus the grant's token.
 )
 
 // releaseRedis runs release.lua for h; with h nil, for an attempt that
 // may have taken the key; with a grantToken, for a grant nobody here took
-// (see giveBack).
+// (see giveBack). With markNext, a release that grants the key to another
+// registry marks this one as waiting.
 //
 // release.lua gets the client id alone unless the registry expects the
 // rest of its arguments to be needed: a local hand-off raised the token, a
@@ -583,15 +624,15 @@ const (
 // GET and DEL (BenchmarkServerTime). A release that finds a waiter without
 // them changes nothing and is sent again with them, one more round trip
 // the first time a key turns contended.
-func (l *Lock) releaseRedis(ctx context.Context, h *hold, grantToken ...string) (int64, error) {
+func (l *Lock) releaseRedis(ctx context.Context, h *hold, markNext bool, grantToken ...string) (int64, error) {
 	r := l.r
 	var handedOutToken int64
 	if h != nil && h.handoffs > 0 {
 		handedOutToken = h.token
 	}
 	args := r.releaseArgs
-	if handedOutToken != 0 || len(grantToken) > 0 || l.looksContended() {
-		args = l.fullReleaseArgs(handedOutToken, grantToken)
+	if handedOutToken != 0 || len(grantToken) > 0 || markNext || l.looksContended() {
+		args = l.fullReleaseArgs(handedOutToken, markNext, grantToken)
 	}
 	for {
 		r.stats.releaseCalls.Add(1)
@@ -603,15 +644,19 @@ func (l *Lock) releaseRedis(ctx context.Context, h *hold, grantToken ...string) 
 			return found, nil
 		}
 		l.sawContention()
-		args = l.fullReleaseArgs(handedOutToken, grantToken)
+		args = l.fullReleaseArgs(handedOutToken, markNext, grantToken)
 	}
 }
 
-func (l *Lock) fullReleaseArgs(handedOutToken int64, grantToken []string) []any {
+func (l *Lock) fullReleaseArgs(handedOutToken int64, markNext bool, grantToken []string) []any {
 	r := l.r
 	args := []any{r.clientIDArg, handedOutToken, r.leaseArg, r.channelArg, l.key}
-	for _, token := range grantToken {
-		args = append(args, token)
+	switch {
+	case len(grantToken) > 0:
+		args = append(args, grantToken[0])
+	case markNext:
+		waiting := l.obtainArgs(true, true) // the mark a failed attempt leaves, and how long it lasts
+		args = append(args, "", waiting[4], waiting[2])
 	}
 	return args
 }
@@ -652,7 +697,7 @@ func (l *Lock) settle(ctx context.Context, local *localLock, mayHoldKey bool) {
 	if mayHoldKey {
 		ctx, cancel := context.WithTimeout(ctx, l.r.cfg.expireAfter)
 		defer cancel()
-		if _, err := l.releaseRedis(ctx, nil); err != nil {
+		if _, err := l.releaseRedis(ctx, nil, false); err != nil {
 			l.r.cfg.logger.Debug("lockreg: could not clear an abandoned attempt; its key expires after the lease", "key", l.key, "error", err)
 		}
 	}
@@ -661,7 +706,7 @@ func (l *Lock) settle(ctx context.Context, local *localLock, mayHoldKey bool) {
 
 // free releases the local mutex and the caller's place in the registry.
 func (l *Lock) free(local *localLock) {
-	local.unlock(nil)
+	local.unlock(handover{})
 	l.r.locals.leave(l.key)
 }
 

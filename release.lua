@@ -10,12 +10,17 @@
 -- id>, which only the grantee subscribes to); ARGV[5]: the lock's key in its registry;
 -- ARGV[6], only when giving back a grant nobody took: the grant's token,
 -- which the key's last token must still be (an acquisition of this
--- registry that found the key its own drew a newer one, and keeps the key).
+-- registry that found the key its own drew a newer one, and keeps the key);
+-- else ''. ARGV[7] and ARGV[8], only when a goroutine of this registry
+-- waits for the key: the registry's mark and how long it lasts, in
+-- milliseconds (obtain.lua's ARGV[5] and ARGV[3]); a grant then marks
+-- this registry as waiting, as that goroutine's failed attempt would have.
 -- Returns 0 when the key had expired or has another owner (which is left
 -- untouched), 1 when deleted, 2 when deleted while another registry waits
 -- (its mark, set by a failed attempt, has not lapsed), 3 when granted to a
--- waiting registry, and 4, changing nothing, when another registry waits
--- and only ARGV[1] was sent: call again with all the arguments.
+-- waiting registry, or minus the grant's token if ARGV[7] marked this one,
+-- and 4, changing nothing, when another registry waits and only ARGV[1]
+-- was sent: call again with all the arguments.
 -- A grant sets the key to the waiter's client id with the lease its mark
 -- names, draws its token and publishes 'g<token>:<client id>:<key>'; a
 -- release others wait for publishes 'w<key>' to wake them.
@@ -24,7 +29,7 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-if ARGV[6] and (#KEYS == 1 or redis.call('GET', KEYS[2]) ~= ARGV[6]) then
+if ARGV[6] and ARGV[6] ~= '' and (#KEYS == 1 or redis.call('GET', KEYS[2]) ~= ARGV[6]) then
   return 0
 end
 if #KEYS == 1 then
@@ -32,10 +37,10 @@ if #KEYS == 1 then
   return 1
 end
 local handedOut = tonumber(ARGV[2] or '0')
-local now, waiter
+local now, nowMs, waiter
 if redis.call('EXISTS', KEYS[3]) == 1 then
   now = redis.call('TIME')
-  local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   waiter = redis.call('ZRANGEBYSCORE', KEYS[3], nowMs, '+inf', 'LIMIT', 0, 1)[1]
   if waiter and #ARGV == 1 then
     return 4
@@ -48,6 +53,11 @@ if waiter and ARGV[4] ~= '' then
     redis.call('ZREM', KEYS[3], waiter)
     local token = drawToken(KEYS[2], now, ARGV[3], handedOut)
     redis.call('PUBLISH', ARGV[4] .. ':' .. grantee, 'g' .. string.format('%.0f', token) .. ':' .. grantee .. ':' .. ARGV[5])
+    if ARGV[7] then
+      redis.call('ZADD', KEYS[3], nowMs + tonumber(ARGV[8]), ARGV[7])
+      redis.call('PEXPIRE', KEYS[3], ARGV[8])
+      return -token
+    end
     return 3
   end
 end

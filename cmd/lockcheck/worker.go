@@ -365,6 +365,21 @@ func (t *leaseTracker) credit(key string) {
 	t.roots[key] = root{token: token, sent: f.sent, lease: t.grantLease}
 }
 
+// sawMark records the call that marked the registry as waiting for key
+// (a failed attempt, or a release that passed the key on), with the
+// registry's client id and mark ('<client id>:<grant lease ms>'), and
+// credits a grant already seen. Called with mu held.
+func (t *leaseTracker) sawMark(key string, f failedAttempt, clientID, mark string) {
+	t.failed[key] = f
+	t.clientID = clientID
+	if _, ms, ok := strings.Cut(mark, ":"); ok {
+		if n, err := strconv.Atoi(ms); err == nil {
+			t.grantLease = time.Duration(n) * time.Millisecond
+		}
+	}
+	t.credit(key)
+}
+
 func (t *leaseTracker) lastToken(key string) int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -405,7 +420,10 @@ func (t *leaseTracker) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // waiting marker) and five arguments (client id, lease, mark time,
 // unmark, mark), the mark starting with the client id, and answers 1 when
 // it took the key, or minus the last token when the key was taken
-// (release.lua takes as many, and its fifth is the key); draw.lua takes
+// (release.lua takes as many, and its fifth is the key; when it also
+// takes the registry's mark, seventh of eight, and answers below zero, it
+// passed the key on and marked the registry, as a failed attempt sent
+// with it would have, with minus the grant's token); draw.lua takes
 // two keys (lock, fence) and two arguments (client id, lease) and answers
 // the hold's token; renew.lua takes the keys to renew and two arguments
 // (client id, lease) and answers 1 or 0 per key. Were the calls to change
@@ -447,14 +465,17 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 			t.roots[key] = root{sent: sent}
 			return
 		}
-		t.failed[key] = failedAttempt{sent: sent, lastToken: -reply}
-		t.clientID = fmt.Sprint(argv[0])
-		if _, ms, ok := strings.Cut(fmt.Sprint(argv[4]), ":"); ok {
-			if n, err := strconv.Atoi(ms); err == nil {
-				t.grantLease = time.Duration(n) * time.Millisecond
-			}
+		t.sawMark(key, failedAttempt{sent: sent, lastToken: -reply}, fmt.Sprint(argv[0]), fmt.Sprint(argv[4]))
+	case n == 3 && len(argv) == 8 && strings.HasSuffix(fmt.Sprint(keys[1]), ":fence") &&
+		strings.HasPrefix(fmt.Sprint(argv[6]), fmt.Sprint(argv[0])):
+		reply, err := c.Int64()
+		key, known := t.keyOf[fmt.Sprint(keys[0])]
+		if err != nil || !known || reply >= 0 {
+			return
 		}
-		t.credit(key)
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		t.sawMark(key, failedAttempt{sent: sent, lastToken: -reply}, fmt.Sprint(argv[0]), fmt.Sprint(argv[6]))
 	case n == 2 && len(argv) == 2 && strings.HasSuffix(fmt.Sprint(keys[1]), ":fence"):
 		// A token drawn for the hold the latest obtain began: only the
 		// first draw of a hold, or of a run of local hand-offs, may come

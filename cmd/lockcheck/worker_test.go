@@ -199,3 +199,21 @@ func TestLeaseTrackerIgnoresAGrantAnObtainOvertook(t *testing.T) {
 		t.Errorf("got %+v, %v; want the hold on the SET sent at %d, with the registry's lease", r, ok, failed+1)
 	}
 }
+
+// TestLeaseTrackerCreditsAGrantToAReleaseMark: a release that passed the
+// key on and marked its registry for a goroutine waiting behind it stands
+// for that goroutine's failed attempt, so a grant that answers the mark
+// rests on the grant lease from when the release was sent.
+func TestLeaseTrackerCreditsAGrantToAReleaseMark(t *testing.T) {
+	ctx := context.Background()
+	tracker := newLeaseTracker("marks", []string{"k"}, &emitter{w: bufio.NewWriter(&bytes.Buffer{})})
+	sent := time.Now().UnixNano()
+	release := redis.NewCmd(ctx, "evalsha", "sha", 3, "marks:{k}", "marks:{k}:fence", "marks:{k}:waiting",
+		"me", 0, "30000", "marks:released", "k", "", "me:200", "200")
+	release.SetVal(int64(-100))
+	tracker.observe(release, sent)
+	tracker.grant("g101:me:k")
+	if r, ok := tracker.rootOf("k", 101); !ok || r.sent != sent || r.lease != 200*time.Millisecond || !r.fresh {
+		t.Errorf("got %+v, %v; want the grant, its lease of 200ms from the release sent at %d", r, ok, sent)
+	}
+}
