@@ -346,7 +346,8 @@ func (l *Lock) attempts(ctx context.Context, wait bool, local *localLock, mark w
 			if prev := loadError(lastErr); prev == nil || prev.Error() != err.Error() {
 				r.cfg.logger.Warn("lockreg: Redis error while acquiring; retrying", "key", l.key, "error", err)
 			}
-			lastErr.Store(&err)
+			stored := err // a copy, so that err stays on the stack
+			lastErr.Store(&stored)
 		}
 		stop := errBusy
 		if wait {
