@@ -309,13 +309,16 @@ func (l *Lock) attempts(ctx context.Context, wait bool, local *localLock, mark w
 			l.free(local)
 			return nil, l.notAcquired(ctx, err, nil)
 		}
-		// A notification from before this first attempt says nothing new;
-		// a grant from before it, if the key is still ours, the attempt
-		// finds. (With a mark, the grant may have come already.)
-		select {
-		case <-local.wake:
-		default:
-		}
+	}
+	// A notification from before this point says nothing new. A grant
+	// from before it, if the key is still ours, the first attempt finds;
+	// with a mark, a grant that answers it may have come already, and its
+	// token is checked first.
+	select {
+	case <-local.wake:
+	default:
+	}
+	if attempt {
 		local.grantedToken.Store(0)
 	}
 	for {
