@@ -332,6 +332,10 @@ func TestAReleasePassingTheKeyOnMarksTheGoroutineWaitingBehind(t *testing.T) {
 	holder := newRegistry(t, client, WithRetryInterval(time.Second), WithLocalHandoff(0, 0))
 	other := newRegistry(t, client, WithRetryInterval(time.Second))
 	held, otherTaken, otherRelease, behind := holdAndWaitBehind(t, ctx, holder, other, "g")
+	// A wake-up from before the release, still pending when the mutex
+	// passes, must not cost the waiter an attempt either.
+	require.NoError(t, client.Publish(ctx, holder.channel, "wg").Err())
+	require.Eventually(t, func() bool { return holder.Stats().Notifications > 0 }, time.Second, time.Millisecond)
 	calls := holder.Stats().AcquireCalls
 
 	held.Unlock()
