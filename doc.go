@@ -107,17 +107,18 @@
 // therefore cost the release's round trip and the message, not a further
 // acquisition.
 //
-// The grantee trusts a grant only if it provably came after one of its own
-// failed attempts, whose reply carried the key's last token (the attempt
-// stores one from the clock if none is stored): the grant's token must be
-// larger. Its lease is then counted from when that attempt
-// was sent, so the registry never overestimates it, and the token keeps
-// the fencing order. A grant it cannot place this way (it came before the
-// attempt) only wakes the waiter, whose next attempt finds the key its
-// own. A registry whose waiter gave up withdraws
-// its mark; a grant that still reaches it is given back at once, under the
-// key's local mutex; a grant to a registry that died while waiting blocks
-// the key for the grant lease only. Registries with WithPubSub(false) or
+// The grantee trusts a grant only if it provably came after the call that
+// marked it, one of its own failed attempts or its release that marked it,
+// whose reply carried the key's last token (an attempt stores one from the
+// clock if none is stored): the grant's token must be larger. Its lease is
+// then counted from when that call was sent, so the registry never
+// overestimates it, and the token keeps the fencing order. A grant it
+// cannot place this way (it came before the call) only wakes the waiter,
+// whose next attempt finds the key its own. A registry whose waiter gave
+// up withdraws its mark; a grant that still reaches it is given back at
+// once, unless an acquisition of the registry took the key meanwhile (the
+// give-back checks the key's last token); a grant to a registry that died
+// while waiting blocks the key for the grant lease only. Registries with WithPubSub(false) or
 // WithWaitReplicas take no grants (a grant is not acknowledged by
 // replicas); their marks ask to be woken, and a release whose oldest mark
 // is one of theirs deletes the key and publishes it to all waiters. Such a
