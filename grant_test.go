@@ -250,11 +250,7 @@ func TestGrantIsTrustedWhenNoHoldDrewAToken(t *testing.T) {
 	callsWhileWaiting := waiter.Stats().AcquireCalls
 	held.Unlock()
 
-	select {
-	case <-taken:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the waiter did not acquire")
-	}
+	requireTaken(t, taken)
 	s := waiter.Stats()
 	require.Equal(t, int64(1), s.Grants, "the release passed the key on")
 	require.Equal(t, callsWhileWaiting, s.AcquireCalls, "and the waiter took it without a call of its own")
@@ -283,11 +279,7 @@ func TestAReleaseFindingAWaiterUnexpectedlyIsSentAgain(t *testing.T) {
 		}, 5*time.Second, time.Millisecond, "the waiter marked itself and listens")
 		before := holder.Stats().ReleaseCalls
 		held.Unlock()
-		select {
-		case <-taken:
-		case <-time.After(5 * time.Second):
-			t.Fatal("the waiter did not acquire")
-		}
+		requireTaken(t, taken)
 		require.Equal(t, int64(round+1), waiter.Stats().Grants, "round %d: the release granted the key", round)
 		require.Equal(t, int64(2-round), holder.Stats().ReleaseCalls-before, "round %d: release calls", round)
 		requireReleased(t, client, held.keys[0], "the waiter unlocked")

@@ -26,6 +26,17 @@ func waitUntilWaiting(t *testing.T, r *Registry) {
 	}, 5*time.Second, time.Millisecond)
 }
 
+// requireTaken waits until lockInBackground's goroutine took its lock.
+func requireTaken(t *testing.T, taken <-chan time.Time) {
+	t.Helper()
+	select {
+	case _, ok := <-taken:
+		require.True(t, ok, "the waiter's acquisition failed")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter did not acquire")
+	}
+}
+
 // lockInBackground starts lock.LockContext in a goroutine that unlocks at
 // once; the channel reports the error and when the lock was taken.
 func lockInBackground(ctx context.Context, lock *Lock) <-chan time.Time {
