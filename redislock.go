@@ -119,7 +119,10 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 	// grant without a failing attempt of its own, one round trip less per
 	// hand-off between processes. Only a subscribed registry hears grants.
 	markNext := r.grantLease > 0 && r.subscribed.Load() && local.waited()
-	sent := time.Now()
+	var sent time.Time // when the call that may mark was sent
+	if markNext {
+		sent = time.Now()
+	}
 	released, err := l.releaseRedis(ctx, h, markNext)
 	var mark waitMark
 	if released < 0 {
