@@ -534,6 +534,54 @@ func TestAbandonedAttemptIsCleanedUp(t *testing.T) {
 	other.Obtain("k").Unlock()
 }
 
+func TestLockContextReturnsAtItsDeadlineWhileSubscribing(t *testing.T) {
+	// A waiter subscribes after its first failed attempt. If Redis hangs
+	// then, so does the subscription's call (go-redis reads the
+	// confirmation with no deadline), but the caller still gets its
+	// answer at its own deadline.
+	srv := redistest.Start(t)
+	holder := newRegistry(t, srv.Client(t))
+	holder.Obtain("k").Lock()
+	hang := &afterScript{do: func() { srv.Pause(t) }}
+	waiter := newRegistry(t, srv.Client(t, hang))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := waiter.Obtain("k").LockContext(ctx)
+	elapsed := time.Since(start)
+	srv.Resume(t)
+	require.True(t, hang.done.Load(), "the attempt failed, then Redis hung")
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, elapsed, time.Second, "returns at its deadline, not when Redis wakes")
+	// The subscription's call ends once Redis wakes, and the registry
+	// then drops the key's local state.
+	require.Eventually(t, func() bool { return waiter.locals.size() == 0 }, 5*time.Second, time.Millisecond)
+	holder.Obtain("k").Unlock()
+}
+
+// afterScript is a go-redis hook that runs do once, after the first script
+// call that Redis answered without an error.
+type afterScript struct {
+	done atomic.Bool
+	do   func()
+}
+
+func (a *afterScript) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (a *afterScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (a *afterScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && err == nil && a.done.CompareAndSwap(false, true) {
+			a.do()
+		}
+		return err
+	}
+}
+
 func TestUnlockByNonOwner(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
