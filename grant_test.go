@@ -3,7 +3,9 @@ package lockreg
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,8 +89,15 @@ func TestShortGrantedHoldsAreNotExtended(t *testing.T) {
 	_, ok := <-taken
 	require.True(t, ok, "the waiter acquired")
 	require.Equal(t, int64(1), waiter.Stats().Grants)
+	require.Zero(t, goroutinesRunning("extendLater.func"), "only a timer waits to extend the grant")
 	time.Sleep(waiter.grantLease)
 	require.Zero(t, waiter.Stats().RenewCalls, "a hold released within its grant lease costs no extension")
+}
+
+// goroutinesRunning counts the goroutines whose stack has fn in it.
+func goroutinesRunning(fn string) int {
+	buf := make([]byte, 1<<20)
+	return strings.Count(string(buf[:runtime.Stack(buf, true)]), fn)
 }
 
 func TestGrantNobodyWaitsForIsGivenBack(t *testing.T) {

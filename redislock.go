@@ -507,20 +507,20 @@ func (l *Lock) acceptGrant(local *localLock, token int64, failed time.Time, fail
 // extendLater extends a granted hold's short lease to the registry's own
 // halfway through what is left of it, if the hold, or a hold handed on
 // from it, still has the key then. Most holds end sooner and need no
-// extension, which would cost a round trip.
+// extension, which would cost a round trip; a timer, rather than a
+// goroutine per grant, waits for that moment, so that short holds leave
+// nothing running behind them. It reports false, and extends nothing,
+// once the registry is closed.
 func (r *Registry) extendLater(local *localLock, h *hold) bool {
-	return r.goBackground(func(ctx context.Context) {
-		t := time.NewTimer(time.Until(time.Unix(0, h.leaseEnd.Load())) / 2)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return
-		}
+	if r.closing() {
+		return false
+	}
+	time.AfterFunc(time.Until(time.Unix(0, h.leaseEnd.Load()))/2, func() {
 		if current := local.hold.Load(); current != nil && current.leaseEnd == h.leaseEnd && !current.leaseOver() {
-			r.renew(ctx, [][]*hold{{current}})
+			r.goBackground(func(ctx context.Context) { r.renew(ctx, [][]*hold{{current}}) })
 		}
 	})
+	return true
 }
 
 // unmark withdraws, in the background, the mark of a waiting acquisition
