@@ -154,7 +154,7 @@ func (w *worker) critical(g int, lock *lockreg.Lock, acq time.Time, rng *rand.Ra
 	}
 	root, ok := w.leases.rootOf(key, token)
 	if !ok {
-		w.out.emit(event{E: "error", Msg: fmt.Sprintf("goroutine %d holds %s with token %d, which no obtain call or grant the worker saw explains (last: %d)", g, key, token, w.leases.lastToken(key))})
+		w.out.emit(event{E: "error", Msg: fmt.Sprintf("goroutine %d holds %s with token %d, which no obtain call or grant the worker saw explains (last: %d); %s", g, key, token, w.leases.lastToken(key), w.leases.historyOf(key))})
 	}
 	w.out.emit(event{E: "enter", G: g, Key: key, Token: token, Fresh: root.fresh, Acq: acq.UnixNano(), At: enter, Root: root.sent, RootLease: root.lease})
 
@@ -239,7 +239,35 @@ type leaseTracker struct {
 	// resubscribed is when the tracker's subscription last came back
 	// after its connection was lost (unix ns), 0 if never.
 	resubscribed int64
-	out          *emitter
+	// history is, by key, what the tracker saw last, oldest first, for
+	// the report of a hold it cannot explain.
+	history map[string][]string
+	out     *emitter
+}
+
+// historyLength is how many of its latest observations per key the
+// tracker keeps.
+const historyLength = 16
+
+// saw records an observation about key. Called with mu held.
+func (t *leaseTracker) saw(key, format string, args ...any) {
+	h := append(t.history[key], time.Now().Format("15:04:05.000000 ")+fmt.Sprintf(format, args...))
+	if len(h) > historyLength {
+		h = h[len(h)-historyLength:]
+	}
+	t.history[key] = h
+}
+
+// historyOf reports what the tracker saw last about key, and when its
+// subscription last came back.
+func (t *leaseTracker) historyOf(key string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	resubscribed := "never"
+	if t.resubscribed != 0 {
+		resubscribed = time.Unix(0, t.resubscribed).Format("15:04:05.000000")
+	}
+	return fmt.Sprintf("tracker resubscribed: %s; its latest observations of %s: [%s]", resubscribed, key, strings.Join(t.history[key], "; "))
 }
 
 // root is what a hold rests on: the token its obtain or grant drew, when
@@ -263,7 +291,7 @@ type explained struct {
 func newLeaseTracker(registry string, keys []string, out *emitter) *leaseTracker {
 	t := &leaseTracker{
 		roots: make(map[string]root), failed: make(map[string]failedAttempt), granted: make(map[string]int64),
-		keyOf: make(map[string]string), out: out,
+		keyOf: make(map[string]string), history: make(map[string][]string), out: out,
 	}
 	for _, k := range keys {
 		// The library's key scheme for keys without braces or '%'.
@@ -286,6 +314,7 @@ func (t *leaseTracker) rootOf(key string, token int64) (explained, bool) {
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
 		t.mu.Lock()
 		if f := t.failed[key]; time.Now().After(deadline) && t.resubscribed > f.sent {
+			t.saw(key, "hold with token %d credited as a grant missed in a subscription gap", token)
 			t.granted[key] = max(t.granted[key], token)
 			t.credit(key)
 		}
@@ -348,6 +377,7 @@ func (t *leaseTracker) grant(note string) {
 	if grantee == "" || grantee != t.clientID {
 		return
 	}
+	t.saw(key, "grant with token %d", token)
 	t.granted[key] = max(t.granted[key], token)
 	t.credit(key)
 }
@@ -363,6 +393,7 @@ func (t *leaseTracker) credit(key string) {
 		return
 	}
 	t.roots[key] = root{token: token, sent: f.sent, lease: t.grantLease}
+	t.saw(key, "credited the grant with token %d", token)
 }
 
 // sawMark records the call that marked the registry as waiting for key
@@ -434,6 +465,7 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 		if key, known := t.keyOf[fmt.Sprint(args[1])]; known {
 			t.mu.Lock()
 			t.roots[key] = root{sent: sent}
+			t.saw(key, "SET NX took it")
 			t.mu.Unlock()
 		}
 		return
@@ -463,8 +495,10 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 		defer t.mu.Unlock()
 		if reply > 0 {
 			t.roots[key] = root{sent: sent}
+			t.saw(key, "obtain.lua took it")
 			return
 		}
+		t.saw(key, "obtain.lua failed and marked, last token %d", -reply)
 		t.sawMark(key, failedAttempt{sent: sent, lastToken: -reply}, fmt.Sprint(argv[0]), fmt.Sprint(argv[4]))
 	case n == 3 && len(argv) == 8 && strings.HasSuffix(fmt.Sprint(keys[1]), ":fence") &&
 		strings.HasPrefix(fmt.Sprint(argv[6]), fmt.Sprint(argv[0])):
@@ -475,6 +509,7 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 		}
 		t.mu.Lock()
 		defer t.mu.Unlock()
+		t.saw(key, "release granted it away with token %d and marked", -reply)
 		t.sawMark(key, failedAttempt{sent: sent, lastToken: -reply}, fmt.Sprint(argv[0]), fmt.Sprint(argv[6]))
 	case n == 2 && len(argv) == 2 && strings.HasSuffix(fmt.Sprint(keys[1]), ":fence"):
 		// A token drawn for the hold the latest obtain began: only the
@@ -490,6 +525,9 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 		if r := t.roots[key]; r.token == 0 && r.sent != 0 {
 			r.token = token
 			t.roots[key] = r
+			t.saw(key, "drew token %d", token)
+		} else {
+			t.saw(key, "drew token %d for a root with token %d: unexplained", token, r.token)
 		}
 		t.mu.Unlock()
 	case len(argv) == 2:

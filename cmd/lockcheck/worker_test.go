@@ -8,7 +8,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -215,5 +217,36 @@ func TestLeaseTrackerCreditsAGrantToAReleaseMark(t *testing.T) {
 	tracker.grant("g101:me:k")
 	if r, ok := tracker.rootOf("k", 101); !ok || r.sent != sent || r.lease != 200*time.Millisecond || !r.fresh {
 		t.Errorf("got %+v, %v; want the grant, its lease of 200ms from the release sent at %d", r, ok, sent)
+	}
+}
+
+// TestLeaseTrackerReportsWhatItSawOfAKey checks the history an unexplained
+// hold is reported with: the key's latest observations, in order, at most
+// historyLength of them.
+func TestLeaseTrackerReportsWhatItSawOfAKey(t *testing.T) {
+	const registry = "tracker"
+	tracker := newLeaseTracker(registry, []string{"k"}, &emitter{w: bufio.NewWriter(io.Discard)})
+	client := redistest.Start(t).Client(t, tracker)
+	reg, err := lockreg.New(client, registry, lockreg.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	lock := reg.Obtain("k")
+	lock.Lock()
+	drawn := token(t, lock)
+	lock.Unlock()
+
+	got := tracker.historyOf("k")
+	if !strings.Contains(got, "resubscribed: never") || !strings.Contains(got, "SET NX took it; ") ||
+		!strings.HasSuffix(got, fmt.Sprintf(" drew token %d]", drawn)) {
+		t.Fatalf("history of k = %q, want the SET NX, then the draw of token %d", got, drawn)
+	}
+	for range historyLength + 5 {
+		lock.Lock()
+		lock.Unlock()
+	}
+	if n := strings.Count(tracker.historyOf("k"), "SET NX took it"); n != historyLength {
+		t.Errorf("history keeps %d observations, want the latest %d", n, historyLength)
 	}
 }
