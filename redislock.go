@@ -95,6 +95,11 @@ func (l *Lock) Unlock() {
 // the key had expired or had another owner (whose key stays untouched), an
 // ErrRedis error if Redis failed (the key then expires after its lease),
 // and ErrNotHeld, changing nothing, if the caller does not hold the lock.
+// ctx bounds the Redis call only as far as the client honours it: a
+// go-redis client applies ctx's deadline with ContextTimeoutEnabled set,
+// and otherwise only its ReadTimeout and WriteTimeout (5s by default in
+// go-redis v9.23), so a hung Redis can keep UnlockContext past ctx's end
+// until those expire.
 func (l *Lock) UnlockContext(ctx context.Context) error {
 	r := l.r
 	local := r.locals.ownedBy(l.key, goroutineID())
@@ -192,7 +197,8 @@ func (l *Lock) acquire(ctx context.Context, wait bool) error {
 // returns an ErrNotHeld error if the caller holds nothing; an ErrLockLost
 // error if the key expired or passed on, or may have (Lost has fired):
 // stop the protected work; and an ErrRedis error if Redis failed (the hold
-// is unchanged: call again).
+// is unchanged: call again). Like UnlockContext, it is bounded by ctx only
+// as far as the client honours it.
 func (l *Lock) Token(ctx context.Context) (int64, error) {
 	local := l.r.locals.ownedBy(l.key, goroutineID())
 	if local == nil {

@@ -582,6 +582,30 @@ func (a *afterScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+func TestUnlockContextHonoursCtxAsFarAsTheClientDoes(t *testing.T) {
+	// A go-redis client with ContextTimeoutEnabled applies ctx's deadline
+	// to its calls: UnlockContext then returns at that deadline while
+	// Redis hangs, with an ErrRedis error, and frees the lock locally.
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	lock.Lock()
+
+	srv.Pause(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := lock.UnlockContext(ctx)
+	elapsed := time.Since(start)
+	srv.Resume(t)
+	require.ErrorIs(t, err, ErrRedis)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, elapsed, time.Second, "returns at ctx's deadline, not at go-redis's 5s read timeout")
+	requireNoLocalState(t, r)
+}
+
 func TestUnlockByNonOwner(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
