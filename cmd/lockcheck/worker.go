@@ -310,10 +310,16 @@ func newLeaseTracker(registry string, keys []string, out *emitter) *leaseTracker
 // the latest failed attempt was sent, a hold whose token exceeds the last
 // token that attempt reported is credited as that missed grant: it is what
 // the message would have said (the fenced store checks the token anyway).
+//
+// The second is of the worker's running time: a stop fault that freezes
+// the worker freezes the tracker's goroutine too, and the grant it has not
+// read yet must not count as missed when the worker resumes.
 func (t *leaseTracker) rootOf(key string, token int64) (explained, bool) {
-	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+	wait := newRunningWait(time.Second, time.Now())
+	for ; ; time.Sleep(time.Millisecond) {
+		over := wait.over(time.Now())
 		t.mu.Lock()
-		if f := t.failed[key]; time.Now().After(deadline) && t.resubscribed > f.sent {
+		if f := t.failed[key]; over && t.resubscribed > f.sent {
 			t.saw(key, "hold with token %d credited as a grant missed in a subscription gap", token)
 			t.granted[key] = max(t.granted[key], token)
 			t.credit(key)
@@ -323,10 +329,35 @@ func (t *leaseTracker) rootOf(key string, token int64) (explained, bool) {
 		if r.token != 0 && d >= 0 && d <= maxHandoffs {
 			return explained{sent: r.sent, lease: r.lease, fresh: d == 0}, true
 		}
-		if time.Now().After(deadline) {
+		if over {
 			return explained{}, false
 		}
 	}
+}
+
+// stall is the longest step of a polling loop that counts as running time:
+// a longer one means the process was stopped (or starved) meanwhile.
+const stall = 100 * time.Millisecond
+
+// runningWait is a wait of a given length counted in the process's running
+// time, as far as a loop that checks it every millisecond or so can tell:
+// steps longer than stall are left out.
+type runningWait struct {
+	left time.Duration
+	last time.Time
+}
+
+func newRunningWait(d time.Duration, now time.Time) *runningWait {
+	return &runningWait{left: d, last: now}
+}
+
+// over reports, at now, whether the wait is over.
+func (w *runningWait) over(now time.Time) bool {
+	if step := now.Sub(w.last); step < stall {
+		w.left -= step
+	}
+	w.last = now
+	return w.left <= 0
 }
 
 // watchGrants subscribes to the grant channels of registry's registries

@@ -250,3 +250,28 @@ func TestLeaseTrackerReportsWhatItSawOfAKey(t *testing.T) {
 		t.Errorf("history keeps %d observations, want the latest %d", n, historyLength)
 	}
 }
+
+// TestRunningWaitLeavesOutStops: a stop of the worker (one long step)
+// does not use up the tracker's wait; steady steps do.
+func TestRunningWaitLeavesOutStops(t *testing.T) {
+	start := time.Now()
+	w := newRunningWait(time.Second, start)
+	now := start
+	step := func(d time.Duration) bool { now = now.Add(d); return w.over(now) }
+	for range 500 {
+		if step(time.Millisecond) {
+			t.Fatal("over after half of its running time")
+		}
+	}
+	if step(1500 * time.Millisecond) {
+		t.Fatal("a 1.5s stop used up the wait")
+	}
+	for range 499 {
+		if step(time.Millisecond) {
+			t.Fatal("over before its running time")
+		}
+	}
+	if !step(time.Millisecond) {
+		t.Error("not over after a second of running time")
+	}
+}
