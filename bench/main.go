@@ -50,6 +50,9 @@ type Result struct {
 	HandoffP50          float64   `json:",omitempty"`
 	HandoffP99          float64   `json:",omitempty"`
 	PingP50             float64   `json:",omitempty"` // S4: a PING round trip under the same load
+	ReleaseP50          float64   `json:",omitempty"` // S4: a release call that passed the key to another process
+	AfterReleaseP50     float64   `json:",omitempty"` // S4: the next process's hold, after that call returned (may be negative)
+	BeforeRelease       float64   `json:",omitempty"` // S4: the share of those holds taken before the call returned
 	Handoffs            []float64 `json:"-"`          // S4, for the chart
 	RoundTrips          float64   // commands sent per acquisition (per op in S2)
 	ServerCmds          float64   // commands the server ran per acquisition (per op in S2)
@@ -344,9 +347,15 @@ func (e *benchEnv) finish(ctx context.Context, sc scenario, run *contenderRun) {
 		res.MaxWait = float64(timed.waits[len(timed.waits)-1])
 	}
 	if sc.multiProcess {
-		h := handoffs(timed.holds)
+		p := handoffs(timed.holds)
+		h := p.handoffs
 		res.HandoffP50, res.HandoffP99 = float64(quantile(h, 0.5)), float64(quantile(h, 0.99))
 		res.PingP50 = float64(timed.pingP50)
+		res.ReleaseP50, res.AfterReleaseP50 = float64(quantile(p.releases, 0.5)), float64(quantile(p.afterReturn, 0.5))
+		if len(h) > 0 {
+			before, _ := slices.BinarySearch(p.afterReturn, 0)
+			res.BeforeRelease = float64(before) / float64(len(h))
+		}
 		for _, x := range h {
 			res.Handoffs = append(res.Handoffs, float64(x))
 		}
@@ -545,6 +554,7 @@ func runWorker(raw string) int {
 				if err == nil {
 					err = release(ctx)
 				}
+				h.Returned = time.Now().UnixNano()
 				if err != nil {
 					mu.Lock()
 					bad = cmp(bad, err)

@@ -117,6 +117,15 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 			fmt.Fprintf(&b, "| %s | %.0f | %s | %.0f | %.2f | %.2f | %s | %s | %s |\n",
 				r.Contender, r.NsPerOp, ratio, r.AcqPerSec, r.RoundTrips, r.ServerCmds, wait, handoff, allocs)
 		}
+		if sc.id == "S4" {
+			b.WriteString("\nHand-offs between processes, split where the releaser's call returned (medians of each part, which need not add up to the hand-off's):\n\n")
+			for _, r := range results {
+				if r.Scenario == "S4" && r.ReleaseP50 > 0 && r.PingP50 > 0 {
+					fmt.Fprintf(&b, "- %s: release call %.0f µs (%.1f PING round trips); the next process held the key %+.0f µs after it returned, and before it returned in %.0f%% of hand-offs\n",
+						r.Contender, r.ReleaseP50/1e3, r.ReleaseP50/r.PingP50, r.AfterReleaseP50/1e3, 100*r.BeforeRelease)
+				}
+			}
+		}
 		if sc.id == "S1" {
 			b.WriteString("\nOne session per peer: lockreg, the peer and two PINGs (the floor) took turns cycle by cycle, no other client alive; \"vs lockreg\" is measured within the peer's session, lockreg's figures sum all sessions.\n\n")
 			for _, r := range results {

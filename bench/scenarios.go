@@ -38,10 +38,12 @@ func (l *load) add(m load) {
 	l.pingP50 = max(l.pingP50, m.pingP50)
 }
 
-// turn is one hold in S4, numbered by INCR across all processes.
+// turn is one hold in S4, numbered by INCR across all processes: when it
+// was acquired, when its holder began to release it, and when that release
+// call returned (unix ns).
 type turn struct {
-	Seq, Acquired, Released int64 // unix ns
-	Proc                    int
+	Seq, Acquired, Released, Returned int64
+	Proc                              int
 }
 
 // workload runs against one contender for d.
@@ -196,16 +198,29 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[min(int(q*float64(len(sorted))), len(sorted)-1)]
 }
 
-// handoffs reads hand-off latencies off holds numbered across processes:
-// from one process's release to the next hold, when another process's.
-func handoffs(holds []turn) []time.Duration {
+// passes is what the hand-offs between processes took, each list sorted:
+// from one process's release to the next hold, another process's
+// (handoffs); the release calls that passed the key on, from that start
+// to their return (releases); and when the next holder had the key,
+// counted from that return (afterReturn; negative if before it).
+type passes struct {
+	handoffs, releases, afterReturn []time.Duration
+}
+
+// handoffs reads the hand-offs between processes off holds.
+func handoffs(holds []turn) passes {
 	slices.SortFunc(holds, func(a, b turn) int { return int(a.Seq - b.Seq) })
-	var out []time.Duration
+	var p passes
 	for i := 1; i < len(holds); i++ {
-		if holds[i].Proc != holds[i-1].Proc {
-			out = append(out, time.Duration(holds[i].Acquired-holds[i-1].Released))
+		prev, next := holds[i-1], holds[i]
+		if next.Proc != prev.Proc {
+			p.handoffs = append(p.handoffs, time.Duration(next.Acquired-prev.Released))
+			p.releases = append(p.releases, time.Duration(prev.Returned-prev.Released))
+			p.afterReturn = append(p.afterReturn, time.Duration(next.Acquired-prev.Returned))
 		}
 	}
-	slices.Sort(out)
-	return out
+	slices.Sort(p.handoffs)
+	slices.Sort(p.releases)
+	slices.Sort(p.afterReturn)
+	return p
 }
