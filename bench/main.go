@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"slices"
@@ -44,6 +45,8 @@ type Result struct {
 	NsPerOp             float64
 	FloorNsPerOp        float64 `json:",omitempty"` // S1: two PINGs, timed in turn with the cycles
 	VsLockReg           float64 `json:",omitempty"` // S1: ns/op over lockreg's in the same session
+	VsLockRegLo         float64 `json:",omitempty"` // S1: VsLockReg's 95% interval over the session's blocks of cycles
+	VsLockRegHi         float64 `json:",omitempty"`
 	AcqPerSec           float64
 	WaitP50, WaitP99    float64   `json:",omitempty"`
 	MaxWait             float64   `json:",omitempty"`
@@ -219,9 +222,13 @@ func (e *benchEnv) sessions(ctx context.Context, runs []*contenderRun) {
 			clients[k] = c
 		}
 		times := make([]time.Duration, len(session))
+		var blocks [][2]time.Duration // lockreg's and the peer's time per block of cycles
 		var cycles int64
 		var sessionFloor time.Duration
 		for end := time.Now().Add(2 * e.d); time.Now().Before(end); cycles++ {
+			if cycles%blockCycles == 0 {
+				blocks = append(blocks, [2]time.Duration{})
+			}
 			for turn := range len(session) + 1 {
 				k := (int(cycles) + turn) % (len(session) + 1)
 				start := time.Now()
@@ -242,7 +249,9 @@ func (e *benchEnv) sessions(ctx context.Context, runs []*contenderRun) {
 					session[k].res.Err = err.Error()
 					return
 				}
-				times[k] += time.Since(start)
+				took := time.Since(start)
+				times[k] += took
+				blocks[len(blocks)-1][k] += took
 			}
 		}
 		floor, floorPairs = floor+sessionFloor, floorPairs+cycles
@@ -254,6 +263,7 @@ func (e *benchEnv) sessions(ctx context.Context, runs []*contenderRun) {
 			peer.res.FloorNsPerOp = float64(sessionFloor.Nanoseconds()) / float64(cycles)
 			if base != nil {
 				peer.res.VsLockReg = float64(times[1]) / float64(times[0])
+				peer.res.VsLockRegLo, peer.res.VsLockRegHi = ratioInterval(blocks)
 			}
 		}
 	}
@@ -261,6 +271,35 @@ func (e *benchEnv) sessions(ctx context.Context, runs []*contenderRun) {
 		base.timed = load{acquisitions: baseCycles, ops: baseCycles, elapsed: baseTotal}
 		base.res.FloorNsPerOp = float64(floor.Nanoseconds()) / float64(floorPairs)
 	}
+}
+
+// blockCycles is how many cycles of an S1 session make one block of
+// ratioInterval's resampling.
+const blockCycles = 250
+
+// ratioInterval is a 95% bootstrap interval of the peer's time over
+// lockreg's in one S1 session: blocks of cycles, each lockreg's and the
+// peer's time, are resampled with replacement (a fixed seed, so that one
+// run's figures can be recomputed). It says how far the ratio would move
+// with the noise inside the session; the machine's state between
+// sessions is not in it. It returns zeros with too few blocks.
+func ratioInterval(blocks [][2]time.Duration) (lo, hi float64) {
+	const resamples = 2000
+	if len(blocks) < 10 {
+		return 0, 0
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	ratios := make([]float64, resamples)
+	for i := range ratios {
+		var base, peer time.Duration
+		for range blocks {
+			b := blocks[rng.IntN(len(blocks))]
+			base, peer = base+b[0], peer+b[1]
+		}
+		ratios[i] = float64(peer) / float64(base)
+	}
+	slices.Sort(ratios)
+	return ratios[resamples*25/1000], ratios[resamples*975/1000-1]
 }
 
 // prepare checks that the contender can run sc and, in process, opens and

@@ -32,3 +32,28 @@ func TestHandoffsSplitAtTheReleaseCall(t *testing.T) {
 		}
 	}
 }
+
+// TestRatioIntervalSpansTheBlocksNoise: blocks whose peer/lockreg ratios
+// scatter around 1.4 give an interval around 1.4, narrower than the
+// blocks' own spread; identical blocks give a point; too few, none.
+func TestRatioIntervalSpansTheBlocksNoise(t *testing.T) {
+	var blocks [][2]time.Duration
+	for i := range 40 {
+		peer := 1000 + 200*time.Duration(i%5) // ratios 1.0 to 1.8 of 1000, mean 1.4
+		blocks = append(blocks, [2]time.Duration{1000, peer})
+	}
+	lo, hi := ratioInterval(blocks)
+	if !(1.0 < lo && lo < 1.4 && 1.4 < hi && hi < 1.8) {
+		t.Errorf("interval %.3f-%.3f, want inside 1.0-1.8 around 1.4", lo, hi)
+	}
+	same := make([][2]time.Duration, 20)
+	for i := range same {
+		same[i] = [2]time.Duration{1000, 1100}
+	}
+	if lo, hi := ratioInterval(same); lo != 1.1 || hi != 1.1 {
+		t.Errorf("identical blocks: %v-%v, want 1.1-1.1", lo, hi)
+	}
+	if lo, hi := ratioInterval(blocks[:9]); lo != 0 || hi != 0 {
+		t.Errorf("9 blocks: %v-%v, want none", lo, hi)
+	}
+}
