@@ -20,6 +20,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -60,7 +61,7 @@ type Result struct {
 	RoundTrips          float64   // commands sent per acquisition (per op in S2)
 	ServerCmds          float64   // commands the server ran per acquisition (per op in S2)
 	AllocsPerOp         float64   `json:",omitempty"`
-	HeapInUse           uint64    `json:",omitempty"`
+	HeapKept            uint64    `json:",omitempty"` // in process: live heap bytes the contender keeps after the workload (see countingPass)
 }
 
 func main() {
@@ -161,11 +162,13 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 			}
 		}
 	}
-	var results []Result
 	for _, run := range runs {
 		if run.c != nil {
-			_ = run.c.Close()
+			_ = run.c.Close() // before any counting pass, which weighs the heap
 		}
+	}
+	var results []Result
+	for _, run := range runs {
 		if run.ok() {
 			e.finish(ctx, sc, run)
 		}
@@ -401,19 +404,27 @@ func (e *benchEnv) finish(ctx context.Context, sc scenario, run *contenderRun) {
 	}
 	if timed.mallocs > 0 && timed.acquisitions > 0 {
 		res.AllocsPerOp = float64(timed.mallocs) / float64(timed.acquisitions)
-		res.HeapInUse = timed.heapInUse
 	}
+	res.HeapKept = counted.heapKept
 }
 
 // countingPass runs sc again with the contender connected through the
 // counting proxy, which then holds the commands it sent, and returns what
 // ran. Counts are per operation, so a shorter pass does for in-process
 // scenarios.
+//
+// In process, it also weighs what the contender keeps: the live heap
+// after the pass (a forced GC, the contender still open, the harness's
+// own records of the pass dropped) over the live heap before the
+// contender was made. That is its connections' buffers and whatever
+// state it keeps per key once no goroutine uses the key (S5 touches
+// 10,000). No other contender is open then (measureAll closed them).
 func (e *benchEnv) countingPass(ctx context.Context, sc scenario, f contenders.Factory) (load, error) {
 	if sc.multiProcess {
 		e.proxy.Reset()
 		return e.processes(ctx, f, e.proxy.Addr(), e.d)
 	}
+	heapBefore := liveHeap()
 	c, err := f.New(e.proxy.Addr())
 	if err != nil {
 		return load{}, err
@@ -433,12 +444,27 @@ func (e *benchEnv) countingPass(ctx context.Context, sc scenario, f contenders.F
 		}
 	}
 	l, err := sc.work(ctx, c, e.d/3)
-	if err != nil || !sc.cycleByCycle {
+	if err != nil {
 		return l, err
+	}
+	l.waits, l.holds = nil, nil
+	if kept := liveHeap(); kept > heapBefore {
+		l.heapKept = kept - heapBefore
+	}
+	if !sc.cycleByCycle {
+		return l, nil
 	}
 	after, err := redisstat.CommandStats(ctx, e.admin)
 	l.serverCmds = serverCommands(before, after)
 	return l, err
+}
+
+// liveHeap is the bytes of heap objects alive after a full collection.
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }
 
 // serverCommands is how many commands the server ran between two INFO

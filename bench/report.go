@@ -86,37 +86,36 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 	}
 	for _, sc := range scenarios {
 		fmt.Fprintf(&b, "\n## %s: %s\n\n", sc.id, sc.title)
-		b.WriteString("| contender | ns/op | vs lockreg | acq/s | round trips/op | server cmds/op | wait p50 / p99 (µs) | hand-off p50 / p99 (µs) | allocs/op |\n")
-		b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		base, hasBase := find(results, sc.id, "lockreg")
+		var rows []Result
 		for _, r := range results {
-			if r.Scenario != sc.id {
-				continue
+			if r.Scenario == sc.id {
+				rows = append(rows, r)
 			}
+		}
+		cols := tableColumns(rows)
+		b.WriteString("| contender |")
+		for _, c := range cols {
+			b.WriteString(" " + c.name + " |")
+		}
+		b.WriteString("\n| --- |" + strings.Repeat(" ---: |", len(cols)) + "\n")
+		for _, r := range rows {
 			switch {
 			case r.NA != "":
-				fmt.Fprintf(&b, "| %s | n/a (%s) | | | | | | | |\n", r.Contender, r.NA)
+				fmt.Fprintf(&b, "| %s | n/a (%s) |%s\n", r.Contender, r.NA, strings.Repeat(" |", len(cols)-1))
 				continue
 			case r.Err != "":
-				fmt.Fprintf(&b, "| %s | error: %s | | | | | | | |\n", r.Contender, strings.ReplaceAll(r.Err, "|", "/"))
+				fmt.Fprintf(&b, "| %s | error: %s |%s\n", r.Contender, strings.ReplaceAll(r.Err, "|", "/"), strings.Repeat(" |", len(cols)-1))
 				continue
 			}
-			ratio := ""
-			if hasBase && base.NsPerOp > 0 {
-				ratio = fmt.Sprintf("%.2fx", relative(r, base))
+			b.WriteString("| " + r.Contender + " |")
+			for _, c := range cols {
+				b.WriteString(" " + c.cell(r, base, hasBase) + " |")
 			}
-			wait, handoff, allocs := "", "", ""
-			if r.WaitP50 > 0 {
-				wait = fmt.Sprintf("%.0f / %.0f", r.WaitP50/1e3, r.WaitP99/1e3)
-			}
-			if r.HandoffP50 > 0 {
-				handoff = fmt.Sprintf("%.0f / %.0f", r.HandoffP50/1e3, r.HandoffP99/1e3)
-			}
-			if r.AllocsPerOp > 0 {
-				allocs = fmt.Sprintf("%.1f", r.AllocsPerOp)
-			}
-			fmt.Fprintf(&b, "| %s | %.0f | %s | %.0f | %.2f | %.2f | %s | %s | %s |\n",
-				r.Contender, r.NsPerOp, ratio, r.AcqPerSec, r.RoundTrips, r.ServerCmds, wait, handoff, allocs)
+			b.WriteString("\n")
+		}
+		if slices.ContainsFunc(cols, func(c column) bool { return c.name == heapKeptColumn }) {
+			b.WriteString("\n" + heapKeptColumn + ": the live heap after a pass of the scenario, the contender still open and no other, over the live heap before it was made (both after a forced GC; the harness's own records dropped): its connections' buffers and whatever it keeps per key once no goroutine uses the key.\n")
 		}
 		if sc.id == "S4" {
 			b.WriteString("\nHand-offs between processes, split where the releaser's call returned (medians of each part, which need not add up to the hand-off's):\n\n")
@@ -143,6 +142,63 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 		}
 	}
 	return b.String()
+}
+
+// column is one figure of a scenario's table.
+type column struct {
+	name string
+	cell func(r, base Result, hasBase bool) string
+	// optional columns appear only in scenarios where some contender has
+	// the figure.
+	has func(Result) bool
+}
+
+const heapKeptColumn = "live heap kept (KiB)"
+
+var columns = []column{
+	{name: "ns/op", cell: func(r, _ Result, _ bool) string { return fmt.Sprintf("%.0f", r.NsPerOp) }},
+	{name: "vs lockreg", cell: func(r, base Result, hasBase bool) string {
+		if !hasBase || base.NsPerOp <= 0 {
+			return ""
+		}
+		return fmt.Sprintf("%.2fx", relative(r, base))
+	}},
+	{name: "acq/s", cell: func(r, _ Result, _ bool) string { return fmt.Sprintf("%.0f", r.AcqPerSec) }},
+	{name: "round trips/op", cell: func(r, _ Result, _ bool) string { return fmt.Sprintf("%.2f", r.RoundTrips) }},
+	{name: "server cmds/op", cell: func(r, _ Result, _ bool) string { return fmt.Sprintf("%.2f", r.ServerCmds) }},
+	{name: "wait p50 / p99 (µs)", cell: func(r, _ Result, _ bool) string {
+		return ifSet(r.WaitP50 > 0, "%.0f / %.0f", r.WaitP50/1e3, r.WaitP99/1e3)
+	}, has: func(r Result) bool { return r.WaitP50 > 0 }},
+	{name: "max wait (ms)", cell: func(r, _ Result, _ bool) string {
+		return ifSet(r.MaxWait > 0, "%.1f", r.MaxWait/1e6)
+	}, has: func(r Result) bool { return r.MaxWait > 0 }},
+	{name: "hand-off p50 / p99 (µs)", cell: func(r, _ Result, _ bool) string {
+		return ifSet(r.HandoffP50 > 0, "%.0f / %.0f", r.HandoffP50/1e3, r.HandoffP99/1e3)
+	}, has: func(r Result) bool { return r.HandoffP50 > 0 }},
+	{name: "allocs/op", cell: func(r, _ Result, _ bool) string {
+		return ifSet(r.AllocsPerOp > 0, "%.1f", r.AllocsPerOp)
+	}, has: func(r Result) bool { return r.AllocsPerOp > 0 }},
+	{name: heapKeptColumn, cell: func(r, _ Result, _ bool) string {
+		return ifSet(r.HeapKept > 0, "%.0f", float64(r.HeapKept)/1024)
+	}, has: func(r Result) bool { return r.HeapKept > 0 }},
+}
+
+// tableColumns picks the columns of a scenario's table.
+func tableColumns(rows []Result) []column {
+	var out []column
+	for _, c := range columns {
+		if c.has == nil || slices.ContainsFunc(rows, c.has) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func ifSet(set bool, format string, args ...any) string {
+	if !set {
+		return ""
+	}
+	return fmt.Sprintf(format, args...)
 }
 
 // targets checks the targets, saying plainly which are missed.

@@ -21,7 +21,7 @@ type load struct {
 	waits        []time.Duration
 	holds        []turn // S4: holds numbered across processes
 	mallocs      uint64
-	heapInUse    uint64
+	heapKept     uint64        // the counting pass: live heap the contender keeps
 	pingP50      time.Duration // S4: PING round trip under the same load
 	serverCmds   int64         // S1's counting pass: commands the server ran
 }
@@ -34,7 +34,6 @@ func (l *load) add(m load) {
 	l.waits = append(l.waits, m.waits...)
 	l.holds = append(l.holds, m.holds...)
 	l.mallocs += m.mallocs
-	l.heapInUse = max(l.heapInUse, m.heapInUse)
 	l.pingP50 = max(l.pingP50, m.pingP50)
 }
 
@@ -157,7 +156,6 @@ func parallel(ctx context.Context, c contenders.Contender, d time.Duration, goro
 	l.acquisitions = count.Load()
 	l.ops = l.acquisitions
 	l.mallocs = after.Mallocs - before.Mallocs
-	l.heapInUse = after.HeapInuse
 	return l, firstErr
 }
 

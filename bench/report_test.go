@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lockreg/lockreg/bench/contenders"
+	"github.com/lockreg/lockreg/bench/proxy"
+)
+
+// TestTablesShowMaxWaitAndHeapWhereMeasured: S4's table shows the longest
+// wait and S5's the heap a contender keeps, in the units the headers name;
+// a scenario without those figures has no such columns, and its n/a rows
+// have as many cells as its header.
+func TestTablesShowMaxWaitAndHeapWhereMeasured(t *testing.T) {
+	results := []Result{
+		{Scenario: "S2", Contender: "lockreg", NsPerOp: 1600, AcqPerSec: 3e6},
+		{Scenario: "S2", Contender: "bsm/redislock-linear", NA: "not reentrant"},
+		{Scenario: "S4", Contender: "lockreg", NsPerOp: 96000, AcqPerSec: 10400, WaitP50: 6.2e6, WaitP99: 10e6, MaxWait: 13.78e6, HandoffP50: 223e3, HandoffP99: 445e3},
+		{Scenario: "S5", Contender: "lockreg", NsPerOp: 11600, AcqPerSec: 85700, WaitP50: 342e3, WaitP99: 1225e3, MaxWait: 5.1e6, AllocsPerOp: 36.3, HeapKept: 2 << 20},
+	}
+	md := markdown(time.Now(), "test machine", false, results)
+	table := func(id string) []string {
+		_, rest, ok := strings.Cut(md, "\n## "+id+":")
+		if !ok {
+			t.Fatalf("no %s section in\n%s", id, md)
+		}
+		var rows []string
+		for _, line := range strings.Split(rest, "\n")[1:] {
+			if strings.HasPrefix(line, "## ") {
+				break
+			}
+			if strings.HasPrefix(line, "|") {
+				rows = append(rows, line)
+			}
+		}
+		return rows
+	}
+	s4, s5, s2 := table("S4"), table("S5"), table("S2")
+	if !strings.Contains(s4[0], "| max wait (ms) |") || !strings.Contains(s4[2], "| 13.8 |") {
+		t.Errorf("S4 lacks the max wait:\n%s", strings.Join(s4, "\n"))
+	}
+	if !strings.Contains(s5[0], "| "+heapKeptColumn+" |") || !strings.Contains(s5[2], "| 2048 |") {
+		t.Errorf("S5 lacks the heap kept:\n%s", strings.Join(s5, "\n"))
+	}
+	if strings.Contains(s4[0], heapKeptColumn) || strings.Contains(s2[0], "max wait") || strings.Contains(s2[0], heapKeptColumn) {
+		t.Errorf("a column without figures:\nS4: %s\nS2: %s", s4[0], s2[0])
+	}
+	for _, rows := range [][]string{s2, s4, s5} {
+		for _, row := range rows[1:] {
+			if strings.Count(row, "|") != strings.Count(rows[0], "|") {
+				t.Errorf("row %q has not the header's %d cells", row, strings.Count(rows[0], "|")-1)
+			}
+		}
+	}
+}
+
+// keeper is a contender that never touches Redis and keeps perKey bytes
+// for every key it was ever asked for.
+type keeper struct {
+	perKey int
+	mu     sync.Mutex
+	kept   map[string][]byte
+}
+
+func (k *keeper) Acquire(_ context.Context, key string) (func(context.Context) error, error) {
+	k.mu.Lock()
+	if _, ok := k.kept[key]; !ok && k.perKey > 0 {
+		k.kept[key] = make([]byte, k.perKey)
+	}
+	k.mu.Unlock()
+	return func(context.Context) error { return nil }, nil
+}
+
+func (k *keeper) Reentrant() bool { return true }
+func (k *keeper) Close() error    { return nil }
+
+// TestCountingPassWeighsWhatTheContenderKeeps: a contender that keeps 4 KiB
+// for each of 1,000 keys is found to keep about 4,000 KiB; one that keeps
+// nothing, far less, though the pass recorded a wait for each of its
+// (millions of) acquisitions.
+func TestCountingPassWeighsWhatTheContenderKeeps(t *testing.T) {
+	counter, err := proxy.Start("127.0.0.1:1") // the keepers never connect
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer counter.Close()
+	env := &benchEnv{proxy: counter, d: 300 * time.Millisecond}
+	sc := scenario{id: "T", title: "4 goroutines, 1,000 keys", work: manyKeys(4, 1000)}
+	weigh := func(perKey int) (kept uint64, acquisitions int64) {
+		f := contenders.Factory{Name: "keeper", New: func(string) (contenders.Contender, error) {
+			return &keeper{perKey: perKey, kept: map[string][]byte{}}, nil
+		}}
+		l, err := env.countingPass(context.Background(), sc, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.heapKept, l.acquisitions
+	}
+	kept, n := weigh(4 << 10)
+	if kept < 3900<<10 || kept > 5000<<10 {
+		t.Errorf("keeping 4 KiB for each of 1,000 keys: weighed %d KiB, want about 4,000", kept>>10)
+	}
+	kept, n = weigh(0)
+	if kept > 512<<10 {
+		t.Errorf("keeping nothing: weighed %d KiB after %d acquisitions (%d KiB of recorded waits), want under 512",
+			kept>>10, n, n*8>>10)
+	}
+	if n < 100_000 {
+		t.Fatalf("only %d acquisitions: too few for the recorded waits to show", n)
+	}
+}
