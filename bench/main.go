@@ -72,22 +72,47 @@ func main() {
 	out := flag.String("out", ".", "where results/, RESULTS.md and charts/ go")
 	only := flag.String("contenders", "", "comma-separated contender names (default: all)")
 	onlyScenarios := flag.String("scenarios", "", "comma-separated scenario ids, e.g. S1,S6 (default: all)")
+	repeat := flag.Int("repeat", 1, "runs, one after another, each on a fresh redis-server; more than 1 tallies how often each target was met and writes only results/<date>-repeat.json")
 	flag.Parse()
-	if err := run(*quick, *out, *only, *onlyScenarios); err != nil {
+	if err := run(*quick, *out, *only, *onlyScenarios, *repeat); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(quick bool, out, only, onlyScenarios string) error {
+func run(quick bool, out, only, onlyScenarios string, repeat int) error {
+	if repeat < 1 {
+		return fmt.Errorf("-repeat %d: give 1 or more runs", repeat)
+	}
+	var runs [][]Result
+	var version string
+	for i := range repeat {
+		if repeat > 1 {
+			fmt.Fprintf(os.Stderr, "run %d of %d\n", i+1, repeat)
+		}
+		results, v, err := measure(quick, only, onlyScenarios)
+		if err != nil {
+			return err
+		}
+		runs, version = append(runs, results), v
+	}
+	if repeat == 1 {
+		return report(out, quick, runs[0], version)
+	}
+	return reportRepeats(out, quick, runs, version)
+}
+
+// measure runs the scenarios once against a fresh redis-server and
+// returns the results and the server's version.
+func measure(quick bool, only, onlyScenarios string) ([]Result, string, error) {
 	srv, err := redistest.Launch()
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	defer srv.Shutdown()
 	counter, err := proxy.Start(srv.Addr())
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	defer counter.Close()
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
@@ -112,7 +137,7 @@ func run(quick bool, out, only, onlyScenarios string) error {
 		results = append(results, env.measureAll(sc, factories)...)
 	}
 	version, _ := admin.Info(context.Background(), "server").Result()
-	return report(out, quick, results, redisVersion(version))
+	return results, redisVersion(version), nil
 }
 
 type benchEnv struct {

@@ -21,25 +21,13 @@ import (
 // report writes results/<date>.json, RESULTS.md and the charts, and prints
 // the table.
 func report(out string, quick bool, results []Result, redisVersion string) error {
-	now := time.Now().UTC()
-	machine := fmt.Sprintf("%s/%s, %d cores, %s, Redis %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), redisVersion)
-	if err := os.MkdirAll(filepath.Join(out, "results"), 0o755); err != nil {
-		return err
-	}
-	raw, err := json.MarshalIndent(struct {
+	now, machine := time.Now().UTC(), machineLine(redisVersion)
+	if err := writeJSON(out, "", struct {
 		Date    time.Time
 		Machine string
 		Quick   bool
 		Results []Result
-	}{now, machine, quick, results}, "", "  ")
-	if err != nil {
-		return err
-	}
-	name := now.Format("2006-01-02")
-	if quick {
-		name += "-quick"
-	}
-	if err := os.WriteFile(filepath.Join(out, "results", name+".json"), raw, 0o644); err != nil {
+	}{now, machine, quick, results}, now, quick); err != nil {
 		return err
 	}
 	md := markdown(now, machine, quick, results)
@@ -51,6 +39,79 @@ func report(out string, quick bool, results []Result, redisVersion string) error
 		return err
 	}
 	return charts(filepath.Join(out, "charts"), results)
+}
+
+// reportRepeats writes results/<date>-repeat.json with every run's
+// results and prints how often each target was met, run by run.
+// RESULTS.md and the charts stay those of a single run.
+func reportRepeats(out string, quick bool, runs [][]Result, redisVersion string) error {
+	now, machine := time.Now().UTC(), machineLine(redisVersion)
+	if err := writeJSON(out, "-repeat", struct {
+		Date    time.Time
+		Machine string
+		Quick   bool
+		Runs    [][]Result
+	}{now, machine, quick, runs}, now, quick); err != nil {
+		return err
+	}
+	checked := make([][]target, len(runs))
+	for i, results := range runs {
+		checked[i] = targets(results)
+	}
+	fmt.Printf("# Targets over %d runs\n\n%s, %s.\n\n%s", len(runs), now.Format(time.DateOnly), machine, tally(checked))
+	return nil
+}
+
+func machineLine(redisVersion string) string {
+	return fmt.Sprintf("%s/%s, %d cores, %s, Redis %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), redisVersion)
+}
+
+// writeJSON writes v to results/<date><suffix>.json, or
+// <date>-quick<suffix>.json for a smoke run.
+func writeJSON(out, suffix string, v any, now time.Time, quick bool) error {
+	if err := os.MkdirAll(filepath.Join(out, "results"), 0o755); err != nil {
+		return err
+	}
+	raw, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	name := now.Format("2006-01-02")
+	if quick {
+		name += "-quick"
+	}
+	return os.WriteFile(filepath.Join(out, "results", name+suffix+".json"), raw, 0o644)
+}
+
+// tally says, for each target, in how many runs it was met, then each
+// run's verdict and figure, targets in the order the runs checked them.
+func tally(runs [][]target) string {
+	var names []string
+	byName := map[string][]string{}
+	met := map[string]int{}
+	for i, checked := range runs {
+		for _, t := range checked {
+			if _, seen := byName[t.Name]; !seen {
+				names = append(names, t.Name)
+			}
+			byName[t.Name] = append(byName[t.Name], fmt.Sprintf("run %d: %s (%s)", i+1, t.verdict(), t.Figure))
+			if t.Met {
+				met[t.Name]++
+			}
+		}
+	}
+	var b strings.Builder
+	for _, name := range names {
+		fmt.Fprintf(&b, "- %s: met in %d of %d runs", name, met[name], len(byName[name]))
+		if unchecked := len(runs) - len(byName[name]); unchecked > 0 {
+			fmt.Fprintf(&b, " (%d more could not check it: a contender failed or was left out)", unchecked)
+		}
+		b.WriteString("\n")
+		for _, line := range byName[name] {
+			b.WriteString("  - " + line + "\n")
+		}
+	}
+	return b.String()
 }
 
 // relative is r's cost relative to lockreg's (base): in S1, as measured in
@@ -81,8 +142,8 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 		"Contenders take turns, so that noise falls on all alike: S2, S3, S5 and S6 in six rounds of a slice each; S4's processes one contender after another; S1 cycle by cycle, one session per peer beside lockreg and two PINGs.\n" +
 		"Ratios are to lockreg in the same scenario.\n\n")
 	b.WriteString("## Targets\n\n")
-	for _, line := range targets(results) {
-		b.WriteString("- " + line + "\n")
+	for _, t := range targets(results) {
+		fmt.Fprintf(&b, "- %s: %s (%s)\n", t.Name, t.verdict(), t.Figure)
 	}
 	for _, sc := range scenarios {
 		fmt.Fprintf(&b, "\n## %s: %s\n\n", sc.id, sc.title)
@@ -201,17 +262,26 @@ func ifSet(set bool, format string, args ...any) string {
 	return fmt.Sprintf(format, args...)
 }
 
-// targets checks the targets, saying plainly which are missed.
-func targets(results []Result) []string {
-	verdict := func(ok bool) string {
-		if ok {
-			return "met"
-		}
-		return "**missed**"
+// target is one of the targets, checked against one run.
+type target struct {
+	Name   string
+	Met    bool
+	Figure string // what the run measured
+}
+
+// verdict says plainly whether the target was missed.
+func (t target) verdict() string {
+	if t.Met {
+		return "met"
 	}
-	var out []string
+	return "**missed**"
+}
+
+// targets checks the targets against one run's results.
+func targets(results []Result) []target {
+	var out []target
 	check := func(name string, ok bool, figure string) {
-		out = append(out, fmt.Sprintf("%s: %s (%s)", name, verdict(ok), figure))
+		out = append(out, target{Name: name, Met: ok, Figure: figure})
 	}
 	lr := func(s string) (Result, bool) { return find(results, s, "lockreg") }
 	if r, ok := lr("S1"); ok && r.FloorNsPerOp > 0 {

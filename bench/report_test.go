@@ -119,3 +119,27 @@ func TestCountingPassWeighsWhatTheContenderKeeps(t *testing.T) {
 		t.Fatalf("only %d acquisitions: too few for the recorded waits to show", n)
 	}
 }
+
+// TestTallyCountsEachTargetOverRuns: each target is counted over the runs
+// that checked it, with each run's verdict and figure, and says how many
+// did not (here, a target only the last run checks).
+func TestTallyCountsEachTargetOverRuns(t *testing.T) {
+	s1 := func(vsLockReg float64) []Result {
+		return []Result{
+			{Scenario: "S1", Contender: "lockreg", NsPerOp: 100, FloorNsPerOp: 90},
+			{Scenario: "S1", Contender: "bsm/redislock-linear", NsPerOp: 100, VsLockReg: vsLockReg},
+		}
+	}
+	withS4 := append(s1(1.01), Result{Scenario: "S4", Contender: "lockreg", HandoffP50: 310, PingP50: 100})
+	got := tally([][]target{targets(s1(1.02)), targets(s1(0.99)), targets(withS4)})
+	for _, want := range []string{
+		"- S1 lockreg within 1.25x of two PINGs: met in 3 of 3 runs\n",
+		"- S1 no slower than bsm/redislock: met in 2 of 3 runs\n  - run 1: met (0.980x",
+		"  - run 2: **missed** (1.010x",
+		"- S4 hand-off p50 within 3 round trips: met in 0 of 1 runs (2 more could not check it: a contender failed or was left out)\n  - run 3: **missed** (3.1 PING round trips",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("tally lacks %q:\n%s", want, got)
+		}
+	}
+}
