@@ -128,7 +128,7 @@ func measure(quick bool, only, onlyScenarios string) ([]Result, string, error) {
 			factories = append(factories, f)
 		}
 	}
-	env := &benchEnv{addr: srv.Addr(), proxy: counter, admin: admin, d: d}
+	env := &benchEnv{addr: srv.Addr(), proxy: counter, admin: admin, d: d, quick: quick}
 	var results []Result
 	for _, sc := range scenarios {
 		if onlyScenarios != "" && !slices.Contains(strings.Split(onlyScenarios, ","), sc.id) {
@@ -144,7 +144,8 @@ type benchEnv struct {
 	addr  string
 	proxy *proxy.Proxy
 	admin *redis.Client
-	d     time.Duration
+	d     time.Duration // a contender's timing pass, unless its scenario sets one
+	quick bool          // a smoke run: every timing pass is d
 }
 
 // rounds is how many turns the in-process scenarios give each contender:
@@ -173,9 +174,13 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 	if sc.cycleByCycle {
 		e.sessions(ctx, runs)
 	} else {
-		turns, slice := rounds, e.d/rounds
+		pass := e.d
+		if sc.timing > 0 && !e.quick {
+			pass = sc.timing
+		}
+		turns, slice := rounds, pass/rounds
 		if sc.multiProcess {
-			turns, slice = 1, e.d
+			turns, slice = 1, pass
 		}
 		for range turns {
 			for _, run := range runs {

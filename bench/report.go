@@ -140,6 +140,7 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 	b.WriteString(".\nProduced by `make bench` (bench/main.go): all contenders in one run against one redis-server.\n" +
 		"Round trips are commands on the wire, counted by a proxy in a separate pass; server commands are INFO commandstats deltas (script bodies included).\n" +
 		"Contenders take turns, so that noise falls on all alike: S2, S3, S5 and S6 in six rounds of a slice each; S4's processes one contender after another; S1 cycle by cycle, one session per peer beside lockreg and two PINGs.\n" +
+		"Each contender's timing pass lasts 3s (S3: 10s; S1: a 6s session per peer); a smoke run's, 300ms.\n" +
 		"Ratios are to lockreg in the same scenario.\n\n")
 	b.WriteString("## Targets\n\n")
 	for _, t := range targets(results) {

@@ -7,8 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/lockreg/lockreg/bench/contenders"
 	"github.com/lockreg/lockreg/bench/proxy"
+	"github.com/lockreg/lockreg/internal/redistest"
 )
 
 // TestTablesShowMaxWaitAndHeapWhereMeasured: S4's table shows the longest
@@ -140,6 +143,43 @@ func TestTallyCountsEachTargetOverRuns(t *testing.T) {
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("tally lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// TestScenarioTimingSetsThePassOutsideSmokeRuns: a scenario's own timing
+// pass (S3's 10s) replaces the run's default in a full run, and a smoke
+// run keeps the default for all.
+func TestScenarioTimingSetsThePassOutsideSmokeRuns(t *testing.T) {
+	srv, err := redistest.Launch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer admin.Close()
+	counter, err := proxy.Start(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer counter.Close()
+	sc := scenario{id: "T", title: "4 goroutines, 1,000 keys", timing: 1200 * time.Millisecond, work: manyKeys(4, 1000)}
+	keeper := contenders.Factory{Name: "keeper", New: func(string) (contenders.Contender, error) {
+		return &keeper{kept: map[string][]byte{}}, nil
+	}}
+	for _, quick := range []bool{false, true} {
+		env := &benchEnv{addr: srv.Addr(), proxy: counter, admin: admin, d: 120 * time.Millisecond, quick: quick}
+		res := env.measureAll(sc, []contenders.Factory{keeper})[0]
+		if res.Err != "" {
+			t.Fatal(res.Err)
+		}
+		timed := time.Duration(float64(res.Acquisitions) / res.AcqPerSec * float64(time.Second))
+		want := sc.timing
+		if quick {
+			want = env.d
+		}
+		if timed < want || timed > want+want/2 {
+			t.Errorf("quick %v: timed for %v, want %v", quick, timed, want)
 		}
 	}
 }
