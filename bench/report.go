@@ -141,7 +141,8 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 		"Round trips are commands on the wire, counted by a proxy in a separate pass; server commands are INFO commandstats deltas (script bodies included).\n" +
 		"Contenders take turns, so that noise falls on all alike: S2, S3, S5 and S6 in six rounds of a slice each; S4's processes one contender after another; S1 cycle by cycle, one session per peer beside lockreg and two PINGs.\n" +
 		"Each contender's timing pass lasts 3s (S3: 10s; S1: a 6s session per peer); a smoke run's, 300ms.\n" +
-		"Ratios are to lockreg in the same scenario.\n\n")
+		"Ratios are to lockreg in the same scenario. " +
+		"\"" + heapKeptColumn + "\" is the live heap after a pass of the scenario, the contender still open and no other, over the live heap before it was made (both after two forced collections; the harness's own records dropped): its connections' buffers and whatever it keeps per key once no goroutine uses the key.\n\n")
 	b.WriteString("## Targets\n\n")
 	for _, t := range targets(results) {
 		fmt.Fprintf(&b, "- %s: %s (%s)\n", t.Name, t.verdict(), t.Figure)
@@ -175,9 +176,6 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 				b.WriteString(" " + c.cell(r, base, hasBase) + " |")
 			}
 			b.WriteString("\n")
-		}
-		if slices.ContainsFunc(cols, func(c column) bool { return c.name == heapKeptColumn }) {
-			b.WriteString("\n" + heapKeptColumn + ": the live heap after a pass of the scenario, the contender still open and no other, over the live heap before it was made (both after a forced GC; the harness's own records dropped): its connections' buffers and whatever it keeps per key once no goroutine uses the key.\n")
 		}
 		if sc.id == "S4" {
 			b.WriteString("\nHand-offs between processes, split where the releaser's call returned (medians of each part, which need not add up to the hand-off's):\n\n")
