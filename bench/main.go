@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strings"
 	"sync"
@@ -61,7 +62,8 @@ type Result struct {
 	RoundTrips          float64   // commands sent per acquisition (per op in S2)
 	ServerCmds          float64   // commands the server ran per acquisition (per op in S2)
 	AllocsPerOp         float64   `json:",omitempty"`
-	HeapKept            uint64    `json:",omitempty"` // in process: live heap bytes the contender keeps after the workload (see countingPass)
+	HeapPeak            uint64    `json:",omitempty"` // in process: peak live heap bytes the contender uses under the workload (see weighingPass)
+	HeapKept            uint64    `json:",omitempty"` // in process: live heap bytes the contender keeps after the workload
 }
 
 func main() {
@@ -194,7 +196,7 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 	}
 	for _, run := range runs {
 		if run.c != nil {
-			_ = run.c.Close() // before any counting pass, which weighs the heap
+			_ = run.c.Close() // before any weighing pass
 		}
 	}
 	var results []Result
@@ -246,7 +248,7 @@ func (e *benchEnv) sessions(ctx context.Context, runs []*contenderRun) {
 			c, err := run.f.New(e.addr)
 			if err == nil {
 				defer c.Close()
-				_, err = cycleOneKey(ctx, c, 20*time.Millisecond)
+				_, err = cycleOneKey(ctx, c, pass{d: 20 * time.Millisecond})
 			}
 			if err != nil {
 				run.res.Err = err.Error()
@@ -353,7 +355,7 @@ func (e *benchEnv) prepare(ctx context.Context, sc scenario, f contenders.Factor
 		return run
 	}
 	run.c = c
-	if _, err := cycleOneKey(ctx, c, 20*time.Millisecond); err != nil {
+	if _, err := cycleOneKey(ctx, c, pass{d: 20 * time.Millisecond}); err != nil {
 		run.res.Err = err.Error()
 	}
 	return run
@@ -372,7 +374,7 @@ func (e *benchEnv) timeSlice(ctx context.Context, sc scenario, run *contenderRun
 		// run, as it would be in a service.
 		l, err = e.processes(ctx, run.f, e.addr, d)
 	} else {
-		l, err = sc.work(ctx, run.c, d)
+		l, err = sc.work(ctx, run.c, pass{d: d, recordWaits: true})
 	}
 	if err != nil {
 		return err
@@ -435,32 +437,32 @@ func (e *benchEnv) finish(ctx context.Context, sc scenario, run *contenderRun) {
 	if timed.mallocs > 0 && timed.acquisitions > 0 {
 		res.AllocsPerOp = float64(timed.mallocs) / float64(timed.acquisitions)
 	}
-	res.HeapKept = counted.heapKept
+	if sc.multiProcess {
+		return
+	}
+	weighed, err := e.weighingPass(ctx, sc, run.f)
+	if err != nil {
+		res.Err = err.Error()
+		return
+	}
+	res.HeapPeak, res.HeapKept = weighed.heapPeak, weighed.heapKept
 }
 
 // countingPass runs sc again with the contender connected through the
 // counting proxy, which then holds the commands it sent, and returns what
 // ran. Counts are per operation, so a shorter pass does for in-process
 // scenarios.
-//
-// In process, it also weighs what the contender keeps: the live heap
-// after the pass (a forced GC, the contender still open, the harness's
-// own records of the pass dropped) over the live heap before the
-// contender was made. That is its connections' buffers and whatever
-// state it keeps per key once no goroutine uses the key (S5 touches
-// 10,000). No other contender is open then (measureAll closed them).
 func (e *benchEnv) countingPass(ctx context.Context, sc scenario, f contenders.Factory) (load, error) {
 	if sc.multiProcess {
 		e.proxy.Reset()
 		return e.processes(ctx, f, e.proxy.Addr(), e.d)
 	}
-	heapBefore := liveHeap()
 	c, err := f.New(e.proxy.Addr())
 	if err != nil {
 		return load{}, err
 	}
 	defer c.Close()
-	if _, err := cycleOneKey(ctx, c, 20*time.Millisecond); err != nil {
+	if _, err := cycleOneKey(ctx, c, pass{d: 20 * time.Millisecond}); err != nil {
 		return load{}, err
 	}
 	e.proxy.Reset()
@@ -473,33 +475,95 @@ func (e *benchEnv) countingPass(ctx context.Context, sc scenario, f contenders.F
 			return load{}, err
 		}
 	}
-	l, err := sc.work(ctx, c, e.d/3)
-	if err != nil {
+	l, err := sc.work(ctx, c, pass{d: e.d / 3})
+	if err != nil || !sc.cycleByCycle {
 		return l, err
-	}
-	l.waits, l.holds = nil, nil
-	if kept := liveHeap(); kept > heapBefore {
-		l.heapKept = kept - heapBefore
-	}
-	if !sc.cycleByCycle {
-		return l, nil
 	}
 	after, err := redisstat.CommandStats(ctx, e.admin)
 	l.serverCmds = serverCommands(before, after)
 	return l, err
 }
 
-// liveHeap is the bytes of heap objects alive after full collections.
-// It collects twice: the first collection only moves what sync.Pools hold
-// (go-redis and bufio pool their buffers) to their victim caches, and the
-// second frees it, so that a baseline holds no pooled garbage that a later
-// reading would count as a fall.
-func liveHeap() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
+// heapSample is how often the weighing pass weighs the heap under load,
+// and heapSettle how long it lets in-flight acquisitions finish first.
+const heapSample, heapSettle = 50 * time.Millisecond, 10 * time.Millisecond
+
+// weighingPass runs an in-process sc once more, the contender connected
+// straight to Redis (the proxy's buffers, 32 KiB per connection, would
+// count as the contender's) and no other contender open (measureAll
+// closed them), recording nothing, and weighs the live heap over the live
+// heap before the contender was made.
+//
+// heapPeak is the largest of the weighings under load, every heapSample:
+// each goroutine that takes its key parks while it holds it, and once the
+// acquisitions in flight have had heapSettle to finish, a full collection
+// weighs the heap with every hold and every waiter in place (connections,
+// pooled buffers, per-key state). The pause keeps the weighing exact: a
+// collection counts what is allocated while it marks as alive, and S5
+// allocates megabytes a second. heapKept is the weighing once the
+// workload is over, the contender still open: what stays, such as state
+// for keys no goroutine uses any more (S5 touches 10,000).
+func (e *benchEnv) weighingPass(ctx context.Context, sc scenario, f contenders.Factory) (load, error) {
+	before := liveHeap(2)
+	c, err := f.New(e.addr)
+	if err != nil {
+		return load{}, err
+	}
+	defer c.Close()
+	var (
+		gate sync.RWMutex // held by the weighing: holders park on it
+		peak uint64
+	)
+	sampling, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(heapSample)
+		defer tick.Stop()
+		for {
+			select {
+			case <-sampling.Done():
+				return
+			case <-tick.C:
+				gate.Lock()
+				time.Sleep(heapSettle)
+				peak = max(peak, liveHeap(1))
+				gate.Unlock()
+			}
+		}
+	}()
+	l, err := sc.work(ctx, c, pass{d: e.d / 3, holding: func() { gate.RLock(); gate.RUnlock() }})
+	stopSampling()
+	<-sampled
+	if err != nil {
+		return l, err
+	}
+	kept := liveHeap(2)
+	l.heapPeak, l.heapKept = sub0(max(peak, kept), before), sub0(kept, before)
+	return l, nil
+}
+
+// sub0 is a-b, or 0 if b is larger.
+func sub0(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
+}
+
+// liveHeap runs full collections and returns the bytes of heap objects
+// the last one found alive. The weighing pass weighs the heap under load
+// after one; at rest it weighs after two, as the first only moves what
+// sync.Pools hold (go-redis and bufio pool their buffers) to their victim
+// caches and the second frees it, so that a baseline holds no pooled
+// garbage that a later reading would count as a fall.
+func liveHeap(collections int) uint64 {
+	for range collections {
+		runtime.GC()
+	}
+	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(live)
+	return live[0].Value.Uint64()
 }
 
 // serverCommands is how many commands the server ran between two INFO

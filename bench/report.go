@@ -142,7 +142,7 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 		"Contenders take turns, so that noise falls on all alike: S2, S3, S5 and S6 in six rounds of a slice each; S4's processes one contender after another; S1 cycle by cycle, one session per peer beside lockreg and two PINGs.\n" +
 		"Each contender's timing pass lasts 3s (S3: 10s; S1: a 6s session per peer); a smoke run's, 300ms.\n" +
 		"Ratios are to lockreg in the same scenario. " +
-		"\"" + heapKeptColumn + "\" is the live heap after a pass of the scenario, the contender still open and no other, over the live heap before it was made (both after two forced collections; the harness's own records dropped): its connections' buffers and whatever it keeps per key once no goroutine uses the key.\n\n")
+		"\"" + heapColumn + "\" weighs the live heap in a pass of its own, the contender connected straight to Redis and no other open, the harness recording nothing, over the live heap before the contender was made: the peak under load, weighed every 50ms by a full collection with each goroutine that holds its key parked until the weighing is done (connections, holds, waiters, pooled buffers, per-key state), and what stays once the workload is over, the contender still open (what it keeps per key once no goroutine uses the key).\n\n")
 	b.WriteString("## Targets\n\n")
 	for _, t := range targets(results) {
 		fmt.Fprintf(&b, "- %s: %s (%s)\n", t.Name, t.verdict(), t.Figure)
@@ -213,7 +213,7 @@ type column struct {
 	has func(Result) bool
 }
 
-const heapKeptColumn = "live heap kept (KiB)"
+const heapColumn = "live heap peak / kept (KiB)"
 
 var columns = []column{
 	{name: "ns/op", cell: func(r, _ Result, _ bool) string { return fmt.Sprintf("%.0f", r.NsPerOp) }},
@@ -238,9 +238,9 @@ var columns = []column{
 	{name: "allocs/op", cell: func(r, _ Result, _ bool) string {
 		return ifSet(r.AllocsPerOp > 0, "%.1f", r.AllocsPerOp)
 	}, has: func(r Result) bool { return r.AllocsPerOp > 0 }},
-	{name: heapKeptColumn, cell: func(r, _ Result, _ bool) string {
-		return ifSet(r.HeapKept > 0, "%.0f", float64(r.HeapKept)/1024)
-	}, has: func(r Result) bool { return r.HeapKept > 0 }},
+	{name: heapColumn, cell: func(r, _ Result, _ bool) string {
+		return ifSet(r.HeapPeak > 0, "%.0f / %.0f", float64(r.HeapPeak)/1024, float64(r.HeapKept)/1024)
+	}, has: func(r Result) bool { return r.HeapPeak > 0 }},
 }
 
 // tableColumns picks the columns of a scenario's table.

@@ -21,7 +21,8 @@ type load struct {
 	waits        []time.Duration
 	holds        []turn // S4: holds numbered across processes
 	mallocs      uint64
-	heapKept     uint64        // the counting pass: live heap the contender keeps
+	heapPeak     uint64        // the weighing pass: live heap the contender uses under load
+	heapKept     uint64        // the weighing pass: live heap the contender keeps after it
 	pingP50      time.Duration // S4: PING round trip under the same load
 	serverCmds   int64         // S1's counting pass: commands the server ran
 }
@@ -45,8 +46,24 @@ type turn struct {
 	Proc                              int
 }
 
-// workload runs against one contender for d.
-type workload func(ctx context.Context, c contenders.Contender, d time.Duration) (load, error)
+// workload runs against one contender as p says.
+type workload func(ctx context.Context, c contenders.Contender, p pass) (load, error)
+
+// pass is how a workload runs: for d, recording each acquisition's wait if
+// recordWaits (8 bytes each, which the passes that weigh the heap or count
+// commands leave out), and calling holding, if set, each time a goroutine
+// holds its key (the weighing pass parks them there).
+type pass struct {
+	d           time.Duration
+	recordWaits bool
+	holding     func()
+}
+
+func (p pass) held() {
+	if p.holding != nil {
+		p.holding()
+	}
+}
 
 type scenario struct {
 	id, title string
@@ -72,14 +89,15 @@ var scenarios = []scenario{
 	{id: "S6", title: "parallel lock/unlock on distinct keys", work: distinctKeys(64)},
 }
 
-func cycleOneKey(ctx context.Context, c contenders.Contender, d time.Duration) (load, error) {
+func cycleOneKey(ctx context.Context, c contenders.Contender, p pass) (load, error) {
 	var l load
 	start := time.Now()
-	for time.Since(start) < d {
+	for time.Since(start) < p.d {
 		release, err := c.Acquire(ctx, "s1")
 		if err != nil {
 			return l, err
 		}
+		p.held()
 		if err := release(ctx); err != nil {
 			return l, err
 		}
@@ -89,7 +107,7 @@ func cycleOneKey(ctx context.Context, c contenders.Contender, d time.Duration) (
 	return l, nil
 }
 
-func reentrant5(ctx context.Context, c contenders.Contender, d time.Duration) (load, error) {
+func reentrant5(ctx context.Context, c contenders.Contender, p pass) (load, error) {
 	var l load
 	outer, err := c.Acquire(ctx, "s2")
 	if err != nil {
@@ -98,12 +116,13 @@ func reentrant5(ctx context.Context, c contenders.Contender, d time.Duration) (l
 	defer outer(ctx)
 	start := time.Now()
 	releases := make([]func(context.Context) error, 5)
-	for time.Since(start) < d {
+	for time.Since(start) < p.d {
 		for i := range releases {
 			if releases[i], err = c.Acquire(ctx, "s2"); err != nil {
 				return l, err
 			}
 		}
+		p.held()
 		for i := len(releases) - 1; i >= 0; i-- {
 			if err := releases[i](ctx); err != nil {
 				return l, err
@@ -116,9 +135,8 @@ func reentrant5(ctx context.Context, c contenders.Contender, d time.Duration) (l
 	return l, nil
 }
 
-// parallel runs goroutines that each take key(g, i) in a loop for d,
-// recording every wait.
-func parallel(ctx context.Context, c contenders.Contender, d time.Duration, goroutines int, key func(g, i int) string) (load, error) {
+// parallel runs goroutines that each take key(g, i) in a loop.
+func parallel(ctx context.Context, c contenders.Contender, p pass, goroutines int, key func(g, i int) string) (load, error) {
 	var (
 		l        load
 		mu       sync.Mutex
@@ -133,11 +151,14 @@ func parallel(ctx context.Context, c contenders.Contender, d time.Duration, goro
 	for g := range goroutines {
 		wg.Go(func() {
 			var waits []time.Duration
-			for i := 0; time.Since(start) < d; i++ {
+			for i := 0; time.Since(start) < p.d; i++ {
 				t := time.Now()
 				release, err := c.Acquire(ctx, key(g, i))
 				if err == nil {
-					waits = append(waits, time.Since(t))
+					if p.recordWaits {
+						waits = append(waits, time.Since(t))
+					}
+					p.held()
 					err = release(ctx)
 				}
 				if err != nil {
@@ -170,24 +191,24 @@ func cmp(first, err error) error {
 }
 
 func hotKey(goroutines int) workload {
-	return func(ctx context.Context, c contenders.Contender, d time.Duration) (load, error) {
-		return parallel(ctx, c, d, goroutines, func(int, int) string { return "s3" })
+	return func(ctx context.Context, c contenders.Contender, p pass) (load, error) {
+		return parallel(ctx, c, p, goroutines, func(int, int) string { return "s3" })
 	}
 }
 
 func manyKeys(goroutines, keys int) workload {
-	return func(ctx context.Context, c contenders.Contender, d time.Duration) (load, error) {
-		return parallel(ctx, c, d, goroutines, func(int, int) string { return "s5:" + strconv.Itoa(rand.IntN(keys)) })
+	return func(ctx context.Context, c contenders.Contender, p pass) (load, error) {
+		return parallel(ctx, c, p, goroutines, func(int, int) string { return "s5:" + strconv.Itoa(rand.IntN(keys)) })
 	}
 }
 
 func distinctKeys(goroutines int) workload {
-	return func(ctx context.Context, c contenders.Contender, d time.Duration) (load, error) {
+	return func(ctx context.Context, c contenders.Contender, p pass) (load, error) {
 		names := make([]string, goroutines)
 		for g := range names {
 			names[g] = "s6:" + strconv.Itoa(g)
 		}
-		return parallel(ctx, c, d, goroutines, func(g, _ int) string { return names[g] })
+		return parallel(ctx, c, p, goroutines, func(g, _ int) string { return names[g] })
 	}
 }
 
