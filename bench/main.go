@@ -176,13 +176,13 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 	if sc.cycleByCycle {
 		e.sessions(ctx, runs)
 	} else {
-		pass := e.d
+		timing := e.d
 		if sc.timing > 0 && !e.quick {
-			pass = sc.timing
+			timing = sc.timing
 		}
-		turns, slice := rounds, pass/rounds
+		turns, slice := rounds, timing/rounds
 		if sc.multiProcess {
-			turns, slice = 1, pass
+			turns, slice = 1, timing
 		}
 		for range turns {
 			for _, run := range runs {
