@@ -375,3 +375,50 @@ func TestAWaiterGivingUpWithdrawsTheMarkItsReleaseLeft(t *testing.T) {
 	requireReleased(t, client, held.keys[0], "the other registry's release deleted the key")
 	require.Zero(t, holder.Stats().Grants, "and granted the holder nothing")
 }
+
+// TestAGrantingReleaseLeavesOtherMarksAsTheyWere: a release that may grant
+// pops the mark that lapses first. One that takes no grants (a
+// WithWaitReplicas registry's, or another version's) must go back as it
+// was, with the marker's TTL, and lapsed marks must not be granted.
+func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("m" + strconv.FormatInt(time.Now().UnixNano(), 10))
+	marker := lock.keys[2]
+	hold := func(marks ...redis.Z) {
+		t.Helper()
+		require.NoError(t, client.Set(ctx, lock.keys[0], r.clientID, time.Minute).Err())
+		require.NoError(t, client.Del(ctx, marker).Err())
+		require.NoError(t, client.ZAdd(ctx, marker, marks...).Err())
+	}
+	release := func() int64 {
+		t.Helper()
+		found, err := lock.releaseRedis(ctx, nil, false)
+		require.NoError(t, err)
+		return found
+	}
+	in := func(d time.Duration) float64 { return float64(time.Now().Add(d).UnixMilli()) }
+
+	// The only mark, which takes no grants: popping it deleted the marker.
+	lapse := in(5 * time.Second)
+	hold(redis.Z{Score: lapse, Member: "replicated"})
+	require.Equal(t, int64(releasedWhileWaited), release(), "the waiter is woken, not granted")
+	require.Equal(t, lapse, client.ZScore(ctx, marker, "replicated").Val(), "its mark is back as it was")
+	ttl := client.PTTL(ctx, marker).Val()
+	require.Greater(t, ttl, time.Duration(0), "the marker expires")
+	require.LessOrEqual(t, ttl, 5*time.Second, "when the mark lapses")
+
+	// With a later mark beside it, the marker keeps its own, longer TTL.
+	hold(redis.Z{Score: in(3 * time.Second), Member: "replicated"}, redis.Z{Score: in(9 * time.Second), Member: "other:1000"})
+	require.NoError(t, client.PExpire(ctx, marker, 9*time.Second).Err())
+	require.Equal(t, int64(releasedWhileWaited), release())
+	require.Equal(t, int64(2), client.ZCard(ctx, marker).Val(), "both marks stay")
+	require.Greater(t, client.PTTL(ctx, marker).Val(), 3*time.Second, "the marker's TTL is untouched")
+
+	// A lapsed mark is passed over for the next live one.
+	hold(redis.Z{Score: in(-time.Second), Member: "lapsed:1000"}, redis.Z{Score: in(5 * time.Second), Member: "live:1000"})
+	require.Equal(t, int64(granted), release())
+	require.Equal(t, "live", client.Get(ctx, lock.keys[0]).Val(), "the key went to the live mark")
+	require.Zero(t, client.Exists(ctx, marker).Val(), "no mark is left")
+}

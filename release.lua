@@ -38,27 +38,46 @@ if #KEYS == 1 then
 end
 local handedOut = tonumber(ARGV[2] or '0')
 local now, nowMs, waiter
-if redis.call('EXISTS', KEYS[3]) == 1 then
+if #ARGV > 1 and ARGV[4] ~= '' then
+  -- A release that may grant pops the mark that lapses first, dropping
+  -- lapsed ones on the way: fewer and cheaper calls than reading it and
+  -- then removing it, and a grant waits for this script to end.
+  local popped = redis.call('ZPOPMIN', KEYS[3])
+  if popped[1] then
+    now = redis.call('TIME')
+    nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+    while popped[1] and tonumber(popped[2]) < nowMs do
+      popped = redis.call('ZPOPMIN', KEYS[3])
+    end
+    waiter = popped[1]
+  end
+  if waiter then
+    local grantee, lease = string.match(waiter, '^(.*):(%d+)$')
+    if grantee then
+      redis.call('SET', KEYS[1], grantee, 'PX', lease)
+      local token = drawToken(KEYS[2], now, ARGV[3], handedOut)
+      redis.call('PUBLISH', ARGV[4] .. ':' .. grantee, 'g' .. string.format('%.0f', token) .. ':' .. grantee .. ':' .. ARGV[5])
+      if ARGV[7] then
+        redis.call('ZADD', KEYS[3], nowMs + tonumber(ARGV[8]), ARGV[7])
+        redis.call('PEXPIRE', KEYS[3], ARGV[8])
+        return -token
+      end
+      return 3
+    end
+    -- A mark that takes no grants stays until it lapses, as the waiter
+    -- left it; popping its last member deleted the marker with its TTL.
+    local others = redis.call('EXISTS', KEYS[3]) == 1
+    redis.call('ZADD', KEYS[3], popped[2], waiter)
+    if not others then
+      redis.call('PEXPIRE', KEYS[3], tonumber(popped[2]) - nowMs)
+    end
+  end
+elseif redis.call('EXISTS', KEYS[3]) == 1 then
   now = redis.call('TIME')
   nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   waiter = redis.call('ZRANGEBYSCORE', KEYS[3], nowMs, '+inf', 'LIMIT', 0, 1)[1]
   if waiter and #ARGV == 1 then
     return 4
-  end
-end
-if waiter and ARGV[4] ~= '' then
-  local grantee, lease = string.match(waiter, '^(.*):(%d+)$')
-  if grantee then
-    redis.call('SET', KEYS[1], grantee, 'PX', lease)
-    redis.call('ZREM', KEYS[3], waiter)
-    local token = drawToken(KEYS[2], now, ARGV[3], handedOut)
-    redis.call('PUBLISH', ARGV[4] .. ':' .. grantee, 'g' .. string.format('%.0f', token) .. ':' .. grantee .. ':' .. ARGV[5])
-    if ARGV[7] then
-      redis.call('ZADD', KEYS[3], nowMs + tonumber(ARGV[8]), ARGV[7])
-      redis.call('PEXPIRE', KEYS[3], ARGV[8])
-      return -token
-    end
-    return 3
   end
 end
 redis.call('DEL', KEYS[1])
