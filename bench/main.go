@@ -55,6 +55,8 @@ type Result struct {
 	HandoffP50          float64   `json:",omitempty"`
 	HandoffP99          float64   `json:",omitempty"`
 	PingP50             float64   `json:",omitempty"` // S4: a PING round trip under the same load
+	FloorHandoffP50     float64   `json:",omitempty"` // S4: the hand-off floor's hand-off p50, in a pass of its own (see contenders.NewHandoffFloor)
+	FloorPingP50        float64   `json:",omitempty"` // S4: a PING round trip during the floor's pass
 	ReleaseP50          float64   `json:",omitempty"` // S4: a release call that passed the key to another process
 	AfterReleaseP50     float64   `json:",omitempty"` // S4: the next process's hold, after that call returned (may be negative)
 	BeforeRelease       float64   `json:",omitempty"` // S4: the share of those holds taken before the call returned
@@ -192,6 +194,9 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 					}
 				}
 			}
+		}
+		if sc.multiProcess {
+			e.handoffFloor(ctx, runs, slice)
 		}
 	}
 	for _, run := range runs {
@@ -389,6 +394,21 @@ func (e *benchEnv) timeSlice(ctx context.Context, sc scenario, run *contenderRun
 	}
 	run.timed.add(l)
 	return nil
+}
+
+// handoffFloor runs S4's workers for d with the hand-off floor, one
+// PUBLISH per hand-off between processes and no lock, and gives every
+// contender's result its hand-off median and PING round trip.
+func (e *benchEnv) handoffFloor(ctx context.Context, runs []*contenderRun, d time.Duration) {
+	l, err := e.processes(ctx, contenders.Factory{Name: contenders.HandoffFloorName}, e.addr, d)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "S4 hand-off floor:", err)
+		return
+	}
+	h := handoffs(l.holds).handoffs
+	for _, run := range runs {
+		run.res.FloorHandoffP50, run.res.FloorPingP50 = float64(quantile(h, 0.5)), float64(l.pingP50)
+	}
 }
 
 // finish runs the counting pass, through the proxy, and fills in the
@@ -671,13 +691,19 @@ func runWorker(raw string) int {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2
 	}
-	i := slices.IndexFunc(contenders.All, func(f contenders.Factory) bool { return f.Name == spec.Contender })
-	if i < 0 {
-		fmt.Fprintln(os.Stderr, "worker: unknown contender", spec.Contender)
-		return 2
+	var c contenders.Contender
+	var err error
+	if spec.Contender == contenders.HandoffFloorName {
+		c, err = contenders.NewHandoffFloor(spec.Addr, "s4", spec.Proc, s4Processes)
+	} else {
+		i := slices.IndexFunc(contenders.All, func(f contenders.Factory) bool { return f.Name == spec.Contender })
+		if i < 0 {
+			fmt.Fprintln(os.Stderr, "worker: unknown contender", spec.Contender)
+			return 2
+		}
+		c, err = contenders.All[i].New(spec.Addr)
 	}
 	ctx := context.Background()
-	c, err := contenders.All[i].New(spec.Addr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 1

@@ -15,6 +15,28 @@ import (
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
+// TestS4NamesTheHandoffFloor: RESULTS.md gives the floor's hand-off in
+// PING round trips of its own pass, once, and says nothing of a floor a
+// run did not measure.
+func TestS4NamesTheHandoffFloor(t *testing.T) {
+	s4 := func(floorPing float64) []Result {
+		return []Result{
+			{Scenario: "S4", Contender: "lockreg", HandoffP50: 250e3, PingP50: 90e3, ReleaseP50: 180e3, FloorHandoffP50: 150e3, FloorPingP50: floorPing},
+			{Scenario: "S4", Contender: "bsm/redislock-exp", HandoffP50: 220e3, PingP50: 88e3, ReleaseP50: 160e3, FloorHandoffP50: 150e3, FloorPingP50: floorPing},
+		}
+	}
+	md := markdown(time.Now(), "test machine", false, s4(75e3))
+	if n := strings.Count(md, "- the floor,"); n != 1 {
+		t.Fatalf("the floor is named %d times, want once:\n%s", n, md)
+	}
+	if !strings.Contains(md, "hand-off p50 150 µs (2.0 PING round trips of 75 µs)") {
+		t.Errorf("the floor's figures are not in its own PINGs:\n%s", md)
+	}
+	if md := markdown(time.Now(), "test machine", false, s4(0)); strings.Contains(md, "the floor,") {
+		t.Errorf("a floor that was not measured is named:\n%s", md)
+	}
+}
+
 // TestTablesShowMaxWaitAndHeapWhereMeasured: S4's table shows the longest
 // wait and S5's the heap a contender uses and keeps, in the units the headers name;
 // a scenario without those figures has no such columns, and its n/a rows
