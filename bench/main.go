@@ -57,6 +57,7 @@ type Result struct {
 	PingP50             float64   `json:",omitempty"` // S4: a PING round trip under the same load
 	FloorHandoffP50     float64   `json:",omitempty"` // S4: the hand-off floor's hand-off p50, in a pass of its own (see contenders.NewHandoffFloor)
 	FloorPingP50        float64   `json:",omitempty"` // S4: a PING round trip during the floor's pass
+	FloorErr            string    `json:",omitempty"` // S4: why the floor could not be measured
 	ReleaseP50          float64   `json:",omitempty"` // S4: a release call that passed the key to another process
 	AfterReleaseP50     float64   `json:",omitempty"` // S4: the next process's hold, after that call returned (may be negative)
 	BeforeRelease       float64   `json:",omitempty"` // S4: the share of those holds taken before the call returned
@@ -403,10 +404,13 @@ func (e *benchEnv) handoffFloor(ctx context.Context, runs []*contenderRun, d tim
 	l, err := e.processes(ctx, contenders.Factory{Name: contenders.HandoffFloorName}, e.addr, d)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "S4 hand-off floor:", err)
-		return
 	}
 	h := handoffs(l.holds).handoffs
 	for _, run := range runs {
+		if err != nil {
+			run.res.FloorErr = err.Error()
+			continue
+		}
 		run.res.FloorHandoffP50, run.res.FloorPingP50 = float64(quantile(h, 0.5)), float64(l.pingP50)
 	}
 }

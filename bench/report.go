@@ -179,10 +179,14 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 		}
 		if sc.id == "S4" {
 			b.WriteString("\nHand-offs between processes, split where the releaser's call returned (medians of each part, which need not add up to the hand-off's):\n\n")
-			if i := slices.IndexFunc(results, func(r Result) bool { return r.Scenario == "S4" && r.FloorPingP50 > 0 }); i >= 0 {
+			if i := slices.IndexFunc(results, func(r Result) bool { return r.Scenario == "S4" && (r.FloorPingP50 > 0 || r.FloorErr != "") }); i >= 0 {
 				r := results[i]
-				fmt.Fprintf(&b, "- the floor, measured in a pass of its own: not a lock, one PUBLISH from the releasing process to the next one's subscription, no script: hand-off p50 %.0f µs (%.1f PING round trips of %.0f µs)\n",
-					r.FloorHandoffP50/1e3, r.FloorHandoffP50/r.FloorPingP50, r.FloorPingP50/1e3)
+				b.WriteString("- the floor, measured in a pass of its own: not a lock, one PUBLISH from the releasing process to the next one's subscription, no script: ")
+				if r.FloorErr != "" {
+					b.WriteString("error: " + r.FloorErr + "\n")
+				} else {
+					fmt.Fprintf(&b, "hand-off p50 %.0f µs (%.1f PING round trips of %.0f µs)\n", r.FloorHandoffP50/1e3, r.FloorHandoffP50/r.FloorPingP50, r.FloorPingP50/1e3)
+				}
 			}
 			for _, r := range results {
 				if r.Scenario == "S4" && r.ReleaseP50 > 0 && r.PingP50 > 0 {

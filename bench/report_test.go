@@ -16,8 +16,8 @@ import (
 )
 
 // TestS4NamesTheHandoffFloor: RESULTS.md gives the floor's hand-off in
-// PING round trips of its own pass, once, and says nothing of a floor a
-// run did not measure.
+// PING round trips of its own pass, once, says why it failed if it did,
+// and says nothing of a floor a run did not measure.
 func TestS4NamesTheHandoffFloor(t *testing.T) {
 	s4 := func(floorPing float64) []Result {
 		return []Result{
@@ -34,6 +34,13 @@ func TestS4NamesTheHandoffFloor(t *testing.T) {
 	}
 	if md := markdown(time.Now(), "test machine", false, s4(0)); strings.Contains(md, "the floor,") {
 		t.Errorf("a floor that was not measured is named:\n%s", md)
+	}
+	failed := s4(0)
+	for i := range failed {
+		failed[i].FloorErr = "worker 2: exit status 1"
+	}
+	if md := markdown(time.Now(), "test machine", false, failed); !strings.Contains(md, "no script: error: worker 2: exit status 1\n") {
+		t.Errorf("a floor that failed does not say why:\n%s", md)
 	}
 }
 
