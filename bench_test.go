@@ -159,6 +159,58 @@ func BenchmarkServerTime(b *testing.B) {
 	b.ReportMetric(perCycle("lockreg")/perCycle("minimal"), "x-minimal")
 }
 
+// BenchmarkGrantServerTime reports what a release that grants the key
+// to another registry costs Redis: release.lua's own time, the commands it
+// runs included, for a release that also marks its registry as waiting
+// (markNext), as one with goroutines behind it does. Each grant is set up
+// by commands outside the measure: the key this registry's, one other
+// registry's mark. A hand-off between processes waits for this script.
+func BenchmarkGrantServerTime(b *testing.B) {
+	ctx := context.Background()
+	client := redistest.Shared(b).Client(b)
+	r := newRegistry(b, client)
+	lock := r.Obtain("grant-time")
+	setUp := func() {
+		_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.Del(ctx, lock.keys[2])
+			p.Set(ctx, lock.keys[0], r.clientID, time.Minute)
+			p.ZAdd(ctx, lock.keys[2], redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "other:1000"})
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	grant := func() {
+		found, err := lock.releaseRedis(ctx, nil, true)
+		if err != nil || found >= 0 {
+			b.Fatalf("release: %d, %v; want a grant that marks this registry", found, err)
+		}
+	}
+	setUp()
+	grant() // loads the script
+	const block = 100
+	var spent int64
+	blocks := 0
+	micros := func() int64 {
+		us, err := redisstat.CommandMicros(ctx, client, "evalsha", "eval")
+		if err != nil {
+			b.Fatal(err)
+		}
+		return us
+	}
+	for b.Loop() {
+		before := micros()
+		for range block {
+			setUp()
+			grant()
+		}
+		spent += micros() - before
+		blocks++
+	}
+	b.ReportMetric(float64(spent)/float64(blocks*block), "redis-µs/grant")
+}
+
 // BenchmarkHotKey has 64 goroutines of one registry take turns on one key,
 // with local hand-offs (the default) and without, alone or while a second
 // registry with its own connection (standing in for another process) keeps
