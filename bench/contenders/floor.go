@@ -34,8 +34,11 @@ type handoffFloor struct {
 	procs   int
 	baton   chan struct{}
 	waiting atomic.Int64 // goroutines in Acquire
-	turns   int          // holds in a row here; only the baton's holder touches it
-	routed  sync.WaitGroup
+	// turns counts the holds in a row here. Atomic: a baton that comes
+	// back through Redis gives the memory model no order between the
+	// holders that counted before and after.
+	turns  atomic.Int64
+	routed sync.WaitGroup
 }
 
 // NewHandoffFloor makes process proc's instance of the floor among procs,
@@ -87,12 +90,11 @@ func (c *handoffFloor) Acquire(ctx context.Context, _ string) (func(context.Cont
 }
 
 func (c *handoffFloor) release(ctx context.Context) error {
-	c.turns++
-	if c.turns < floorLocalTurns && c.waiting.Load() > 0 {
+	if c.turns.Add(1) < floorLocalTurns && c.waiting.Load() > 0 {
 		c.baton <- struct{}{}
 		return nil
 	}
-	c.turns = 0
+	c.turns.Store(0)
 	return c.passOn(ctx)
 }
 
