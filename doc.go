@@ -78,9 +78,10 @@
 //
 // Other registries learn of a release by pub/sub. A failed attempt of an
 // acquisition that waits marks its registry as waiting for the key (a mark
-// that lapses after two retry intervals unless renewed, and is withdrawn
-// when the acquisition gives up; TryLock leaves none); releases nobody
-// waits for publish nothing.
+// that lapses after two of its registry's retry intervals unless renewed,
+// whatever the other registries' intervals, and is withdrawn when the
+// acquisition gives up; TryLock leaves none); releases nobody waits for
+// publish nothing.
 // Each registry holds one subscription, opened on its first wait and shared
 // by all its keys, to <registryKey>:released, where a release wakes the
 // waiters of all registries, and to <registryKey>:released:<client id>,

@@ -422,3 +422,55 @@ func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 	require.Equal(t, "live", client.Get(ctx, lock.keys[0]).Val(), "the key went to the live mark")
 	require.Zero(t, client.Exists(ctx, marker).Val(), "no mark is left")
 }
+
+// TestAMarkNeverShortensALongerOne: registries with different retry
+// intervals mark a key as waited for during different times, in one
+// marker whose TTL must cover the longest mark. A short mark that cut it
+// would delete a longer one with the marker, and that mark's registry
+// would miss its grant or wake-up until its own next attempt.
+func TestAMarkNeverShortensALongerOne(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	in := func(d time.Duration) float64 { return float64(time.Now().Add(d).UnixMilli()) }
+	key := "m" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	marker := newRegistry(t, client).Obtain(key).keys[2]
+	markedFor := func(d time.Duration, member string) {
+		t.Helper()
+		require.NoError(t, client.ZAdd(ctx, marker, redis.Z{Score: in(d), Member: member}).Err())
+		require.NoError(t, client.PExpire(ctx, marker, d).Err())
+	}
+	failedAttempt := func(r *Registry) {
+		t.Helper()
+		lock := r.Obtain(key)
+		require.NoError(t, client.Set(ctx, lock.keys[0], "another", time.Minute).Err())
+		reply, err := lock.obtainScripted(ctx, true, false)
+		require.NoError(t, err)
+		require.Less(t, reply, int64(1), "the attempt failed")
+		require.NoError(t, client.ZScore(ctx, marker, lock.obtainArgs(true, true)[4].(string)).Err(), "and marked its registry")
+	}
+	hasty := newRegistry(t, client, WithRetryInterval(10*time.Millisecond)) // marks for 20ms
+
+	// A failed attempt, beside a registry that waits longer.
+	markedFor(9*time.Second, "patient:1000")
+	failedAttempt(hasty)
+	require.Greater(t, client.PTTL(ctx, marker).Val(), 3*time.Second, "the short mark left the marker's TTL as it was")
+
+	// A release that grants the key and marks its own registry again.
+	require.NoError(t, client.Del(ctx, marker).Err())
+	markedFor(9*time.Second, "patient:1000")
+	require.NoError(t, client.ZAdd(ctx, marker, redis.Z{Score: in(2 * time.Second), Member: "first:1000"}).Err())
+	released := hasty.Obtain(key)
+	require.NoError(t, client.Set(ctx, released.keys[0], hasty.clientID, time.Minute).Err())
+	found, err := released.releaseRedis(ctx, nil, true)
+	require.NoError(t, err)
+	require.Less(t, found, int64(0), "the release granted the key and marked its registry")
+	require.Equal(t, "first", client.Get(ctx, released.keys[0]).Val())
+	require.Greater(t, client.PTTL(ctx, marker).Val(), 3*time.Second, "the short mark left the marker's TTL as it was")
+	require.NoError(t, client.ZScore(ctx, marker, "patient:1000").Err(), "and the longer mark with it")
+
+	// A mark longer than the marker's TTL extends it.
+	require.NoError(t, client.Del(ctx, marker).Err())
+	markedFor(200*time.Millisecond, "hasty")
+	failedAttempt(newRegistry(t, client, WithRetryInterval(5*time.Second)))
+	require.Greater(t, client.PTTL(ctx, marker).Val(), 3*time.Second, "the longer mark extended the marker's TTL")
+}

@@ -26,8 +26,7 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     -- they lapse), so that it passes the key on or publishes its release.
     local now = redis.call('TIME')
     local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    redis.call('ZADD', KEYS[3], nowMs + tonumber(ARGV[3]), ARGV[5])
-    redis.call('PEXPIRE', KEYS[3], ARGV[3])
+    markWaiting(KEYS[3], nowMs, tonumber(ARGV[3]), ARGV[5])
     return -(tonumber(redis.call('GET', KEYS[2])) or drawToken(KEYS[2], now, ARGV[2], 0))
   end
   -- The key is this registry's already: a grant its waiter gave up on,

@@ -16,6 +16,8 @@ import (
 var (
 	//go:embed token.lua
 	tokenLua string
+	//go:embed mark.lua
+	markLua string
 	//go:embed obtain.lua
 	obtainLua string
 	//go:embed release.lua
@@ -25,9 +27,10 @@ var (
 
 	// Script.Run sends EVALSHA and falls back to EVAL on NOSCRIPT, so a
 	// restarted Redis costs one extra round trip, once. The scripts draw
-	// tokens with token.lua's function.
-	obtainScript  = redis.NewScript(tokenLua + obtainLua)
-	releaseScript = redis.NewScript(tokenLua + releaseLua)
+	// tokens with token.lua's function and mark waiting registries with
+	// mark.lua's.
+	obtainScript  = redis.NewScript(tokenLua + markLua + obtainLua)
+	releaseScript = redis.NewScript(tokenLua + markLua + releaseLua)
 	drawScript    = redis.NewScript(tokenLua + drawLua)
 )
 

@@ -58,8 +58,7 @@ if #ARGV > 1 and ARGV[4] ~= '' then
       local token = drawToken(KEYS[2], now, ARGV[3], handedOut)
       redis.call('PUBLISH', ARGV[4] .. ':' .. grantee, 'g' .. string.format('%.0f', token) .. ':' .. grantee .. ':' .. ARGV[5])
       if ARGV[7] then
-        redis.call('ZADD', KEYS[3], nowMs + tonumber(ARGV[8]), ARGV[7])
-        redis.call('PEXPIRE', KEYS[3], ARGV[8])
+        markWaiting(KEYS[3], nowMs, tonumber(ARGV[8]), ARGV[7])
         return -token
       end
       return 3
