@@ -116,10 +116,12 @@
 // overestimates it, and the token keeps the fencing order. A grant it
 // cannot place this way (it came before the call) only wakes the waiter,
 // whose next attempt finds the key its own. A registry whose waiter gave
-// up withdraws its mark; a grant that still reaches it is given back at
-// once, unless an acquisition of the registry took the key meanwhile (the
-// give-back checks the key's last token); a grant to a registry that died
-// while waiting blocks the key for the grant lease only. Registries with WithPubSub(false) or
+// up withdraws its mark; a grant that still reaches it, or that reaches it
+// while it holds the key (its hold was broken unseen and a mark outlived
+// it), is given back at once, unless an acquisition of the registry took
+// the key meanwhile (the give-back checks the key's last token); a grant
+// to a registry that died while waiting blocks the key for the grant
+// lease only. Registries with WithPubSub(false) or
 // WithWaitReplicas take no grants (a grant is not acknowledged by
 // replicas); their marks ask to be woken, and a release whose oldest mark
 // is one of theirs deletes the key and publishes it to all waiters. Such a

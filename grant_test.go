@@ -474,3 +474,31 @@ func TestAMarkNeverShortensALongerOne(t *testing.T) {
 	failedAttempt(newRegistry(t, client, WithRetryInterval(5*time.Second)))
 	require.Greater(t, client.PTTL(ctx, marker).Val(), 3*time.Second, "the longer mark extended the marker's TTL")
 }
+
+// TestAGrantToAHolderIsGivenBack: a grant can reach a registry that holds
+// the key, if the holder lost the key unseen (Redis lost it, or the lease
+// ran out while the process stood still) and another registry took it and
+// then passed it back through a mark of this registry that outlived its
+// acquisition. Kept, the grant would make the key look held all along to
+// the holder's renewals and unlock, and block other registries; it goes
+// back instead.
+func TestAGrantToAHolderIsGivenBack(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	stale := newRegistry(t, client, WithRetryInterval(time.Second)) // a grant lease of 2s
+	other := newRegistry(t, client)
+	require.NoError(t, stale.subscribe(ctx))
+	held := stale.Obtain("g")
+	held.Lock()
+	require.NoError(t, client.Del(ctx, held.keys[0]).Err(), "Redis loses the key")
+	taken := other.Obtain("g")
+	taken.Lock()
+	markWaiting(t, client, held, held.obtainArgs(true, true)[4].(string))
+	taken.Unlock()
+
+	require.Eventually(t, func() bool { return stale.Stats().Notifications > 0 }, time.Second, time.Millisecond, "the release granted the key to the holder's registry")
+	require.Eventually(t, func() bool { return client.Exists(ctx, held.keys[0]).Val() == 0 }, time.Second, time.Millisecond,
+		"which gave it back at once, not after its 2s grant lease")
+	require.ErrorIs(t, held.UnlockContext(ctx), ErrLockLost, "and the holder learns that its hold was broken")
+	require.Zero(t, stale.Stats().Grants)
+}

@@ -118,7 +118,12 @@ func (r *Registry) wakeAll() {
 // key to the registry with that client id, and wakes its waiter with the
 // token. A grant that finds no waiter (it gave up, or the mark outlived an
 // earlier acquisition) is given back, so that the key goes on to the next
-// waiter instead of blocking everyone until its lease ends.
+// waiter instead of blocking everyone until its lease ends. So is a grant
+// that finds the key held here: the holder's own attempt found the key
+// granted and took it with a newer token, which the give-back spares; or
+// the key went through another registry since the holder took it (its
+// lease ran out, or Redis lost the key), and keeping the grant would hide
+// that from the holder's renewals and unlock.
 func (r *Registry) deliver(note string) {
 	var key, tokenText string
 	var token int64
@@ -142,7 +147,7 @@ func (r *Registry) deliver(note string) {
 		return // another version's notification: its waiters fall back to polling
 	}
 	local, ok := r.locals.m.Load(key)
-	if !ok {
+	if !ok || (token != 0 && local.hold.Load() != nil) {
 		if token != 0 {
 			r.goBackground(func(ctx context.Context) { r.giveBack(ctx, key, tokenText) })
 		}
