@@ -219,7 +219,12 @@ func (r *Registry) renewed(ctx context.Context, batch []*hold, cmd *redis.Cmd, s
 	}
 	leaseEnd := sent.Add(r.cfg.expireAfter).UnixNano()
 	for i, h := range batch {
-		if i < len(renewed) && renewed[i] == 1 {
+		// The holds were picked while their leases lived, but the process
+		// may have stood still before sending (a stop, a long pause). Once
+		// a lease has run out, the key may have passed through other owners
+		// and come back, which the owner check cannot tell: only a renewal
+		// sent within the lease carries the hold on.
+		if i < len(renewed) && renewed[i] == 1 && h.leaseEnd.Load() > sent.UnixNano() {
 			h.leaseEnd.Store(leaseEnd)
 		} else {
 			h.lose()

@@ -429,3 +429,26 @@ func TestAHoldWhoseLeaseRanOutIsNotRenewed(t *testing.T) {
 	require.ErrorIs(t, err, ErrLockLost)
 	lock.Unlock()
 }
+
+// TestARenewalSentAfterTheLeaseRanOutIsNotCredited: the watchdog picks the
+// holds to renew while their leases live, but the process may stand still
+// before the renewal goes out. Sent after the lease ran out, the renewal
+// finds the key with the client id whether or not it went through other
+// owners meanwhile, so it cannot carry the hold on.
+func TestARenewalSentAfterTheLeaseRanOutIsNotCredited(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	lock.Lock()
+	local := r.locals.ownedBy("k", goroutineID())
+	require.NotNil(t, local)
+	h := local.hold.Load()
+	h.leaseEnd.Store(time.Now().Add(-time.Millisecond).UnixNano()) // ran out after the watchdog picked it
+	before := r.Stats().RenewCalls
+	r.renew(ctx, [][]*hold{{h}})
+	require.Equal(t, before+1, r.Stats().RenewCalls, "the renewal went out")
+	requireFires(t, lock.Lost(), time.Second, "but the hold is lost")
+	require.Less(t, h.leaseEnd.Load(), time.Now().UnixNano(), "and its lease not extended")
+	lock.Unlock()
+}
