@@ -98,7 +98,7 @@ type analysis struct {
 	res      *Result
 	lease    int64
 	restarts []Fault          // sorted by Start
-	renewals map[wk][]int64   // sending times, sorted
+	renewals map[wk][]Renewal // in sending order
 	death    map[int]int64    // when a worker stopped acting: its kill, or the end
 	live     []int64          // per hold, the end of its live interval
 	byKey    map[string][]int // hold indexes, in Enter order
@@ -115,7 +115,7 @@ func Analyze(h *History) *Result {
 		h:        h,
 		res:      &Result{Keys: h.Keys, Faults: make(map[string]int), Recovery: make(map[string]Recovery)},
 		lease:    int64(h.Lease),
-		renewals: make(map[wk][]int64),
+		renewals: make(map[wk][]Renewal),
 		death:    make(map[int]int64),
 		byKey:    make(map[string][]int),
 	}
@@ -143,10 +143,10 @@ func (a *analysis) index() {
 	slices.SortFunc(a.restarts, func(x, y Fault) int { return cmp.Compare(x.Start, y.Start) })
 	for _, r := range h.Renewals {
 		k := wk{r.Worker, r.Key}
-		a.renewals[k] = append(a.renewals[k], r.Sent)
+		a.renewals[k] = append(a.renewals[k], r)
 	}
 	for _, s := range a.renewals {
-		slices.Sort(s)
+		slices.SortFunc(s, func(x, y Renewal) int { return cmp.Compare(x.Sent, y.Sent) })
 	}
 	for _, w := range h.Workers {
 		a.death[w.ID] = h.End
@@ -199,15 +199,20 @@ func (a *analysis) liveEnd(hd *Hold) int64 {
 	end := a.cover(hd.Root, lease)
 	// A renewal only succeeds while the key still holds the registry's
 	// client id, and the hold's registry cannot have taken it back in
-	// between (the hold keeps its local mutex), so any successful renewal
-	// proves the key was the hold's all along and carries the lease on.
-	sent := a.renewals[wk{hd.Worker, hd.Key}]
-	from, _ := slices.BinarySearch(sent, hd.Root)
-	for _, s := range sent[from:] {
-		if s > last {
+	// between (the hold keeps its local mutex), so a successful renewal
+	// answered during the hold proves the key was the hold's all along and
+	// carries the lease on. One answered after the hold ended may have run
+	// after the registry's next hold of the key took it back, so it proves
+	// nothing for this one.
+	renewals := a.renewals[wk{hd.Worker, hd.Key}]
+	from, _ := slices.BinarySearchFunc(renewals, hd.Root, func(r Renewal, root int64) int { return cmp.Compare(r.Sent, root) })
+	for _, r := range renewals[from:] {
+		if r.Sent > last {
 			break
 		}
-		end = max(end, a.cover(s, a.lease))
+		if r.Done <= last {
+			end = max(end, a.cover(r.Sent, a.lease))
+		}
 	}
 	if hd.Exit > 0 {
 		end = min(end, hd.Exit)

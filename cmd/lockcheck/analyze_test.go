@@ -105,22 +105,27 @@ func TestLiveIntervalEnds(t *testing.T) {
 	}{
 		{"the lease runs out", func(h *History) {}, false},
 		{"a renewal carries the lease on", func(h *History) {
-			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(600)}}
+			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(600), Done: ms2ns(601)}}
 		}, true},
 		{"a renewal sent after the hold ended carries nothing", func(h *History) {
 			h.Holds[0].Exit = ms2ns(800)
-			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(900)}}
+			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(900), Done: ms2ns(901)}}
+		}, false},
+		{"a renewal answered after the hold ended carries nothing", func(h *History) {
+			// It may have run after the worker's next hold of the key took
+			// it back.
+			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(600), Done: ms2ns(1600)}}
 		}, false},
 		{"a restart ends the lease", func(h *History) {
-			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(600)}}
+			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(600), Done: ms2ns(601)}}
 			h.Faults = []Fault{{Kind: faultRestart, Worker: -1, Start: ms2ns(700), End: ms2ns(800)}}
 		}, false},
 		{"a renewal sent during a restart carries nothing", func(h *History) {
-			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(750)}}
+			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(750), Done: ms2ns(751)}}
 			h.Faults = []Fault{{Kind: faultRestart, Worker: -1, Start: ms2ns(700), End: ms2ns(800)}}
 		}, false},
 		{"Lost ends the hold", func(h *History) {
-			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(600)}}
+			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(600), Done: ms2ns(601)}}
 			h.Holds[0].Lost = ms2ns(1100)
 		}, false},
 		{"a grant's lease is the grant lease", func(h *History) {
@@ -139,7 +144,7 @@ func TestLiveIntervalEnds(t *testing.T) {
 		{"a killed worker sends no renewals", func(h *History) {
 			h.Holds[0].Exit, h.Holds[0].Read = 0, Op{}
 			h.Workers[0].Killed = ms2ns(100)
-			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(600)}}
+			h.Renewals = []Renewal{{Worker: 0, Key: "k", Sent: ms2ns(600), Done: ms2ns(601)}}
 		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -47,11 +47,12 @@ type Op struct {
 	Outcome Outcome `json:"o,omitempty"`
 }
 
-// Renewal is a renewal call that extended a worker's lease on key.
+// Renewal is a renewal call that extended a worker's lease on key, sent
+// at Sent and answered at Done.
 type Renewal struct {
-	Worker int
-	Key    string
-	Sent   int64
+	Worker     int
+	Key        string
+	Sent, Done int64
 }
 
 // Timeout is an acquisition that waited the full -wait without the lock.
@@ -143,7 +144,8 @@ type event struct {
 	Token     int64         `json:"t,omitempty"`
 	Fresh     bool          `json:"f,omitempty"`
 	Acq       int64         `json:"acq,omitempty"`
-	At        int64         `json:"at,omitempty"` // enter, exit, the renewal's sending, the timeout
+	At        int64         `json:"at,omitempty"`   // enter, exit, the renewal's sending, the timeout
+	Done      int64         `json:"done,omitempty"` // renew: when its reply came back
 	Root      int64         `json:"root,omitempty"`
 	RootLease time.Duration `json:"rl,omitempty"`
 	Lost      int64         `json:"lost,omitempty"`
@@ -235,7 +237,7 @@ func (c *collector) add(w int, ev event) {
 		hd := &c.h.Holds[i]
 		hd.Exit, hd.Lost, hd.Read, hd.Write, hd.WriteValue = ev.At, ev.Lost, ev.Read, ev.Write, ev.Value
 	case "renew":
-		c.h.Renewals = append(c.h.Renewals, Renewal{Worker: w, Key: key, Sent: ev.At})
+		c.h.Renewals = append(c.h.Renewals, Renewal{Worker: w, Key: key, Sent: ev.At, Done: ev.Done})
 	case "timeout":
 		c.h.Timeouts = append(c.h.Timeouts, Timeout{Worker: w, G: ev.G, Key: key, Acq: ev.Acq, At: ev.At})
 	case "done":

@@ -566,9 +566,10 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 		if err != nil || len(renewed) != n {
 			return
 		}
+		done := time.Now().UnixNano() // observe runs once the reply is in
 		for i, k := range keys {
 			if key, known := t.keyOf[fmt.Sprint(k)]; known && renewed[i] == 1 {
-				t.out.emit(event{E: "renew", Key: key, At: sent})
+				t.out.emit(event{E: "renew", Key: key, At: sent, Done: done})
 			}
 		}
 	}
