@@ -403,6 +403,21 @@ func TestHoldAnsweredPastItsLeaseIsLostAtOnce(t *testing.T) {
 	require.Nil(t, r.handoff(live, waited))
 }
 
+// holdPastItsLease locks key in a new registry on client and makes the
+// registry's count of the hold's lease run out, as after a stop past the
+// lease, while the key keeps the registry's client id.
+func holdPastItsLease(t *testing.T, client redis.UniversalClient, key string) (*Registry, *Lock, *hold) {
+	t.Helper()
+	r := newRegistry(t, client)
+	lock := r.Obtain(key)
+	lock.Lock()
+	local := r.locals.ownedBy(key, goroutineID())
+	require.NotNil(t, local)
+	h := local.hold.Load()
+	h.leaseEnd.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	return r, lock, h
+}
+
 // TestAHoldWhoseLeaseRanOutIsNotRenewed: a hold whose lease ran out
 // unrenewed (its process stopped past it) may have lost the key, and the
 // key may have come back to the registry since, by a grant or a new
@@ -412,14 +427,7 @@ func TestHoldAnsweredPastItsLeaseIsLostAtOnce(t *testing.T) {
 func TestAHoldWhoseLeaseRanOutIsNotRenewed(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
-	r := newRegistry(t, client)
-	lock := r.Obtain("k")
-	lock.Lock()
-	local := r.locals.ownedBy("k", goroutineID())
-	require.NotNil(t, local)
-	// As after a stop past the lease: the registry's count ran out, while
-	// the key holds the client id (again).
-	local.hold.Load().leaseEnd.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	r, lock, _ := holdPastItsLease(t, client, "k")
 	before := r.Stats().RenewCalls
 	r.renewHolds(ctx)
 	requireFires(t, lock.Lost(), time.Second, "the hold is lost")
@@ -438,13 +446,7 @@ func TestAHoldWhoseLeaseRanOutIsNotRenewed(t *testing.T) {
 func TestARenewalSentAfterTheLeaseRanOutIsNotCredited(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
-	r := newRegistry(t, client)
-	lock := r.Obtain("k")
-	lock.Lock()
-	local := r.locals.ownedBy("k", goroutineID())
-	require.NotNil(t, local)
-	h := local.hold.Load()
-	h.leaseEnd.Store(time.Now().Add(-time.Millisecond).UnixNano()) // ran out after the watchdog picked it
+	r, lock, h := holdPastItsLease(t, client, "k") // ran out after the watchdog picked it
 	before := r.Stats().RenewCalls
 	r.renew(ctx, [][]*hold{{h}})
 	require.Equal(t, before+1, r.Stats().RenewCalls, "the renewal went out")
