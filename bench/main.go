@@ -219,7 +219,8 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 func (run *contenderRun) ok() bool { return run.res.NA == "" && run.res.Err == "" }
 
 // sessions runs S1 as one session per peer: lockreg, the peer and two
-// PINGs on another connection (the floor) take turns cycle by cycle, for
+// PINGs on another connection (the floor) take turns cycle by cycle, in
+// an order shuffled every cycle (see turnOrder), for
 // 2x the timing pass each. A cycle lasts a few hundred µs, shorter than the
 // bursts of noise on this machine, so all three meet the same conditions;
 // and only those two clients are alive, as another library's client in
@@ -266,12 +267,12 @@ func (e *benchEnv) sessions(ctx context.Context, runs []*contenderRun) {
 		var blocks [][2]time.Duration // lockreg's and the peer's time per block of cycles
 		var cycles int64
 		var sessionFloor time.Duration
+		turns := newTurnOrder(len(session) + 1)
 		for end := time.Now().Add(2 * e.d); time.Now().Before(end); cycles++ {
 			if cycles%blockCycles == 0 {
 				blocks = append(blocks, [2]time.Duration{})
 			}
-			for turn := range len(session) + 1 {
-				k := (int(cycles) + turn) % (len(session) + 1)
+			for _, k := range turns.next() {
 				start := time.Now()
 				if k == len(session) {
 					e.admin.Ping(ctx)
@@ -312,6 +313,33 @@ func (e *benchEnv) sessions(ctx context.Context, runs []*contenderRun) {
 		base.timed = load{acquisitions: baseCycles, ops: baseCycles, elapsed: baseTotal}
 		base.res.FloorNsPerOp = float64(floor.Nanoseconds()) / float64(floorPairs)
 	}
+}
+
+// turnOrder is the order in which an S1 session's clients take their
+// turns, cycle after cycle (the last client is the floor's PINGs): shuffled
+// every cycle, with a fixed seed, so that every client follows every other
+// equally often. What ran just before moves a cycle's time: with a fixed
+// rotation, where lockreg followed the PINGs in two cycles of three and
+// the peer followed lockreg, a session of two identical lockregs measured
+// the second faster in 9 runs of 9 (0.992x-0.9998x), and 0.998x-1.005x
+// with the order shuffled (docs/BENCHMARKS.md).
+type turnOrder struct {
+	rng   *rand.Rand
+	order []int
+}
+
+func newTurnOrder(clients int) *turnOrder {
+	t := &turnOrder{rng: rand.New(rand.NewPCG(3, 4)), order: make([]int, clients)}
+	for i := range t.order {
+		t.order[i] = i
+	}
+	return t
+}
+
+// next returns the next cycle's order.
+func (t *turnOrder) next() []int {
+	t.rng.Shuffle(len(t.order), func(i, j int) { t.order[i], t.order[j] = t.order[j], t.order[i] })
+	return t.order
 }
 
 // blockCycles is how many cycles of an S1 session make one block of

@@ -139,7 +139,7 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 	}
 	b.WriteString(".\nProduced by `make bench` (bench/main.go): all contenders in one run against one redis-server.\n" +
 		"Round trips are commands on the wire, counted by a proxy in a separate pass; server commands are INFO commandstats deltas (script bodies included).\n" +
-		"Contenders take turns, so that noise falls on all alike: S2, S3, S5 and S6 in six rounds of a slice each; S4's processes one contender after another; S1 cycle by cycle, one session per peer beside lockreg and two PINGs.\n" +
+		"Contenders take turns, so that noise falls on all alike: S2, S3, S5 and S6 in six rounds of a slice each; S4's processes one contender after another; S1 cycle by cycle in an order shuffled every cycle, one session per peer beside lockreg and two PINGs.\n" +
 		"Each contender's timing pass lasts 3s (S3: 10s; S1: a 6s session per peer); a smoke run's, 300ms.\n" +
 		"Ratios are to lockreg in the same scenario. " +
 		"\"" + heapColumn + "\" weighs the live heap in a pass of its own, the contender connected straight to Redis and no other open, the harness recording nothing, over the live heap before the contender was made: the peak under load, weighed every 50ms by a full collection with each goroutine that holds its key parked until the weighing is done (connections, holds, waiters, pooled buffers, per-key state), and what stays once the workload is over, the contender still open (what it keeps per key once no goroutine uses the key).\n\n")
@@ -196,7 +196,7 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 			}
 		}
 		if sc.id == "S1" {
-			b.WriteString("\nOne session per peer: lockreg, the peer and two PINGs (the floor) took turns cycle by cycle, no other client alive; \"vs lockreg\" is measured within the peer's session, lockreg's figures sum all sessions. " +
+			b.WriteString("\nOne session per peer: lockreg, the peer and two PINGs (the floor) took turns cycle by cycle, in an order shuffled every cycle so that each follows each other equally often, no other client alive; \"vs lockreg\" is measured within the peer's session, lockreg's figures sum all sessions. " +
 				"The 95% intervals resample the session's blocks of " + strconv.Itoa(blockCycles) + " cycles: they show the noise within a session, not between sessions. " +
 				"lockreg-spin makes the same Redis calls as lockreg when uncontended (its options differ only for waiting), so its session is an A/A check: how far two identical contenders can differ in one session.\n\n")
 			for _, r := range results {

@@ -57,3 +57,37 @@ func TestRatioIntervalSpansTheBlocksNoise(t *testing.T) {
 		t.Errorf("9 blocks: %v-%v, want none", lo, hi)
 	}
 }
+
+// TestS1TurnsFollowEachOtherEquallyOften: in an S1 session, a client's
+// cycle is timed right after another client's turn, and what ran just
+// before moves it (two identical lockregs measured 0.5% apart when one
+// always followed the PINGs more often). Every client must follow every
+// other equally often.
+func TestS1TurnsFollowEachOtherEquallyOften(t *testing.T) {
+	const clients, cycles = 3, 30000
+	turns := newTurnOrder(clients)
+	follows := make(map[[2]int]int)
+	prev := -1
+	for range cycles {
+		for _, k := range turns.next() {
+			if prev >= 0 && prev != k {
+				follows[[2]int{prev, k}]++
+			}
+			prev = k
+		}
+	}
+	total := 0
+	for _, n := range follows {
+		total += n
+	}
+	mean := float64(total) / (clients * (clients - 1))
+	for a := range clients {
+		for b := range clients {
+			if a != b {
+				if n := float64(follows[[2]int{a, b}]); n < 0.95*mean || n > 1.05*mean {
+					t.Errorf("client %d followed client %d %v times, against %.0f on average", b, a, n, mean)
+				}
+			}
+		}
+	}
+}
