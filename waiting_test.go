@@ -144,8 +144,11 @@ func TestOneSubscriptionPerRegistryWhateverTheKeys(t *testing.T) {
 			}()
 		}
 	}
+	// A registry subscribes after its first failed attempt: wait for both
+	// subscriptions too, or the count below can run before the second.
 	require.Eventually(t, func() bool {
-		return waiters[0].Stats().FailedAttempts >= keys && waiters[1].Stats().FailedAttempts >= keys
+		return waiters[0].Stats().FailedAttempts >= keys && waiters[1].Stats().FailedAttempts >= keys &&
+			waiters[0].subscribed.Load() && waiters[1].subscribed.Load()
 	}, 5*time.Second, time.Millisecond)
 
 	subs, err := admin.PubSubNumSub(ctx, waiters[0].channel).Result()
