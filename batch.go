@@ -46,18 +46,30 @@ type call struct {
 // the plain command args. As with Script.Run, a NOSCRIPT reply is
 // answered by sending the script itself.
 func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	cmd, _ := b.send(ctx, true, script, keys, args...)
+	return cmd
+}
+
+// send is run, but unless queue is set, it sends the call only if it can
+// go out at once, alone: a queued call waits for the calls before it and
+// then for its pipeline, whose context ends with none of its callers'.
+// wentOut says whether the call was made.
+func (b *batcher) send(ctx context.Context, queue bool, script *redis.Script, keys []string, args ...any) (cmd *redis.Cmd, wentOut bool) {
 	b.mu.Lock()
 	if b.inFlight < maxInFlight {
 		b.inFlight++
 		b.mu.Unlock()
-		var cmd *redis.Cmd
 		if script == nil {
 			cmd = b.client.Do(ctx, args...)
 		} else {
 			cmd = script.Run(ctx, b.client, keys, args...)
 		}
 		b.next()
-		return cmd
+		return cmd, true
+	}
+	if !queue {
+		b.mu.Unlock()
+		return nil, false
 	}
 	c := &call{script: script, keys: keys, args: args, done: make(chan struct{})}
 	b.queue = append(b.queue, c)
@@ -69,7 +81,7 @@ func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, 
 		b.pipeline(context.WithoutCancel(ctx), c.batch)
 		b.next()
 	}
-	return c.cmd
+	return c.cmd, true
 }
 
 // next hands the slot of a call that returned to the queued calls, whose

@@ -3,6 +3,7 @@ package lockreg
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"strconv"
 	"strings"
@@ -92,6 +93,60 @@ func BenchmarkUncontended(b *testing.B) {
 	b.ReportMetric(float64(floor.Nanoseconds())/float64(b.N), "floor-ns/op")
 	b.ReportMetric(float64(lockreg.Nanoseconds())/float64(b.N), "lockreg-ns/op")
 	b.ReportMetric(float64(lockreg)/float64(floor), "x-floor")
+}
+
+// BenchmarkUncontendedWithContext is BenchmarkUncontended's cycle with a
+// context: none (Background); a deadline, on a default client, whose
+// acquisition runs its attempts in a goroutine of its own so that it can
+// return at the deadline while Redis hangs; and a deadline, on a client
+// with ContextTimeoutEnabled, which ends its calls at the deadline itself,
+// so that the first attempt runs on the caller's goroutine. Each iteration
+// times one cycle of each, in an order shuffled every iteration (a fixed
+// rotation favours whoever follows whom: see bench/'s turnOrder); x-bg
+// are the ratios of their totals to Background's.
+func BenchmarkUncontendedWithContext(b *testing.B) {
+	srv := redistest.Shared(b)
+	timeoutsClient := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	b.Cleanup(func() { _ = timeoutsClient.Close() })
+	deadline, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	variants := []struct {
+		name string
+		lock *Lock
+		ctx  context.Context
+	}{
+		{"background", newRegistry(b, srv.Client(b)).Obtain("bg"), context.Background()},
+		{"deadline", newRegistry(b, srv.Client(b)).Obtain("deadline"), deadline},
+		{"deadline+ContextTimeoutEnabled", newRegistry(b, timeoutsClient).Obtain("inline"), deadline},
+	}
+	cycle := func(lock *Lock, ctx context.Context) {
+		if err := lock.LockContext(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := lock.UnlockContext(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, v := range variants {
+		cycle(v.lock, v.ctx) // loads the scripts, dials the connections
+	}
+	totals := make([]time.Duration, len(variants))
+	order := []int{0, 1, 2}
+	shuffle := rand.New(rand.NewPCG(1, 2))
+	for b.Loop() {
+		shuffle.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		for _, k := range order {
+			start := time.Now()
+			cycle(variants[k].lock, variants[k].ctx)
+			totals[k] += time.Since(start)
+		}
+	}
+	for k, v := range variants {
+		b.ReportMetric(float64(totals[k].Nanoseconds())/float64(b.N), v.name+"-ns/op")
+		if k > 0 {
+			b.ReportMetric(float64(totals[k])/float64(totals[0]), v.name+"-x-bg")
+		}
+	}
 }
 
 // minimalLock is the least an owner-checked lock runs in Redis: SET NX PX

@@ -200,6 +200,19 @@
 // tokens drawn then come from the clock alone, releases grant nothing, and
 // waiters find a release by polling. Renewal then renews the slot's keys one by one.
 //
+// # Contexts
+//
+// LockContext returns when its context ends, even while Redis hangs: with
+// a context that can end, the acquisition's Redis calls run in a goroutine
+// of its own, and an attempt that reached Redis after the caller left is
+// undone before another local goroutine may take the key. That hand-off
+// between goroutines costs a few percent of an uncontended acquisition.
+// A go-redis client with ContextTimeoutEnabled ends its calls at their
+// context's deadline, so with a deadline the first attempt runs on the
+// caller's goroutine instead, at the cost of a Background context. Unlock
+// and Token make their one call on the caller's goroutine: ctx bounds them
+// only as far as the client honours it.
+//
 // # Errors
 //
 // Every error is one of the package's sentinels or wraps one: ErrNotObtained

@@ -184,6 +184,10 @@ type Registry struct {
 	locals      localLocks
 	calls       batcher
 	stats       counters
+	// callsEndAtDeadline says that the client ends its calls at their
+	// context's deadline (go-redis's ContextTimeoutEnabled): see
+	// acquisition.tryInline.
+	callsEndAtDeadline bool
 	// channel wakes the waiters of every registry of this registryKey.
 	// subscriptions are the channels the registry listens to: channel, and
 	// channel:<client id>, which carries the grants to this registry alone,
@@ -260,19 +264,20 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 	cfg.errs = nil
 	stopCtx, stop := context.WithCancel(context.Background())
 	r := &Registry{
-		client:      client,
-		registryKey: registryKey,
-		clientID:    uuid.NewString(),
-		cfg:         cfg,
-		locals:      newLocalLocks(),
-		calls:       batcher{client: client},
-		channel:     registryKey + ":released",
-		yield:       cfg.retryInterval,
-		yields:      xsync.NewMapOf[string, time.Time](),
-		contended:   xsync.NewMapOf[string, time.Time](),
-		closed:      make(chan struct{}),
-		stop:        stop,
-		stopCtx:     stopCtx,
+		client:             client,
+		registryKey:        registryKey,
+		clientID:           uuid.NewString(),
+		cfg:                cfg,
+		locals:             newLocalLocks(),
+		calls:              batcher{client: client},
+		callsEndAtDeadline: endsCallsAtDeadline(client),
+		channel:            registryKey + ":released",
+		yield:              cfg.retryInterval,
+		yields:             xsync.NewMapOf[string, time.Time](),
+		contended:          xsync.NewMapOf[string, time.Time](),
+		closed:             make(chan struct{}),
+		stop:               stop,
+		stopCtx:            stopCtx,
 	}
 	if cfg.pubSub {
 		r.yield = min(pubSubYield, cfg.retryInterval)
@@ -306,6 +311,21 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 	}
 	r.goBackground(r.watch)
 	return r, nil
+}
+
+// endsCallsAtDeadline reports whether client ends its calls at their
+// context's deadline, as go-redis's clients do with ContextTimeoutEnabled.
+// Other implementations of UniversalClient are not assumed to.
+func endsCallsAtDeadline(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
 }
 
 // Obtain returns the lock for key, which may be any non-empty string (binary

@@ -59,7 +59,11 @@ func runWorker(spec string) int {
 	}
 	out := &emitter{w: bufio.NewWriter(os.Stdout)}
 	leases := newLeaseTracker(cfg.Registry, cfg.Keys, out)
-	lockClient := redis.NewClient(&redis.Options{Addr: cfg.LockAddr})
+	// Odd workers' clients end their calls at the context's deadline
+	// (ContextTimeoutEnabled), so that a run covers both ways an
+	// acquisition waits for Redis: in a goroutine of its own, and, for a
+	// first attempt that can, on the calling goroutine.
+	lockClient := redis.NewClient(&redis.Options{Addr: cfg.LockAddr, ContextTimeoutEnabled: cfg.ID%2 == 1})
 	lockClient.AddHook(leases)
 	defer lockClient.Close()
 	storeClient := redis.NewClient(&redis.Options{Addr: cfg.StoreAddr})

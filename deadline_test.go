@@ -1,0 +1,210 @@
+package lockreg
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// setSender is a go-redis hook that records which goroutine sent the last
+// plain SET.
+type setSender struct{ gid atomic.Int64 }
+
+func (s *setSender) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (s *setSender) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (s *setSender) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "set" {
+			s.gid.Store(goroutineID())
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func TestTheFirstAttemptRunsOnTheCallersGoroutineOnlyIfItCannotOutlastCtx(t *testing.T) {
+	// A cancellable ctx needs the attempts in a goroutine of their own, so
+	// that LockContext can return at ctx's end while Redis hangs, unless
+	// the client itself ends the call at ctx's deadline.
+	withDeadline := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), time.Minute)
+	}
+	withCancel := func() (context.Context, context.CancelFunc) {
+		return context.WithCancel(context.Background())
+	}
+	background := func() (context.Context, context.CancelFunc) {
+		return context.Background(), func() {}
+	}
+	client := func(contextTimeoutEnabled bool) func(t *testing.T) redis.UniversalClient {
+		return func(t *testing.T) redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: redistest.SharedAddr(), ContextTimeoutEnabled: contextTimeoutEnabled})
+		}
+	}
+	ring := func(t *testing.T) redis.UniversalClient {
+		return redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": redistest.SharedAddr()}, ContextTimeoutEnabled: true})
+	}
+	cluster := func(t *testing.T) redis.UniversalClient {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.StartCluster(t, 3), ContextTimeoutEnabled: true})
+	}
+	for _, c := range []struct {
+		name   string
+		client func(t *testing.T) redis.UniversalClient
+		ctx    func() (context.Context, context.CancelFunc)
+		inline bool
+	}{
+		{"ContextTimeoutEnabled, deadline", client(true), withDeadline, true},
+		{"default client, deadline", client(false), withDeadline, false},
+		{"ContextTimeoutEnabled, cancel only", client(true), withCancel, false},
+		{"default client, Background", client(false), background, true},
+		{"Ring with ContextTimeoutEnabled, deadline", ring, withDeadline, true},
+		{"Cluster with ContextTimeoutEnabled, deadline", cluster, withDeadline, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			client := c.client(t)
+			t.Cleanup(func() { _ = client.Close() })
+			sender := &setSender{}
+			client.AddHook(sender)
+			lock := newRegistry(t, client).Obtain("k")
+
+			ctx, cancel := c.ctx()
+			defer cancel()
+			require.NoError(t, lock.LockContext(ctx))
+			require.NoError(t, lock.UnlockContext(ctx))
+			require.NotZero(t, sender.gid.Load(), "the key was free: a plain SET took it")
+			require.Equal(t, c.inline, sender.gid.Load() == goroutineID(), "sent on the caller's goroutine")
+		})
+	}
+}
+
+func TestLockContextReturnsAtItsDeadlineWhileItsInlineAttemptHangs(t *testing.T) {
+	// With ContextTimeoutEnabled, the first attempt runs on the caller's
+	// goroutine, and go-redis ends it at ctx's deadline. If Redis ran the
+	// SET after all, the registry deletes the key in the background.
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	r := newRegistry(t, client, WithExpireAfter(1000*time.Second))
+	require.NoError(t, client.Ping(context.Background()).Err()) // a connection ready for the SET
+
+	srv.Pause(t)
+	elapsed, err := lockWithin(r.Obtain("k"), 200*time.Millisecond)
+	srv.Resume(t)
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, ErrRedis, "the SET that the deadline cut")
+	require.Less(t, elapsed, time.Second, "returns at ctx's deadline, not at go-redis's 5s read timeout")
+
+	require.Eventually(t, func() bool { return r.locals.size() == 0 }, 5*time.Second, time.Millisecond)
+	other := newRegistry(t, srv.Client(t))
+	require.True(t, other.Obtain("k").TryLock(), "no key left behind for the 1000s lease")
+	other.Obtain("k").Unlock()
+}
+
+func TestAnInlineAttemptThatFindsTheKeyTakenWaitsForIt(t *testing.T) {
+	// The inline SET finds the key taken; the acquisition goes on in the
+	// background, is marked as waiting, and gets the key when it is
+	// released, well before the waiter's 5s retry interval.
+	srv := redistest.Shared(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	holder := newRegistry(t, srv.Client(t))
+	waiter := newRegistry(t, client, WithRetryInterval(5*time.Second))
+	holder.Obtain("k").Lock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		lock := waiter.Obtain("k")
+		err := lock.LockContext(ctx)
+		if err == nil {
+			err = lock.UnlockContext(ctx)
+		}
+		got <- err
+	}()
+	require.Eventually(t, func() bool { return waiter.Stats().FailedAttempts > 0 }, 5*time.Second, time.Millisecond,
+		"obtain.lua found the key taken and marked the waiter")
+	start := time.Now()
+	holder.Obtain("k").Unlock()
+	require.NoError(t, <-got)
+	require.Less(t, time.Since(start), 2*time.Second, "woken by the release, not by the retry 5s later")
+}
+
+// holdSets is a go-redis hook that keeps the plain SETs of keys containing
+// "busy" from going out until release is closed, counting them in held.
+type holdSets struct {
+	held    atomic.Int64
+	release chan struct{}
+}
+
+func (h *holdSets) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdSets) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *holdSets) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "set" && strings.Contains(fmt.Sprint(cmd.Args()[1]), "busy") {
+			h.held.Add(1)
+			<-h.release
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func TestAnInlineAttemptDoesNotQueueBehindSlowCalls(t *testing.T) {
+	// With maxInFlight calls on the wire, a call queues, and a queued call
+	// waits for them whatever its ctx: the first attempt then goes to the
+	// background, and LockContext still returns at its deadline.
+	srv := redistest.Shared(t)
+	slow := &holdSets{release: make(chan struct{})}
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	client.AddHook(slow)
+	t.Cleanup(func() { _ = client.Close() })
+	r := newRegistry(t, client)
+	var busy sync.WaitGroup
+	for i := range maxInFlight {
+		busy.Go(func() {
+			lock := r.Obtain(fmt.Sprint("busy", i))
+			lock.Lock()
+			lock.Unlock()
+		})
+	}
+	require.Eventually(t, func() bool { return slow.held.Load() == maxInFlight }, 5*time.Second, time.Millisecond)
+	time.AfterFunc(2*time.Second, func() { close(slow.release) })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := r.Obtain("k").LockContext(ctx)
+	require.Less(t, time.Since(start), time.Second, "returns at ctx's deadline, not when the slow calls end")
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	// The queued SET goes out once the slow calls end; the registry then
+	// deletes the key it took.
+	busy.Wait()
+	require.Eventually(t, func() bool { return r.locals.size() == 0 }, 5*time.Second, time.Millisecond)
+	other := newRegistry(t, srv.Client(t))
+	require.True(t, other.Obtain("k").TryLock(), "no key left behind for the lease")
+	other.Obtain("k").Unlock()
+}
+
+// lockWithin runs LockContext with a deadline d away, and returns how long
+// it took and its error.
+func lockWithin(lock *Lock, d time.Duration) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	start := time.Now()
+	err := lock.LockContext(ctx)
+	return time.Since(start), err
+}
