@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"image/color"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -67,7 +69,9 @@ func machineLine(redisVersion string) string {
 }
 
 // writeJSON writes v to results/<date><suffix>.json, or
-// <date>-quick<suffix>.json for a smoke run.
+// <date>-quick<suffix>.json for a smoke run. A later run of the same day
+// goes to <date><suffix>-2.json, -3 and so on: published results are
+// never overwritten.
 func writeJSON(out, suffix string, v any, now time.Time, quick bool) error {
 	if err := os.MkdirAll(filepath.Join(out, "results"), 0o755); err != nil {
 		return err
@@ -80,7 +84,22 @@ func writeJSON(out, suffix string, v any, now time.Time, quick bool) error {
 	if quick {
 		name += "-quick"
 	}
-	return os.WriteFile(filepath.Join(out, "results", name+suffix+".json"), raw, 0o644)
+	name += suffix
+	for n := 1; ; n++ {
+		path := filepath.Join(out, "results", name+".json")
+		if n > 1 {
+			path = filepath.Join(out, "results", fmt.Sprintf("%s-%d.json", name, n))
+		}
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		_, err = f.Write(raw)
+		return errors.Join(err, f.Close())
+	}
 }
 
 // tally says, for each target, in how many runs it was met, then each

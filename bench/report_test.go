@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -227,6 +230,25 @@ func TestScenarioTimingSetsThePassOutsideSmokeRuns(t *testing.T) {
 		}
 		if timed < want || timed > want+want/2 {
 			t.Errorf("quick %v: timed for %v, want %v", quick, timed, want)
+		}
+	}
+}
+
+func TestALaterRunOfTheSameDayKeepsTheEarlierResults(t *testing.T) {
+	out := t.TempDir()
+	day := time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC)
+	for run := 1; run <= 3; run++ {
+		if err := writeJSON(out, "-repeat", map[string]int{"Run": run}, day, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, run := range map[string]int{"2026-11-23-repeat.json": 1, "2026-11-23-repeat-2.json": 2, "2026-11-23-repeat-3.json": 3} {
+		raw, err := os.ReadFile(filepath.Join(out, "results", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("{\n  \"Run\": %d\n}", run); string(raw) != want {
+			t.Errorf("%s holds %s, want run %d's results", name, raw, run)
 		}
 	}
 }
