@@ -77,6 +77,30 @@ func (r *Registry) handoff(h *hold, local *localLock) *hold {
 
 func (h *hold) lose() { h.loseOnce.Do(func() { close(h.lost) }) }
 
+// endLease ends the lease now, for h and the holds handed on from it, and
+// signals h lost: Redis said that the key was not this registry's, or a
+// renewal came too late to tell. Unlike a lease that Close merely stops
+// renewing, the unlock then reports ErrLockLost.
+func (h *hold) endLease() {
+	h.leaseEnd.Store(0)
+	h.lose()
+}
+
+// extendLease moves the lease's end to end (unix ns), unless that would
+// shorten it, and reports true, if the lease was live at sent: a renewal
+// sent within the lease carries it on.
+func (h *hold) extendLease(sent time.Time, end int64) bool {
+	for {
+		current := h.leaseEnd.Load()
+		if current <= sent.UnixNano() {
+			return false
+		}
+		if current >= end || h.leaseEnd.CompareAndSwap(current, end) {
+			return true
+		}
+	}
+}
+
 // leaseOver reports whether the lease ran out unrenewed, as the registry
 // counts it.
 func (h *hold) leaseOver() bool { return time.Now().UnixNano() >= h.leaseEnd.Load() }
@@ -224,11 +248,10 @@ func (r *Registry) renewed(ctx context.Context, batch []*hold, cmd *redis.Cmd, s
 		// a lease has run out, the key may have passed through other owners
 		// and come back, which the owner check cannot tell: only a renewal
 		// sent within the lease carries the hold on.
-		if i < len(renewed) && renewed[i] == 1 && h.leaseEnd.Load() > sent.UnixNano() {
-			h.leaseEnd.Store(leaseEnd)
-		} else {
-			h.lose()
+		if i < len(renewed) && renewed[i] == 1 && h.extendLease(sent, leaseEnd) {
+			continue
 		}
+		h.endLease()
 	}
 }
 

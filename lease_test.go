@@ -435,7 +435,8 @@ func TestAHoldWhoseLeaseRanOutIsNotRenewed(t *testing.T) {
 	require.Equal(t, r.clientID, client.Get(ctx, lock.keys[0]).Val())
 	_, err := lock.Token(ctx)
 	require.ErrorIs(t, err, ErrLockLost)
-	lock.Unlock()
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost, "the key still had our client id, but may have passed on meanwhile")
+	require.Zero(t, client.Exists(ctx, lock.keys[0]).Val(), "and it is released all the same")
 }
 
 // TestARenewalSentAfterTheLeaseRanOutIsNotCredited: the watchdog picks the
@@ -452,5 +453,37 @@ func TestARenewalSentAfterTheLeaseRanOutIsNotCredited(t *testing.T) {
 	require.Equal(t, before+1, r.Stats().RenewCalls, "the renewal went out")
 	requireFires(t, lock.Lost(), time.Second, "but the hold is lost")
 	require.Less(t, h.leaseEnd.Load(), time.Now().UnixNano(), "and its lease not extended")
-	lock.Unlock()
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
+}
+
+func TestAnUnlockAfterRedisReportedTheKeyLostReportsItLost(t *testing.T) {
+	// Renewal found the key taken; by the unlock, it has come back to this
+	// registry (a grant not yet given back, say). The key is released, but
+	// the hold did not keep it throughout.
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	lock.Lock()
+	require.NoError(t, client.Set(ctx, lock.keys[0], "another owner", 0).Err())
+	r.renewHolds(ctx)
+	requireFires(t, lock.Lost(), time.Second, "renewal found the key taken")
+	require.NoError(t, client.Set(ctx, lock.keys[0], r.clientID, time.Minute).Err())
+
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
+	require.Zero(t, client.Exists(ctx, lock.keys[0]).Val(), "released all the same")
+}
+
+func TestARenewalNeverShortensALease(t *testing.T) {
+	// Two renewals of one hold (the watchdog's, a grant's extension) can
+	// answer out of order: the earlier one must not pull the lease back.
+	sent := time.Now()
+	h := newHold("k", 0, sent, time.Minute)
+	later := h.leaseEnd.Load()
+	require.True(t, h.extendLease(sent, sent.Add(time.Second).UnixNano()), "the lease was live when it was sent")
+	require.Equal(t, later, h.leaseEnd.Load(), "not shortened")
+	require.True(t, h.extendLease(sent, later+1))
+	require.Equal(t, later+1, h.leaseEnd.Load(), "extended")
+	require.False(t, h.extendLease(time.Unix(0, later+1), later+2), "sent once the lease had run out")
+	require.Equal(t, later+1, h.leaseEnd.Load())
 }

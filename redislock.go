@@ -103,9 +103,13 @@ func (l *Lock) Unlock() {
 // it passes the hold to a waiting goroutine of this registry, within the
 // WithLocalHandoff bounds, or deletes the Redis key if this registry still
 // owns it; either way the lock is freed locally. It returns ErrLockLost if
-// the key had expired or had another owner (whose key stays untouched), an
-// ErrRedis error if Redis failed (the key then expires after its lease),
-// and ErrNotHeld, changing nothing, if the caller does not hold the lock.
+// the key had expired or had another owner (whose key stays untouched), or
+// if the hold's lease had run out before the unlock, as the registry counts
+// it, or Redis had reported the key lost (Lost fired for either): another
+// owner may have held the key meanwhile, even if it is this registry's
+// again (it is released all the same). It returns an ErrRedis error if
+// Redis failed (the key then expires after its lease), and ErrNotHeld,
+// changing nothing, if the caller does not hold the lock.
 // ctx bounds the Redis call only as far as the client honours it: a
 // go-redis client applies ctx's deadline with ContextTimeoutEnabled set,
 // and otherwise only its ReadTimeout and WriteTimeout (5s by default in
@@ -139,6 +143,10 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 	if markNext {
 		sent = time.Now()
 	}
+	// A lease that ran out before the release, as the registry counts it,
+	// may have let another owner in, even if the key is this registry's
+	// again by the time the release runs.
+	leaseRanOut := h.leaseOver()
 	released, err := l.releaseRedis(ctx, h, markNext)
 	var mark waitMark
 	if released < 0 {
@@ -158,8 +166,12 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 		l.unmark() // the waiter gave up meanwhile
 	}
 	r.locals.leave(l.key)
-	if err == nil && released == notOurs {
+	switch {
+	case err != nil:
+	case released == notOurs:
 		err = fmt.Errorf("%w: key %q", ErrLockLost, l.key)
+	case leaseRanOut:
+		err = fmt.Errorf("%w: key %q: its lease ran out before the unlock, or Redis had reported the key lost", ErrLockLost, l.key)
 	}
 	return err
 }
@@ -227,7 +239,7 @@ func (l *Lock) Token(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, l.key, err)
 	}
 	if token == 0 {
-		h.lose()
+		h.endLease()
 		return 0, fmt.Errorf("%w: key %q expired or has another owner", ErrLockLost, l.key)
 	}
 	h.token = token
@@ -241,8 +253,8 @@ func (l *Lock) Token(ctx context.Context) (int64, error) {
 // interval (expireAfter/3) of the loss, and is closed already when the
 // acquisition's reply came a lease or more after it was sent (Redis or
 // this process stalled). Stop the protected work when it fires; the unlock
-// will then report ErrLockLost if the key did pass on. A goroutine that
-// holds nothing gets a closed channel.
+// then reports ErrLockLost, unless Close alone fired it while the lease
+// still ran. A goroutine that holds nothing gets a closed channel.
 func (l *Lock) Lost() <-chan struct{} {
 	if local := l.r.locals.ownedBy(l.key, goroutineID()); local != nil {
 		return local.hold.Load().lost

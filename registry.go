@@ -25,8 +25,8 @@ var (
 	// ErrNotHeld: an unlock by a goroutine that does not hold the lock.
 	ErrNotHeld = errors.New("lockreg: unlock by a goroutine that does not hold the lock; unlock from the goroutine that locked, once per successful lock")
 	// ErrLockLost: at release the Redis key had expired or belonged to
-	// another owner, so the critical section may have overlapped another
-	// holder's.
+	// another owner, or the hold's lease had run out (see Lock.Lost), so
+	// the critical section may have overlapped another holder's.
 	ErrLockLost = errors.New("lockreg: lock lost before release (its Redis key expired or has another owner), so another holder may have overlapped; make the lease (WithExpireAfter) longer than the work")
 	// ErrClosed: the registry was closed.
 	ErrClosed = errors.New("lockreg: registry closed; obtain locks from an open registry made by New")
