@@ -208,3 +208,21 @@ func lockWithin(lock *Lock, d time.Duration) (time.Duration, error) {
 	err := lock.LockContext(ctx)
 	return time.Since(start), err
 }
+
+func TestLockContextThatTimesOutWhileWaitingLeavesTheKeyFreeLocally(t *testing.T) {
+	// With a cancellable ctx, only Redis calls run off the caller's
+	// goroutine; the waiting between attempts is the caller's own. When
+	// ctx ends there, the acquisition has given up the key's local mutex
+	// by the time LockContext returns, so another goroutine of the
+	// registry can try the key at once.
+	srv := redistest.Shared(t)
+	holder := newRegistry(t, srv.Client(t))
+	waiter := newRegistry(t, srv.Client(t), WithRetryInterval(5*time.Second))
+	holder.Obtain("k").Lock()
+	for range 5 {
+		_, err := lockWithin(waiter.Obtain("k"), 100*time.Millisecond)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Zero(t, waiter.locals.size(), "the waiter left nothing behind")
+	}
+	holder.Obtain("k").Unlock()
+}

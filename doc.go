@@ -205,7 +205,9 @@
 // LockContext returns when its context ends, even while Redis hangs: with
 // a context that can end, the acquisition's Redis calls run in a goroutine
 // of its own, and an attempt that reached Redis after the caller left is
-// undone before another local goroutine may take the key. That hand-off
+// undone before another local goroutine may take the key. The waiting
+// between attempts stays on the caller's goroutine, so a release that
+// grants the key wakes the caller itself. The hand-off of a call
 // between goroutines costs a few percent of an uncontended acquisition.
 // A go-redis client with ContextTimeoutEnabled ends its calls at their
 // context's deadline, so with a deadline the first attempt runs on the

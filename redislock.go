@@ -269,14 +269,17 @@ func (l *Lock) Lost() <-chan struct{} {
 //
 // A go-redis client need not honour ctx while Redis is slow to answer
 // (ContextTimeoutEnabled is off by default), so with a cancellable ctx the
-// attempts run in a goroutine of their own: if ctx ends first, obtainRedis
-// returns at once and leaves the local mutex to that goroutine, which
-// gives it up when Redis answers, deleting the key (owner-checked) if the
-// attempt in flight took it. Handing the attempts to another goroutine
-// and back costs a wake-up each way, about 6% of an uncontended cycle on a
-// 2-core VM (BenchmarkUncontendedWithContext), so the first attempt runs
-// on the caller's goroutine when the client itself ends its calls at
-// ctx's deadline (see tryInline).
+// Redis calls run in a goroutine of their own (see offCaller): if ctx ends
+// while one is in flight, obtainRedis returns at once and leaves the local
+// mutex to that goroutine, which gives it up when Redis answers, deleting
+// the key (owner-checked) if the call took it. The waiting between
+// attempts, and the taking of a grant, which need no call, stay on the
+// caller's goroutine: a grant from another process then wakes the caller
+// itself. Handing a call to another goroutine and back costs a wake-up
+// each way, about 6% of an uncontended cycle on a 2-core VM
+// (BenchmarkUncontendedWithContext), so the first attempt runs on the
+// caller's goroutine when the client itself ends its calls at ctx's
+// deadline (see tryInline).
 func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock, mark waitMark) (*hold, error) {
 	a := &acquisition{
 		l: l, ctx: ctx, wait: wait, local: local,
@@ -286,36 +289,12 @@ func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock, mar
 		return nil, err
 	}
 	if ctx.Done() == nil {
-		return a.run()
+		return a.run(a.calls)
 	}
 	if h, err := a.tryInline(); h != nil || err != nil {
 		return h, err
 	}
-	type result struct {
-		h   *hold
-		err error
-	}
-	answer, left := make(chan result), make(chan struct{})
-	started := l.r.goBackground(func(stop context.Context) {
-		h, err := a.run()
-		select {
-		case answer <- result{h, err}:
-		case <-left:
-			if h != nil {
-				l.settle(stop, local, true)
-			}
-		}
-	})
-	if !started {
-		return nil, a.giveUp(ErrClosed)
-	}
-	select {
-	case got := <-answer:
-		return got.h, got.err
-	case <-ctx.Done():
-		close(left)
-		return nil, l.notAcquired(ctx, ctx.Err(), a.lastError())
-	}
+	return a.run(a.offCaller)
 }
 
 // waitMark is a mark of this registry as waiting for a key, left by a
@@ -373,11 +352,16 @@ func (a *acquisition) begin() error {
 }
 
 // run makes the attempts until one takes the key, or a grant gives it,
-// or the acquisition ends.
-func (a *acquisition) run() (*hold, error) {
+// or the acquisition ends; calls makes the Redis calls that are due.
+func (a *acquisition) run(calls func() (*hold, error)) (*hold, error) {
 	for {
-		if h, err := a.try(); h != nil || err != nil {
-			return h, err
+		if h := a.takeGrant(); h != nil {
+			return h, nil
+		}
+		if a.due {
+			if h, err := calls(); h != nil || err != nil {
+				return h, err
+			}
 		}
 		if err := a.pause(); err != nil {
 			return nil, err
@@ -385,26 +369,86 @@ func (a *acquisition) run() (*hold, error) {
 	}
 }
 
-// try takes the key if a grant came, or else makes the attempt that is
-// due. It returns the hold, or the error that ended the acquisition, or
-// neither when the acquisition goes on.
-func (a *acquisition) try() (*hold, error) {
-	l := a.l
-	if token := a.local.grantedToken.Swap(0); token != 0 {
-		if h := l.acceptGrant(a.local, token, a.failed, a.failedToken); h != nil {
+// takeGrant returns the hold a grant that came gives, if it can be
+// trusted; else, if a grant came, the key is ours, but since when is
+// unknown, and an attempt is due to find out.
+func (a *acquisition) takeGrant() *hold {
+	token := a.local.grantedToken.Swap(0)
+	if token == 0 {
+		return nil
+	}
+	if h := a.l.acceptGrant(a.local, token, a.failed, a.failedToken); h != nil {
+		return h
+	}
+	a.due = true
+	return nil
+}
+
+// calls makes the attempt that is due. If it fails while the registry has
+// no subscription yet, it subscribes and, once subscribed, tries again at
+// once: a release between the failed attempt and the subscription must
+// not be missed. It returns the hold, or the error that ended the
+// acquisition, or neither when it is time to wait.
+func (a *acquisition) calls() (*hold, error) {
+	for {
+		if h, err := a.attempt(); h != nil || err != nil {
+			return h, err
+		}
+		r := a.l.r
+		if !r.cfg.pubSub || r.subscribed.Load() || r.subscribe(a.ctx) != nil {
+			return nil, nil
+		}
+		if h := a.takeGrant(); h != nil {
 			return h, nil
 		}
-		a.due = true // the key is ours, but since when is unknown
+		a.due = true
 	}
-	if !a.due {
-		return nil, nil
+}
+
+// offCaller is calls in a goroutine of its own, from which the caller
+// returns when ctx ends; the goroutine then ends the acquisition when its
+// calls return.
+func (a *acquisition) offCaller() (*hold, error) {
+	type result struct {
+		h   *hold
+		err error
 	}
+	answer, left := make(chan result), make(chan struct{})
+	started := a.l.r.goBackground(func(stop context.Context) {
+		h, err := a.calls()
+		select {
+		case answer <- result{h, err}:
+		case <-left:
+			switch {
+			case h != nil:
+				a.l.settle(stop, a.local, true)
+			case err == nil:
+				_ = a.giveUp(a.ctx.Err())
+			}
+		}
+	})
+	if !started {
+		return nil, a.giveUp(ErrClosed)
+	}
+	select {
+	case got := <-answer:
+		return got.h, got.err
+	case <-a.ctx.Done():
+		close(left)
+		return nil, a.l.notAcquired(a.ctx, a.ctx.Err(), a.lastError())
+	}
+}
+
+// attempt makes the attempt that is due. It returns the hold, or the
+// error that ended the acquisition (TryLock's attempt failed), or neither
+// when the acquisition goes on.
+func (a *acquisition) attempt() (*hold, error) {
 	sent := time.Now()
-	h, lastToken, err := l.tryObtain(a.ctx, a.wait, a.marked)
+	h, lastToken, err := a.l.tryObtain(a.ctx, a.wait, a.marked)
 	if h != nil {
 		return h, nil
 	}
-	a.err = err
+	a.due, a.err = false, err
 	if err == nil { // another owner held it: obtain.lua marked us if we wait
 		a.marked, a.failed, a.failedToken = a.wait, sent, lastToken
 	} else {
@@ -475,14 +519,6 @@ func (a *acquisition) lastError() error {
 // error that ended the acquisition.
 func (a *acquisition) pause() error {
 	r := a.l.r
-	a.due = true
-	if r.cfg.pubSub && !r.subscribed.Load() {
-		// Subscribe, then check again: a release between the failed
-		// attempt and the subscription must not be missed.
-		if err := r.subscribe(a.ctx); err == nil {
-			return nil
-		}
-	}
 	if a.retry == nil {
 		a.retry = time.NewTimer(r.cfg.retryInterval)
 	} else {
@@ -491,8 +527,10 @@ func (a *acquisition) pause() error {
 	var stop error
 	select {
 	case <-a.retry.C:
+		a.due = true
 		return nil
 	case <-a.local.wake:
+		a.due = true
 		return nil
 	case <-a.ctx.Done():
 		stop = a.ctx.Err()
