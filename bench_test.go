@@ -227,9 +227,10 @@ func BenchmarkGrantServerTime(b *testing.B) {
 	lock := r.Obtain("grant-time")
 	setUp := func() {
 		_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			p.Del(ctx, lock.keys[2])
+			p.Del(ctx, lock.keys[2], lock.keys[3])
 			p.Set(ctx, lock.keys[0], r.clientID, time.Minute)
 			p.ZAdd(ctx, lock.keys[2], redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "other:1000"})
+			p.ZAdd(ctx, lock.keys[3], redis.Z{Score: float64(time.Now().UnixMilli()), Member: "other:1000"})
 			return nil
 		})
 		if err != nil {

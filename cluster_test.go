@@ -240,11 +240,11 @@ func TestRedisClusterSlotMigrationKeepsHoldsSharingASlot(t *testing.T) {
 
 // TestRedisClusterLocksWorkDuringSlotMigration releases a hold, and takes
 // a free lock, while their slot is migrating. obtain.lua and release.lua
-// name three keys, the lock, its fence and its waiting marker, and the
-// marker (like the fence of a key never locked) seldom exists: Redis
-// answers TRYAGAIN to a script whose keys a migrating or importing slot
-// has only some of, from the first step of the migration to the last,
-// even before any key moved. Locks must keep working meanwhile: a release
+// name four keys, the lock, its fence, its waiting marker and its queue,
+// and the last two (like the fence of a key never locked) seldom exist:
+// Redis answers TRYAGAIN to a script whose keys a migrating or importing
+// slot has only some of, from the first step of the migration to the
+// last, even before any key moved. Locks must keep working meanwhile: a release
 // that fails leaves the key a whole lease (30s by default) for waiters.
 func TestRedisClusterLocksWorkDuringSlotMigration(t *testing.T) {
 	ctx := context.Background()

@@ -95,8 +95,11 @@
 // # Hand-offs between registries
 //
 // A release that finds a waiting registry passes the key straight to the
-// one whose mark is oldest (it lapses first): in the same script call it
-// sets the key to that registry's client id with a short grant lease (two
+// one that has waited longest: the first in the key's queue whose mark is
+// live. A registry joins the queue with the first mark of a wait, and
+// renewing the mark at each retry keeps its place, so registries get the
+// key first come, first served. In the same script call the release sets
+// the key to that registry's client id with a short grant lease (two
 // retry intervals, at least 100ms), draws the next fencing token and
 // publishes both. The grantee's waiter holds the key as soon as the
 // message arrives, without a round trip of its own; if it still holds the
@@ -113,21 +116,21 @@
 // whose reply carried the key's last token (an attempt stores one from the
 // clock if none is stored): the grant's token must be larger. Its lease is
 // then counted from when that call was sent, so the registry never
-// overestimates it, and the token keeps the fencing order. A grant it
-// cannot place this way (it came before the call) only wakes the waiter,
-// whose next attempt finds the key its own. A registry whose waiter gave
-// up withdraws its mark; a grant that still reaches it, or that reaches it
-// while it holds the key (its hold was broken unseen and a mark outlived
-// it), is given back at once, unless an acquisition of the registry took
-// the key meanwhile (the give-back checks the key's last token); a grant
-// to a registry that died while waiting blocks the key for the grant
-// lease only. Registries with WithPubSub(false) or
-// WithWaitReplicas take no grants (a grant is not acknowledged by
-// replicas); their marks ask to be woken, and a release whose oldest mark
-// is one of theirs deletes the key and publishes it to all waiters. Such a
-// release also holds this registry's next acquisition of the key back for
-// 2ms (one retry interval with WithPubSub(false)), so the waiters get their
-// turn instead of losing every race to the releasing process.
+// overestimates it, and the token keeps the fencing order. A grant it cannot
+// place this way (it came before the call) only wakes the waiter, whose next
+// attempt finds the key its own. A registry whose waiter gave up withdraws
+// its mark; a grant that still reaches it, or that reaches it while it holds
+// the key (its hold was broken unseen and a mark outlived it), is given back
+// at once, unless an acquisition of the registry took the key meanwhile (the
+// give-back checks the key's last token); a grant to a registry that died
+// while waiting blocks the key for the grant lease only. Registries with
+// WithPubSub(false) or WithWaitReplicas take no grants (a grant is not
+// acknowledged by replicas); their marks ask to be woken, and a release
+// whose first waiter is one of them deletes the key and publishes it to all
+// waiters. Such a release also holds this registry's next acquisition of the
+// key back for 2ms (one retry interval with WithPubSub(false)), so the
+// waiters get their turn instead of losing every race to the releasing
+// process.
 //
 // On Redis Cluster the notification is a classic PUBLISH, which the cluster
 // broadcasts to every node; the registry's one subscription, on any node,
@@ -194,11 +197,12 @@
 // realistic acquisition rate of one key.
 //
 // While a key's slot moves between Redis Cluster nodes, Redis refuses a
-// script whose keys are split between the nodes or partly missing, which
-// the fence and the waiting marker usually are. Acquisitions and releases
-// of that key then run on the lock's key alone: the lock works as ever,
-// tokens drawn then come from the clock alone, releases grant nothing, and
-// waiters find a release by polling. Renewal then renews the slot's keys one by one.
+// script whose keys are split between the nodes or partly missing, which the
+// fence, the waiting marker and the queue usually are. Acquisitions and
+// releases of that key then run on the lock's key alone: the lock works as
+// ever, tokens drawn then come from the clock alone, releases grant nothing,
+// and waiters find a release by polling. Renewal then renews the slot's keys
+// one by one.
 //
 // # Contexts
 //

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,8 +19,39 @@ import (
 // lapsing in a minute.
 func markWaiting(t *testing.T, client redis.Cmdable, lock *Lock, mark string) {
 	t.Helper()
-	lapse := float64(time.Now().Add(time.Minute).UnixMilli())
-	require.NoError(t, client.ZAdd(context.Background(), lock.keys[2], redis.Z{Score: lapse, Member: mark}).Err())
+	putMarks(t, client, lock, waitingMark{mark, time.Now(), time.Now().Add(time.Minute)})
+}
+
+// waitingMark is a registry's mark on a key: member, waiting since since,
+// lapsing at lapse.
+type waitingMark struct {
+	member       string
+	since, lapse time.Time
+}
+
+// putMarks leaves marks on lock's key as failed attempts would (see
+// mark.lua): each in the marker, scored by its lapse, and in the queue, by
+// when it began to wait, both expiring with the latest lapse.
+func putMarks(t testing.TB, client redis.Cmdable, lock *Lock, marks ...waitingMark) {
+	t.Helper()
+	if len(marks) == 0 {
+		return
+	}
+	ctx := context.Background()
+	var last time.Time
+	_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, m := range marks {
+			p.ZAdd(ctx, lock.keys[2], redis.Z{Score: float64(m.lapse.UnixMilli()), Member: m.member})
+			p.ZAdd(ctx, lock.keys[3], redis.Z{Score: float64(m.since.UnixMilli()), Member: m.member})
+			if m.lapse.After(last) {
+				last = m.lapse
+			}
+		}
+		p.PExpire(ctx, lock.keys[2], time.Until(last))
+		p.PExpire(ctx, lock.keys[3], time.Until(last))
+		return nil
+	})
+	require.NoError(t, err)
 }
 
 func TestReleaseGrantsTheKeyToTheWaitingRegistry(t *testing.T) {
@@ -175,8 +207,31 @@ func TestWaiterThatGivesUpWithdrawsItsMark(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, <-gaveUp, ErrNotObtained)
 	require.Eventually(t, func() bool {
-		return client.ZScore(ctx, held.keys[2], mark).Err() == redis.Nil
-	}, time.Second, time.Millisecond, "the mark is withdrawn, not left to lapse")
+		return client.ZScore(ctx, held.keys[2], mark).Err() == redis.Nil && client.ZScore(ctx, held.keys[3], mark).Err() == redis.Nil
+	}, time.Second, time.Millisecond, "the mark is withdrawn, from the queue too, not left to lapse")
+}
+
+// TestATakenKeyLeavesNoMarkBehind: the attempt that takes a key its
+// registry waited for withdraws the registry's mark, from the queue too,
+// so that a later wait starts at the back.
+func TestATakenKeyLeavesNoMarkBehind(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	waiter := newRegistry(t, client, WithPubSub(false), WithRetryInterval(20*time.Millisecond)) // takes the key by an attempt
+	held := holder.Obtain("g")
+	held.Lock()
+	lock := waiter.Obtain("g")
+	taken := lockInBackground(ctx, lock)
+	mark := lock.obtainArgs(true, true)[4].(string)
+	require.Eventually(t, func() bool {
+		return client.ZScore(ctx, held.keys[2], mark).Err() == nil && client.ZScore(ctx, held.keys[3], mark).Err() == nil
+	}, time.Second, time.Millisecond, "the waiting registry is marked and queued")
+	held.Unlock()
+	requireTaken(t, taken)
+	require.Zero(t, waiter.Stats().Grants, "the waiter took the key itself")
+	require.ErrorIs(t, client.ZScore(ctx, held.keys[2], mark).Err(), redis.Nil, "its mark is gone")
+	require.ErrorIs(t, client.ZScore(ctx, held.keys[3], mark).Err(), redis.Nil, "and its place in the queue")
 }
 
 func TestFailedTryLockLeavesNoMark(t *testing.T) {
@@ -377,20 +432,20 @@ func TestAWaiterGivingUpWithdrawsTheMarkItsReleaseLeft(t *testing.T) {
 }
 
 // TestAGrantingReleaseLeavesOtherMarksAsTheyWere: a release that may grant
-// pops the mark that lapses first. One that takes no grants (a
+// pops the queue's first mark. One that takes no grants (a
 // WithWaitReplicas registry's, or another version's) must go back as it
-// was, with the marker's TTL, and lapsed marks must not be granted.
+// was, with the queue's TTL, and lapsed marks must not be granted.
 func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
 	lock := r.Obtain("m" + strconv.FormatInt(time.Now().UnixNano(), 10))
-	marker := lock.keys[2]
-	hold := func(marks ...redis.Z) {
+	marker, queue := lock.keys[2], lock.keys[3]
+	hold := func(marks ...waitingMark) {
 		t.Helper()
 		require.NoError(t, client.Set(ctx, lock.keys[0], r.clientID, time.Minute).Err())
-		require.NoError(t, client.Del(ctx, marker).Err())
-		require.NoError(t, client.ZAdd(ctx, marker, marks...).Err())
+		require.NoError(t, client.Del(ctx, marker, queue).Err())
+		putMarks(t, client, lock, marks...)
 	}
 	release := func() int64 {
 		t.Helper()
@@ -398,29 +453,46 @@ func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 		require.NoError(t, err)
 		return found
 	}
-	in := func(d time.Duration) float64 { return float64(time.Now().Add(d).UnixMilli()) }
+	now := time.Now()
+	in := func(d time.Duration) time.Time { return now.Add(d) }
 
-	// The only mark, which takes no grants: popping it deleted the marker.
-	lapse := in(5 * time.Second)
-	hold(redis.Z{Score: lapse, Member: "replicated"})
+	// The only mark, which takes no grants: popping it deleted the queue.
+	hold(waitingMark{"replicated", in(-time.Second), in(5 * time.Second)})
 	require.Equal(t, int64(releasedWhileWaited), release(), "the waiter is woken, not granted")
-	require.Equal(t, lapse, client.ZScore(ctx, marker, "replicated").Val(), "its mark is back as it was")
-	ttl := client.PTTL(ctx, marker).Val()
-	require.Greater(t, ttl, time.Duration(0), "the marker expires")
+	require.Equal(t, float64(in(5*time.Second).UnixMilli()), client.ZScore(ctx, marker, "replicated").Val(), "its mark is as it was")
+	require.Equal(t, float64(in(-time.Second).UnixMilli()), client.ZScore(ctx, queue, "replicated").Val(), "and back in its place")
+	ttl := client.PTTL(ctx, queue).Val()
+	require.Greater(t, ttl, time.Duration(0), "the queue expires")
 	require.LessOrEqual(t, ttl, 5*time.Second, "when the mark lapses")
 
-	// With a later mark beside it, the marker keeps its own, longer TTL.
-	hold(redis.Z{Score: in(3 * time.Second), Member: "replicated"}, redis.Z{Score: in(9 * time.Second), Member: "other:1000"})
-	require.NoError(t, client.PExpire(ctx, marker, 9*time.Second).Err())
+	// First in the queue, it is woken even if a mark that takes grants
+	// waits behind it, and the queue keeps its own, longer TTL.
+	hold(waitingMark{"replicated", in(-2 * time.Second), in(3 * time.Second)}, waitingMark{"other:1000", in(-time.Second), in(9 * time.Second)})
 	require.Equal(t, int64(releasedWhileWaited), release())
 	require.Equal(t, int64(2), client.ZCard(ctx, marker).Val(), "both marks stay")
-	require.Greater(t, client.PTTL(ctx, marker).Val(), 3*time.Second, "the marker's TTL is untouched")
+	require.Equal(t, int64(2), client.ZCard(ctx, queue).Val(), "in the queue too")
+	require.Greater(t, client.PTTL(ctx, queue).Val(), 3*time.Second, "whose TTL is the marker's")
 
 	// A lapsed mark is passed over for the next live one.
-	hold(redis.Z{Score: in(-time.Second), Member: "lapsed:1000"}, redis.Z{Score: in(5 * time.Second), Member: "live:1000"})
+	hold(waitingMark{"lapsed:1000", in(-3 * time.Second), in(-time.Second)}, waitingMark{"live:1000", in(-2 * time.Second), in(5 * time.Second)})
 	require.Equal(t, int64(granted), release())
 	require.Equal(t, "live", client.Get(ctx, lock.keys[0]).Val(), "the key went to the live mark")
-	require.Zero(t, client.Exists(ctx, marker).Val(), "no mark is left")
+	require.Zero(t, client.Exists(ctx, marker, queue).Val(), "no mark is left")
+
+	// The mark that has waited longest gets the key, not the one that
+	// lapses first: a waiting registry renews its mark with every attempt.
+	hold(waitingMark{"early:1000", in(-3 * time.Second), in(5 * time.Second)}, waitingMark{"late:1000", in(-time.Second), in(2 * time.Second)})
+	require.Equal(t, int64(granted), release())
+	require.Equal(t, "early", client.Get(ctx, lock.keys[0]).Val(), "the key went to the registry waiting longest")
+	require.Equal(t, []string{"late:1000"}, client.ZRange(ctx, queue, 0, -1).Val(), "the other waits on")
+	require.Equal(t, []string{"late:1000"}, client.ZRange(ctx, marker, 0, -1).Val())
+
+	// A live mark outside the queue (an earlier version marked in the
+	// marker alone) is woken.
+	hold()
+	require.NoError(t, client.ZAdd(ctx, marker, redis.Z{Score: float64(in(5 * time.Second).UnixMilli()), Member: "older:1000"}).Err())
+	require.Equal(t, int64(releasedWhileWaited), release())
+	require.Zero(t, client.Exists(ctx, lock.keys[0]).Val(), "the key is free for it")
 }
 
 // TestAMarkNeverShortensALongerOne: registries with different retry
@@ -431,13 +503,12 @@ func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 func TestAMarkNeverShortensALongerOne(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
-	in := func(d time.Duration) float64 { return float64(time.Now().Add(d).UnixMilli()) }
 	key := "m" + strconv.FormatInt(time.Now().UnixNano(), 10)
-	marker := newRegistry(t, client).Obtain(key).keys[2]
+	lock := newRegistry(t, client).Obtain(key)
+	marker, queue := lock.keys[2], lock.keys[3]
 	markedFor := func(d time.Duration, member string) {
 		t.Helper()
-		require.NoError(t, client.ZAdd(ctx, marker, redis.Z{Score: in(d), Member: member}).Err())
-		require.NoError(t, client.PExpire(ctx, marker, d).Err())
+		putMarks(t, client, lock, waitingMark{member, time.Now().Add(-time.Second), time.Now().Add(d)})
 	}
 	failedAttempt := func(r *Registry) {
 		t.Helper()
@@ -454,11 +525,12 @@ func TestAMarkNeverShortensALongerOne(t *testing.T) {
 	markedFor(9*time.Second, "patient:1000")
 	failedAttempt(hasty)
 	require.Greater(t, client.PTTL(ctx, marker).Val(), 3*time.Second, "the short mark left the marker's TTL as it was")
+	require.Greater(t, client.PTTL(ctx, queue).Val(), 3*time.Second, "and the queue's")
 
 	// A release that grants the key and marks its own registry again.
-	require.NoError(t, client.Del(ctx, marker).Err())
+	require.NoError(t, client.Del(ctx, marker, queue).Err())
+	putMarks(t, client, lock, waitingMark{"first:1000", time.Now().Add(-2 * time.Second), time.Now().Add(2 * time.Second)})
 	markedFor(9*time.Second, "patient:1000")
-	require.NoError(t, client.ZAdd(ctx, marker, redis.Z{Score: in(2 * time.Second), Member: "first:1000"}).Err())
 	released := hasty.Obtain(key)
 	require.NoError(t, client.Set(ctx, released.keys[0], hasty.clientID, time.Minute).Err())
 	found, err := released.releaseRedis(ctx, nil, true)
@@ -466,13 +538,15 @@ func TestAMarkNeverShortensALongerOne(t *testing.T) {
 	require.Less(t, found, int64(0), "the release granted the key and marked its registry")
 	require.Equal(t, "first", client.Get(ctx, released.keys[0]).Val())
 	require.Greater(t, client.PTTL(ctx, marker).Val(), 3*time.Second, "the short mark left the marker's TTL as it was")
+	require.Greater(t, client.PTTL(ctx, queue).Val(), 3*time.Second, "and the queue's")
 	require.NoError(t, client.ZScore(ctx, marker, "patient:1000").Err(), "and the longer mark with it")
 
 	// A mark longer than the marker's TTL extends it.
-	require.NoError(t, client.Del(ctx, marker).Err())
+	require.NoError(t, client.Del(ctx, marker, queue).Err())
 	markedFor(200*time.Millisecond, "hasty")
 	failedAttempt(newRegistry(t, client, WithRetryInterval(5*time.Second)))
 	require.Greater(t, client.PTTL(ctx, marker).Val(), 3*time.Second, "the longer mark extended the marker's TTL")
+	require.Greater(t, client.PTTL(ctx, queue).Val(), 3*time.Second, "and the queue's")
 }
 
 // TestAGrantToAHolderIsGivenBack: a grant can reach a registry that holds
@@ -501,4 +575,74 @@ func TestAGrantToAHolderIsGivenBack(t *testing.T) {
 		"which gave it back at once, not after its 2s grant lease")
 	require.ErrorIs(t, held.UnlockContext(ctx), ErrLockLost, "and the holder learns that its hold was broken")
 	require.Zero(t, stale.Stats().Grants)
+}
+
+// TestGrantsGoFirstComeFirstServed: registries that wait for one key get
+// it in the order they began to wait, however their retries fall. Each of
+// four registries (stand-ins for processes) locks the key again as soon as
+// it unlocked it, and holds it for one retry interval, so every waiter
+// renews its mark a few times while it waits. First come, first served,
+// each hold of a registry follows exactly one of each other registry's;
+// when grants went to the mark that lapsed first, a registry whose
+// retries fell just before the releases was passed over again and again
+// (7 times in a row, and waits up to 1 s where the rotation gives 150ms).
+// One slip is allowed, as a retry late by a retry interval on this busy
+// machine lets a mark lapse. `go test -run GrantsGoFirstComeFirstServed
+// -v .` logs the waits.
+func TestGrantsGoFirstComeFirstServed(t *testing.T) {
+	const (
+		registries = 4
+		interval   = 50 * time.Millisecond
+		holds      = 48
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client := redistest.Shared(t).Client(t)
+	var (
+		mu     sync.Mutex
+		order  []int // the registry of each hold
+		waited = make([]time.Duration, registries)
+		wg     sync.WaitGroup
+	)
+	for i := range registries {
+		lock := newRegistry(t, client, WithRetryInterval(interval)).Obtain("fair")
+		wg.Go(func() {
+			for {
+				start := time.Now()
+				if err := lock.LockContext(ctx); err != nil {
+					t.Errorf("registry %d: %v", i, err)
+					return
+				}
+				mu.Lock()
+				done := len(order) >= holds
+				if !done {
+					order = append(order, i)
+					waited[i] = max(waited[i], time.Since(start))
+				}
+				mu.Unlock()
+				if !done {
+					time.Sleep(interval)
+				}
+				lock.Unlock()
+				if done {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("longest waits per registry: %v; holds in order: %v", waited, order)
+	passedOver := make([]int, registries) // holds of others since a registry's last one
+	slips := 0
+	for n, i := range order {
+		if n >= registries && passedOver[i] != registries-1 {
+			slips++
+			require.LessOrEqual(t, passedOver[i], 2*(registries-1), "registry %d was passed over %d times in a row (holds in order: %v)", i, passedOver[i], order)
+		}
+		for j := range passedOver {
+			passedOver[j]++
+		}
+		passedOver[i] = 0
+	}
+	require.LessOrEqual(t, slips, 1, "holds out of turn (holds in order: %v)", order)
 }

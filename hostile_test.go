@@ -177,7 +177,7 @@ func TestRegistryWorksWithAMinimalACL(t *testing.T) {
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "on", ">secret", "resetkeys", "resetchannels",
 		"~"+prefix+":*", "&"+prefix+":*", "-@all",
 		"+evalsha", "+eval", "+get", "+set", "+pexpire", "+del", "+exists", "+time",
-		"+zadd", "+zrem", "+zrangebyscore", "+zpopmin", "+pttl", "+publish", "+subscribe", "+ping", "+hello").Err())
+		"+zadd", "+zrem", "+zscore", "+zrangebyscore", "+zpopmin", "+pttl", "+publish", "+subscribe", "+ping", "+hello").Err())
 	restricted := func() *redis.Client {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "locker", Password: "secret"})
 		t.Cleanup(func() { _ = c.Close() })

@@ -1,7 +1,7 @@
 -- Takes or refreshes the lock, atomically. (An acquisition's first attempt
 -- on a key that looks free is a plain SET NX PX instead: see tryObtain.)
 -- KEYS[1]: the lock's Redis key; KEYS[2]: its fence key; KEYS[3]: its
--- waiting marker (all in one slot).
+-- waiting marker; KEYS[4]: its queue (all in one slot).
 -- ARGV[1]: the registry's client id; ARGV[2]: the lease in milliseconds;
 -- ARGV[3]: how long, in milliseconds, a failed attempt marks this registry
 -- as waiting for the key, or '0' for an attempt that will not wait (it
@@ -22,11 +22,11 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     if #KEYS == 1 or ARGV[3] == '0' then
       return 0
     end
-    -- Tell the holder who waits (a sorted set of marks, scored by when
-    -- they lapse), so that it passes the key on or publishes its release.
+    -- Tell the holder who waits, so that it passes the key on or
+    -- publishes its release.
     local now = redis.call('TIME')
     local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    markWaiting(KEYS[3], nowMs, tonumber(ARGV[3]), ARGV[5])
+    markWaiting(KEYS[3], KEYS[4], nowMs, tonumber(ARGV[3]), ARGV[5])
     return -(tonumber(redis.call('GET', KEYS[2])) or drawToken(KEYS[2], now, ARGV[2], 0))
   end
   -- The key is this registry's already: a grant its waiter gave up on,
@@ -40,5 +40,6 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 if #KEYS > 1 and ARGV[4] == '1' then
   redis.call('ZREM', KEYS[3], ARGV[5])
+  redis.call('ZREM', KEYS[4], ARGV[5])
 end
 return 1

@@ -44,7 +44,7 @@ var _ sync.Locker = (*Lock)(nil)
 type Lock struct {
 	r    *Registry
 	key  string
-	keys []string // in Redis: the lock, its fence (token) and its waiting marker
+	keys []string // in Redis: the lock, its fence (token), its waiting marker and its queue
 }
 
 // Key returns the key the lock was obtained for.
@@ -710,7 +710,11 @@ func (l *Lock) unmark() {
 	r := l.r
 	mark := l.obtainArgs(true, true)[4]
 	r.goBackground(func(ctx context.Context) {
-		if err := r.client.ZRem(ctx, l.keys[2], mark).Err(); err != nil {
+		if _, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.ZRem(ctx, l.keys[2], mark)
+			p.ZRem(ctx, l.keys[3], mark)
+			return nil
+		}); err != nil {
 			r.cfg.logger.Debug("lockreg: could not withdraw a waiting mark; it lapses by itself", "key", l.key, "error", err)
 		}
 	})
@@ -777,9 +781,10 @@ func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (int64, 
 // runScript runs one of the lock's scripts on keys, the lock's key first.
 // While the lock's slot moves between Redis Cluster nodes, Redis refuses a
 // script whose keys are split between the nodes or partly missing, which
-// the waiting marker and the fence usually are; the script then runs on
-// the lock's key alone (no marker, no fence: see the scripts), which Redis
-// always serves, so locks keep working during a migration.
+// the waiting marker, the queue and the fence usually are; the script then
+// runs on the lock's key alone (no marker, no queue, no fence: see the
+// scripts), which Redis always serves, so locks keep working during a
+// migration.
 func (l *Lock) runScript(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	cmd := l.r.calls.run(ctx, script, keys, args...)
 	if slotMigrating(cmd.Err()) {

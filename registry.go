@@ -340,8 +340,9 @@ func (r *Registry) Obtain(key string) *Lock {
 }
 
 // redisKeys are a lock's keys in Redis: the lock itself,
-// <registryKey>:{<key>}, then its fence (the last token) and its waiting
-// marker, which extend it and so share its hash tag and Cluster slot. The
+// <registryKey>:{<key>}, then its fence (the last token), its waiting
+// marker and its queue of waiting registries, which extend it and so share
+// its hash tag and Cluster slot. The
 // key's braces and '%' are escaped (as %7B, %7D, %25), so that the part in
 // braces is exactly the key: no key can end the tag early, and no two
 // (registryKey, key) pairs share a Redis key. Keys without them, the usual
@@ -351,7 +352,7 @@ func redisKeys(registryKey, key string) []string {
 		key = keyEscaper.Replace(key)
 	}
 	lock := registryKey + ":{" + key + "}"
-	return []string{lock, lock + ":fence", lock + ":waiting"}
+	return []string{lock, lock + ":fence", lock + ":waiting", lock + ":queue"}
 }
 
 var keyEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")

@@ -1,7 +1,7 @@
 -- Gives up the lock if this registry owns it, atomically: passes it to the
--- registry that waits longest, or deletes it.
+-- registry that has waited longest, or deletes it.
 -- KEYS[1]: the lock's Redis key; KEYS[2]: its fence key; KEYS[3]: its
--- waiting marker.
+-- waiting marker; KEYS[4]: its queue (see mark.lua).
 -- ARGV[1]: the registry's client id. The rest are sent only when the
 -- registry expects them to be needed (see releaseRedis): ARGV[2]: the last
 -- fencing token the registry handed out locally for this key, or 0;
@@ -39,39 +39,52 @@ end
 local handedOut = tonumber(ARGV[2] or '0')
 local now, nowMs, waiter
 if #ARGV > 1 and ARGV[4] ~= '' then
-  -- A release that may grant pops the mark that lapses first, dropping
-  -- lapsed ones on the way: fewer and cheaper calls than reading it and
-  -- then removing it, and a grant waits for this script to end.
-  local popped = redis.call('ZPOPMIN', KEYS[3])
+  -- A release that may grant pops the first registry in the queue, and
+  -- the next while the one popped has no live mark (it lapsed, or was
+  -- withdrawn): fewer and cheaper calls than reading the queue and then
+  -- removing from it, and a grant waits for this script to end.
+  local popped = redis.call('ZPOPMIN', KEYS[4])
   if popped[1] then
     now = redis.call('TIME')
     nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    while popped[1] and tonumber(popped[2]) < nowMs do
-      popped = redis.call('ZPOPMIN', KEYS[3])
-    end
-    waiter = popped[1]
+    repeat
+      local lapses = tonumber(redis.call('ZSCORE', KEYS[3], popped[1]))
+      if lapses and lapses >= nowMs then
+        waiter = popped[1]
+      else
+        if lapses then
+          redis.call('ZREM', KEYS[3], popped[1])
+        end
+        popped = redis.call('ZPOPMIN', KEYS[4])
+      end
+    until waiter or not popped[1]
   end
   if waiter then
     local grantee, lease = string.match(waiter, '^(.*):(%d+)$')
     if grantee then
+      redis.call('ZREM', KEYS[3], waiter)
       redis.call('SET', KEYS[1], grantee, 'PX', lease)
       local token = drawToken(KEYS[2], now, ARGV[3], handedOut)
       redis.call('PUBLISH', ARGV[4] .. ':' .. grantee, 'g' .. string.format('%.0f', token) .. ':' .. grantee .. ':' .. ARGV[5])
       if ARGV[7] then
-        markWaiting(KEYS[3], nowMs, tonumber(ARGV[8]), ARGV[7])
+        markWaiting(KEYS[3], KEYS[4], nowMs, tonumber(ARGV[8]), ARGV[7])
         return -token
       end
       return 3
     end
-    -- A mark that takes no grants stays until it lapses, as the waiter
-    -- left it; popping its last member deleted the marker with its TTL.
-    local others = redis.call('EXISTS', KEYS[3]) == 1
-    redis.call('ZADD', KEYS[3], popped[2], waiter)
-    if not others then
-      redis.call('PEXPIRE', KEYS[3], tonumber(popped[2]) - nowMs)
+    -- A mark that takes no grants keeps its place until it lapses;
+    -- popping the queue's last member deleted the queue with its TTL.
+    redis.call('ZADD', KEYS[4], popped[2], waiter)
+    local ttl = redis.call('PTTL', KEYS[3])
+    if ttl > 0 then
+      redis.call('PEXPIRE', KEYS[4], ttl)
     end
   end
-elseif redis.call('EXISTS', KEYS[3]) == 1 then
+end
+-- With no grant to make (no channel, ARGV[1] alone, or no live mark in
+-- the queue: an earlier version of the library marked in the marker
+-- alone), a live mark makes this a release others wait for.
+if not waiter and redis.call('EXISTS', KEYS[3]) == 1 then
   now = redis.call('TIME')
   nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   waiter = redis.call('ZRANGEBYSCORE', KEYS[3], nowMs, '+inf', 'LIMIT', 0, 1)[1]

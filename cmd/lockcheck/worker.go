@@ -482,8 +482,8 @@ func (t *leaseTracker) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // observe recognizes the library's calls by their shape: a plain SET of a
-// lock key with NX takes it; obtain.lua takes three keys (lock, fence,
-// waiting marker) and five arguments (client id, lease, mark time,
+// lock key with NX takes it; obtain.lua takes four keys (lock, fence,
+// waiting marker, queue) and five arguments (client id, lease, mark time,
 // unmark, mark), the mark starting with the client id, and answers 1 when
 // it took the key, or minus the last token when the key was taken
 // (release.lua takes as many, and its fifth is the key; when it also
@@ -519,7 +519,7 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 	}
 	keys, argv := args[3:3+n], args[3+n:]
 	switch {
-	case n == 3 && len(argv) == 5 && strings.HasSuffix(fmt.Sprint(keys[1]), ":fence") &&
+	case n == 4 && len(argv) == 5 && strings.HasSuffix(fmt.Sprint(keys[1]), ":fence") &&
 		strings.HasPrefix(fmt.Sprint(argv[4]), fmt.Sprint(argv[0])):
 		reply, err := c.Int64()
 		key, known := t.keyOf[fmt.Sprint(keys[0])]
@@ -535,7 +535,7 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 		}
 		t.saw(key, "obtain.lua failed and marked, last token %d", -reply)
 		t.sawMark(key, failedAttempt{sent: sent, lastToken: -reply}, fmt.Sprint(argv[0]), fmt.Sprint(argv[4]))
-	case n == 3 && len(argv) == 8 && strings.HasSuffix(fmt.Sprint(keys[1]), ":fence") &&
+	case n == 4 && len(argv) == 8 && strings.HasSuffix(fmt.Sprint(keys[1]), ":fence") &&
 		strings.HasPrefix(fmt.Sprint(argv[6]), fmt.Sprint(argv[0])):
 		reply, err := c.Int64()
 		key, known := t.keyOf[fmt.Sprint(keys[0])]

@@ -210,7 +210,7 @@ func TestLeaseTrackerCreditsAGrantToAReleaseMark(t *testing.T) {
 	ctx := context.Background()
 	tracker := newLeaseTracker("marks", []string{"k"}, &emitter{w: bufio.NewWriter(&bytes.Buffer{})})
 	sent := time.Now().UnixNano()
-	release := redis.NewCmd(ctx, "evalsha", "sha", 3, "marks:{k}", "marks:{k}:fence", "marks:{k}:waiting",
+	release := redis.NewCmd(ctx, "evalsha", "sha", 4, "marks:{k}", "marks:{k}:fence", "marks:{k}:waiting", "marks:{k}:queue",
 		"me", 0, "30000", "marks:released", "k", "", "me:200", "200")
 	release.SetVal(int64(-100))
 	tracker.observe(release, sent)
