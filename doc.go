@@ -126,11 +126,11 @@
 // while waiting blocks the key for the grant lease only. Registries with
 // WithPubSub(false) or WithWaitReplicas take no grants (a grant is not
 // acknowledged by replicas); their marks ask to be woken, and a release
-// whose first waiter is one of them deletes the key and publishes it to all
-// waiters. Such a release also holds this registry's next acquisition of the
-// key back for 2ms (one retry interval with WithPubSub(false)), so the
-// waiters get their turn instead of losing every race to the releasing
-// process.
+// whose first waiter is one of them deletes the key, publishes it to all
+// waiters and queues that registry again at the back. Such a release also
+// holds this registry's next acquisition of the key back for 2ms (one retry
+// interval with WithPubSub(false)), so the waiters get their turn instead of
+// losing every race to the releasing process.
 //
 // On Redis Cluster the notification is a classic PUBLISH, which the cluster
 // broadcasts to every node; the registry's one subscription, on any node,

@@ -433,8 +433,9 @@ func TestAWaiterGivingUpWithdrawsTheMarkItsReleaseLeft(t *testing.T) {
 
 // TestAGrantingReleaseLeavesOtherMarksAsTheyWere: a release that may grant
 // pops the queue's first mark. One that takes no grants (a
-// WithWaitReplicas registry's, or another version's) must go back as it
-// was, with the queue's TTL, and lapsed marks must not be granted.
+// WithWaitReplicas or WithPubSub(false) registry's) stays in the marker as
+// it was and, woken, goes to the back of the queue, with the queue's TTL;
+// lapsed marks must not be granted.
 func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
@@ -460,18 +461,22 @@ func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 	hold(waitingMark{"replicated", in(-time.Second), in(5 * time.Second)})
 	require.Equal(t, int64(releasedWhileWaited), release(), "the waiter is woken, not granted")
 	require.Equal(t, float64(in(5*time.Second).UnixMilli()), client.ZScore(ctx, marker, "replicated").Val(), "its mark is as it was")
-	require.Equal(t, float64(in(-time.Second).UnixMilli()), client.ZScore(ctx, queue, "replicated").Val(), "and back in its place")
+	require.NoError(t, client.ZScore(ctx, queue, "replicated").Err(), "and it is queued again")
 	ttl := client.PTTL(ctx, queue).Val()
 	require.Greater(t, ttl, time.Duration(0), "the queue expires")
 	require.LessOrEqual(t, ttl, 5*time.Second, "when the mark lapses")
 
 	// First in the queue, it is woken even if a mark that takes grants
-	// waits behind it, and the queue keeps its own, longer TTL.
+	// waits behind it, and goes behind that one: the next release grants
+	// the key. The queue keeps its own, longer TTL.
 	hold(waitingMark{"replicated", in(-2 * time.Second), in(3 * time.Second)}, waitingMark{"other:1000", in(-time.Second), in(9 * time.Second)})
 	require.Equal(t, int64(releasedWhileWaited), release())
 	require.Equal(t, int64(2), client.ZCard(ctx, marker).Val(), "both marks stay")
-	require.Equal(t, int64(2), client.ZCard(ctx, queue).Val(), "in the queue too")
+	require.Equal(t, []string{"other:1000", "replicated"}, client.ZRange(ctx, queue, 0, -1).Val(), "the woken one now queues last")
 	require.Greater(t, client.PTTL(ctx, queue).Val(), 3*time.Second, "whose TTL is the marker's")
+	require.NoError(t, client.Set(ctx, lock.keys[0], r.clientID, time.Minute).Err())
+	require.Equal(t, int64(granted), release())
+	require.Equal(t, "other", client.Get(ctx, lock.keys[0]).Val(), "the next release granted the key behind it")
 
 	// A lapsed mark is passed over for the next live one.
 	hold(waitingMark{"lapsed:1000", in(-3 * time.Second), in(-time.Second)}, waitingMark{"live:1000", in(-2 * time.Second), in(5 * time.Second)})

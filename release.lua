@@ -72,9 +72,12 @@ if #ARGV > 1 and ARGV[4] ~= '' then
       end
       return 3
     end
-    -- A mark that takes no grants keeps its place until it lapses;
-    -- popping the queue's last member deleted the queue with its TTL.
-    redis.call('ZADD', KEYS[4], popped[2], waiter)
+    -- A mark that takes no grants has had its turn: a wake-up for all,
+    -- in which it races the others. It goes to the back of the queue, so
+    -- that it cannot hold grants up for the registries behind it while it
+    -- loses races; popping the queue's last member deleted the queue with
+    -- its TTL.
+    redis.call('ZADD', KEYS[4], nowMs, waiter)
     local ttl = redis.call('PTTL', KEYS[3])
     if ttl > 0 then
       redis.call('PEXPIRE', KEYS[4], ttl)
