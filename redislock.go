@@ -798,7 +798,7 @@ const (
 	notOurs             = 0 // the key had expired or has another owner
 	releasedAlone       = 1 // released, and no other registry waits
 	releasedWhileWaited = 2 // released, and another registry waits for it
-	granted             = 3 // passed to the registry that waits longest
+	granted             = 3 // passed to the registry that has waited longest
 	waitedFor           = 4 // nothing done: another registry waits, and release.lua needs all its arguments
 	// Below zero: passed on as granted, and this registry marked as
 	// waiting (markNext); minus the grant's token.
