@@ -591,8 +591,9 @@ func TestAGrantToAHolderIsGivenBack(t *testing.T) {
 // when grants went to the mark that lapsed first, a registry whose
 // retries fell just before the releases was passed over again and again
 // (7 times in a row, and waits up to 1 s where the rotation gives 150ms).
-// One slip is allowed, as a retry late by a retry interval on this busy
-// machine lets a mark lapse. `go test -run GrantsGoFirstComeFirstServed
+// One wait of up to two rounds is allowed, as a retry late by a retry
+// interval on this busy machine lets a mark lapse, and its registry then
+// queues again at the back. `go test -run GrantsGoFirstComeFirstServed
 // -v .` logs the waits.
 func TestGrantsGoFirstComeFirstServed(t *testing.T) {
 	const (
@@ -638,10 +639,10 @@ func TestGrantsGoFirstComeFirstServed(t *testing.T) {
 	wg.Wait()
 	t.Logf("longest waits per registry: %v; holds in order: %v", waited, order)
 	passedOver := make([]int, registries) // holds of others since a registry's last one
-	slips := 0
+	late := 0                             // holds that came after more than a round of others'
 	for n, i := range order {
-		if n >= registries && passedOver[i] != registries-1 {
-			slips++
+		if n >= registries && passedOver[i] > registries-1 {
+			late++
 			require.LessOrEqual(t, passedOver[i], 2*(registries-1), "registry %d was passed over %d times in a row (holds in order: %v)", i, passedOver[i], order)
 		}
 		for j := range passedOver {
@@ -649,5 +650,5 @@ func TestGrantsGoFirstComeFirstServed(t *testing.T) {
 		}
 		passedOver[i] = 0
 	}
-	require.LessOrEqual(t, slips, 1, "holds out of turn (holds in order: %v)", order)
+	require.LessOrEqual(t, late, 1, "registries waited more than one round (holds in order: %v)", order)
 }

@@ -342,11 +342,10 @@ func (r *Registry) Obtain(key string) *Lock {
 // redisKeys are a lock's keys in Redis: the lock itself,
 // <registryKey>:{<key>}, then its fence (the last token), its waiting
 // marker and its queue of waiting registries, which extend it and so share
-// its hash tag and Cluster slot. The
-// key's braces and '%' are escaped (as %7B, %7D, %25), so that the part in
-// braces is exactly the key: no key can end the tag early, and no two
-// (registryKey, key) pairs share a Redis key. Keys without them, the usual
-// case, appear as they are.
+// its hash tag and Cluster slot. The key's braces and '%' are escaped (as
+// %7B, %7D, %25), so that the part in braces is exactly the key: no key
+// can end the tag early, and no two (registryKey, key) pairs share a Redis
+// key. Keys without them, the usual case, appear as they are.
 func redisKeys(registryKey, key string) []string {
 	if strings.ContainsAny(key, "{}%") {
 		key = keyEscaper.Replace(key)
