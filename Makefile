@@ -55,7 +55,7 @@ bench-lib: redis-server
 
 redis-server:
 	@missing=; \
-	if [ -z "$$REDIS_ADDR" ] && ! command -v "$${REDIS_SERVER:-redis-server}" >/dev/null 2>&1; then missing=redis-server; fi; \
+	if [ -z "$$REDIS_ADDR" ] && ! command -v "$${REDIS_SERVER:-redis-server}" >/dev/null 2>&1; then missing=" redis-server"; fi; \
 	if ! command -v "$${REDIS_SENTINEL:-redis-sentinel}" >/dev/null 2>&1; then missing="$$missing redis-sentinel"; fi; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if ! command -v apt-get >/dev/null 2>&1; then \

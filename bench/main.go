@@ -35,7 +35,7 @@ import (
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
-// workerEnv makes this binary an S4 worker process.
+// workerEnv makes this binary a worker process of S4 or S7.
 const workerEnv = "LOCKREG_BENCH_WORKER"
 
 // Result is one scenario's figures for one contender. Durations are ns.
@@ -62,6 +62,10 @@ type Result struct {
 	AfterReleaseP50     float64   `json:",omitempty"` // S4: the next process's hold, after that call returned (may be negative)
 	BeforeRelease       float64   `json:",omitempty"` // S4: the share of those holds taken before the call returned
 	Handoffs            []float64 `json:"-"`          // S4, for the chart
+	OvertakenP99        int       `json:",omitempty"` // S7: holds of other processes while one process asked for the key (see takingTurns)
+	OvertakenMax        int       `json:",omitempty"`
+	FewestHolds         int       `json:",omitempty"` // S7: the fewest holds one process got
+	MostHolds           int       `json:",omitempty"` // S7: the most
 	RoundTrips          float64   // commands sent per acquisition (per op in S2)
 	ServerCmds          float64   // commands the server ran per acquisition (per op in S2)
 	AllocsPerOp         float64   `json:",omitempty"`
@@ -168,7 +172,7 @@ type contenderRun struct {
 }
 
 // measureAll measures every contender in sc: the timing passes in turns
-// (S4's worker processes, one contender after the other), then a counting
+// (S4's and S7's worker processes, one contender after the other), then a counting
 // pass each.
 func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 	ctx := context.Background()
@@ -184,7 +188,7 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 			timing = sc.timing
 		}
 		turns, slice := rounds, timing/rounds
-		if sc.multiProcess {
+		if sc.workers != nil {
 			turns, slice = 1, timing
 		}
 		for range turns {
@@ -196,8 +200,8 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 				}
 			}
 		}
-		if sc.multiProcess {
-			e.handoffFloor(ctx, runs, slice)
+		if sc.workers != nil && sc.workers.handoffFloor {
+			e.handoffFloor(ctx, sc, runs, slice)
 		}
 	}
 	for _, run := range runs {
@@ -384,7 +388,7 @@ func (e *benchEnv) prepare(ctx context.Context, sc scenario, f contenders.Factor
 	if sc.reentrant && !c.Reentrant() {
 		run.res.NA = "not reentrant"
 	}
-	if run.res.NA != "" || sc.multiProcess || sc.cycleByCycle {
+	if run.res.NA != "" || sc.workers != nil || sc.cycleByCycle {
 		_ = c.Close()
 		return run
 	}
@@ -403,10 +407,10 @@ func (e *benchEnv) timeSlice(ctx context.Context, sc scenario, run *contenderRun
 		return err
 	}
 	var l load
-	if sc.multiProcess {
+	if sc.workers != nil {
 		// Each worker's connection set-up is measured too: spread over its
 		// run, as it would be in a service.
-		l, err = e.processes(ctx, run.f, e.addr, d)
+		l, err = e.processes(ctx, sc, run.f, e.addr, d)
 	} else {
 		l, err = sc.work(ctx, run.c, pass{d: d, recordWaits: true})
 	}
@@ -418,18 +422,18 @@ func (e *benchEnv) timeSlice(ctx context.Context, sc scenario, run *contenderRun
 		return err
 	}
 	run.serverCmds += serverCommands(before, after)
-	if sc.multiProcess {
+	if sc.workers != nil {
 		run.serverCmds -= l.acquisitions // the workers' bookkeeping INCRs
 	}
 	run.timed.add(l)
 	return nil
 }
 
-// handoffFloor runs S4's workers for d with the hand-off floor, one
-// PUBLISH per hand-off between processes and no lock, and gives every
+// handoffFloor runs sc's workers (S4's) for d with the hand-off floor,
+// one PUBLISH per hand-off between processes and no lock, and gives every
 // contender's result its hand-off median and PING round trip.
-func (e *benchEnv) handoffFloor(ctx context.Context, runs []*contenderRun, d time.Duration) {
-	l, err := e.processes(ctx, contenders.Factory{Name: contenders.HandoffFloorName}, e.addr, d)
+func (e *benchEnv) handoffFloor(ctx context.Context, sc scenario, runs []*contenderRun, d time.Duration) {
+	l, err := e.processes(ctx, sc, contenders.Factory{Name: contenders.HandoffFloorName}, e.addr, d)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "S4 hand-off floor:", err)
 	}
@@ -452,7 +456,7 @@ func (e *benchEnv) finish(ctx context.Context, sc scenario, run *contenderRun) {
 		res.Err = err.Error()
 		return
 	}
-	sent := e.proxy.Commands() // the S4 workers' bookkeeping goes straight to Redis
+	sent := e.proxy.Commands() // the workers' bookkeeping goes straight to Redis
 
 	res.Acquisitions = timed.acquisitions
 	if timed.ops > 0 {
@@ -472,7 +476,7 @@ func (e *benchEnv) finish(ctx context.Context, sc scenario, run *contenderRun) {
 		res.WaitP99 = float64(quantile(timed.waits, 0.99))
 		res.MaxWait = float64(timed.waits[len(timed.waits)-1])
 	}
-	if sc.multiProcess {
+	if sc.workers != nil {
 		p := handoffs(timed.holds)
 		h := p.handoffs
 		res.HandoffP50, res.HandoffP99 = float64(quantile(h, 0.5)), float64(quantile(h, 0.99))
@@ -485,11 +489,16 @@ func (e *benchEnv) finish(ctx context.Context, sc scenario, run *contenderRun) {
 		for _, x := range h {
 			res.Handoffs = append(res.Handoffs, float64(x))
 		}
+		if sc.workers.goroutines == 1 && len(timed.holds) > 0 {
+			t := takingTurns(timed.holds, sc.workers.processes)
+			res.OvertakenP99, res.OvertakenMax = quantile(t.overtaken, 0.99), t.overtaken[len(t.overtaken)-1]
+			res.FewestHolds, res.MostHolds = t.fewest, t.most
+		}
 	}
 	if timed.mallocs > 0 && timed.acquisitions > 0 {
 		res.AllocsPerOp = float64(timed.mallocs) / float64(timed.acquisitions)
 	}
-	if sc.multiProcess {
+	if sc.workers != nil {
 		return
 	}
 	weighed, err := e.weighingPass(ctx, sc, run.f)
@@ -505,9 +514,9 @@ func (e *benchEnv) finish(ctx context.Context, sc scenario, run *contenderRun) {
 // ran. Counts are per operation, so a shorter pass does for in-process
 // scenarios.
 func (e *benchEnv) countingPass(ctx context.Context, sc scenario, f contenders.Factory) (load, error) {
-	if sc.multiProcess {
+	if sc.workers != nil {
 		e.proxy.Reset()
-		return e.processes(ctx, f, e.proxy.Addr(), e.d)
+		return e.processes(ctx, sc, f, e.proxy.Addr(), e.d)
 	}
 	c, err := f.New(e.proxy.Addr())
 	if err != nil {
@@ -643,13 +652,15 @@ func (e *benchEnv) pingFloor(ctx context.Context, d time.Duration) (time.Duratio
 	return time.Since(start), n
 }
 
-// S4: worker processes.
+// S4, S7: worker processes.
 
+// workerSpec is what a worker process runs: its part of a scenario's
+// workerShape, on key.
 type workerSpec struct {
-	Contender, Addr, BooksAddr string
-	Proc, Goroutines           int
-	Start                      time.Time
-	Duration                   time.Duration
+	Contender, Addr, BooksAddr, Key string
+	Proc, Processes, Goroutines     int
+	Start                           time.Time
+	Duration, Hold                  time.Duration
 }
 
 type workerResult struct {
@@ -658,16 +669,17 @@ type workerResult struct {
 	Holds        []turn
 }
 
-const s4Processes, s4Goroutines = 4, 16
-
-func (e *benchEnv) processes(ctx context.Context, f contenders.Factory, addr string, d time.Duration) (load, error) {
+// processes runs sc's worker processes for d with the contender f,
+// connected to addr, and gathers what they measured.
+func (e *benchEnv) processes(ctx context.Context, sc scenario, f contenders.Factory, addr string, d time.Duration) (load, error) {
+	shape := sc.workers
 	self, err := os.Executable()
 	if err != nil {
 		return load{}, err
 	}
 	start := time.Now().Add(500 * time.Millisecond)
-	results := make([]workerResult, s4Processes)
-	errs := make([]error, s4Processes)
+	results := make([]workerResult, shape.processes)
+	errs := make([]error, shape.processes)
 	var wg sync.WaitGroup
 	// The hand-off yardstick: PING round trips under the same load.
 	var pings []time.Duration
@@ -684,9 +696,9 @@ func (e *benchEnv) processes(ctx context.Context, f contenders.Factory, addr str
 			time.Sleep(time.Millisecond)
 		}
 	}()
-	for p := range s4Processes {
-		spec, _ := json.Marshal(workerSpec{Contender: f.Name, Addr: addr, BooksAddr: e.addr, Proc: p,
-			Goroutines: s4Goroutines, Start: start, Duration: d})
+	for p := range shape.processes {
+		spec, _ := json.Marshal(workerSpec{Contender: f.Name, Addr: addr, BooksAddr: e.addr, Key: strings.ToLower(sc.id), Proc: p,
+			Processes: shape.processes, Goroutines: shape.goroutines, Start: start, Duration: d, Hold: shape.hold})
 		wg.Go(func() {
 			cmd := exec.CommandContext(ctx, self)
 			cmd.Env = append(os.Environ(), workerEnv+"="+string(spec))
@@ -726,7 +738,7 @@ func runWorker(raw string) int {
 	var c contenders.Contender
 	var err error
 	if spec.Contender == contenders.HandoffFloorName {
-		c, err = contenders.NewHandoffFloor(spec.Addr, "s4", spec.Proc, s4Processes)
+		c, err = contenders.NewHandoffFloor(spec.Addr, spec.Key, spec.Proc, spec.Processes)
 	} else {
 		i := slices.IndexFunc(contenders.All, func(f contenders.Factory) bool { return f.Name == spec.Contender })
 		if i < 0 {
@@ -762,16 +774,17 @@ func runWorker(raw string) int {
 			var holds []turn
 			for time.Now().Before(end) {
 				t := time.Now()
-				release, err := c.Acquire(ctx, "s4")
+				release, err := c.Acquire(ctx, spec.Key)
 				if err != nil {
 					mu.Lock()
 					bad = cmp(bad, err)
 					mu.Unlock()
 					return
 				}
-				h := turn{Acquired: time.Now().UnixNano(), Proc: spec.Proc}
+				h := turn{Asked: t.UnixNano(), Acquired: time.Now().UnixNano(), Proc: spec.Proc}
 				waits = append(waits, time.Since(t))
-				h.Seq, err = books.Incr(ctx, "bench:s4:seq").Result()
+				h.Seq, err = books.Incr(ctx, "bench:"+spec.Key+":seq").Result()
+				time.Sleep(spec.Hold)
 				h.Released = time.Now().UnixNano()
 				if err == nil {
 					err = release(ctx)

@@ -158,8 +158,8 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 	}
 	b.WriteString(".\nProduced by `make bench` (bench/main.go): all contenders in one run against one redis-server.\n" +
 		"Round trips are commands on the wire, counted by a proxy in a separate pass; server commands are INFO commandstats deltas (script bodies included).\n" +
-		"Contenders take turns, so that noise falls on all alike: S2, S3, S5 and S6 in six rounds of a slice each; S4's processes one contender after another; S1 cycle by cycle in an order shuffled every cycle, one session per peer beside lockreg and two PINGs.\n" +
-		"Each contender's timing pass lasts 3s (S3: 10s; S1: a 6s session per peer); a smoke run's, 300ms.\n" +
+		"Contenders take turns, so that noise falls on all alike: S2, S3, S5 and S6 in six rounds of a slice each; S4's and S7's processes one contender after another; S1 cycle by cycle in an order shuffled every cycle, one session per peer beside lockreg and two PINGs.\n" +
+		"Each contender's timing pass lasts 3s (S3 and S7: 10s; S1: a 6s session per peer); a smoke run's, 300ms.\n" +
 		"Ratios are to lockreg in the same scenario. " +
 		"\"" + heapColumn + "\" weighs the live heap in a pass of its own, the contender connected straight to Redis and no other open, the harness recording nothing, over the live heap before the contender was made: the peak under load, weighed every 50ms by a full collection with each goroutine that holds its key parked until the weighing is done (connections, holds, waiters, pooled buffers, per-key state), and what stays once the workload is over, the contender still open (what it keeps per key once no goroutine uses the key).\n\n")
 	b.WriteString("## Targets\n\n")
@@ -214,6 +214,11 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 				}
 			}
 		}
+		if sc.id == "S7" {
+			fmt.Fprintf(&b, "\nEach process's one goroutine takes the key, holds it %v, releases it and asks again at once, so that every process waits for the others, longer than lockreg's retry interval (100ms). "+
+				"\"overtaken\" counts, for each hold, the holds other processes took while its goroutine asked for it: when turns go first come, first served, at most %d, one for each other process; its 99th percentile and the most in the run. "+
+				"\"holds per process\" is the fewest and the most one process got.\n", sc.workers.hold, sc.workers.processes-1)
+		}
 		if sc.id == "S1" {
 			b.WriteString("\nOne session per peer: lockreg, the peer and two PINGs (the floor) took turns cycle by cycle, in an order shuffled every cycle so that each follows each other equally often, no other client alive; \"vs lockreg\" is measured within the peer's session, lockreg's figures sum all sessions. " +
 				"The 95% intervals resample the session's blocks of " + strconv.Itoa(blockCycles) + " cycles: they show the noise within a session, not between sessions. " +
@@ -263,6 +268,12 @@ var columns = []column{
 	{name: "hand-off p50 / p99 (µs)", cell: func(r, _ Result, _ bool) string {
 		return ifSet(r.HandoffP50 > 0, "%.0f / %.0f", r.HandoffP50/1e3, r.HandoffP99/1e3)
 	}, has: func(r Result) bool { return r.HandoffP50 > 0 }},
+	{name: "overtaken p99 / max", cell: func(r, _ Result, _ bool) string {
+		return ifSet(r.MostHolds > 0, "%d / %d", r.OvertakenP99, r.OvertakenMax)
+	}, has: func(r Result) bool { return r.MostHolds > 0 }},
+	{name: "holds per process, fewest / most", cell: func(r, _ Result, _ bool) string {
+		return ifSet(r.MostHolds > 0, "%d / %d", r.FewestHolds, r.MostHolds)
+	}, has: func(r Result) bool { return r.MostHolds > 0 }},
 	{name: "allocs/op", cell: func(r, _ Result, _ bool) string {
 		return ifSet(r.AllocsPerOp > 0, "%.1f", r.AllocsPerOp)
 	}, has: func(r Result) bool { return r.AllocsPerOp > 0 }},
@@ -399,7 +410,10 @@ func charts(dir string, results []Result) error {
 		p.NominalX(ids...)
 		return p.Save(9*vg.Inch, 5*vg.Inch, filepath.Join(dir, file))
 	}
-	all := []string{"S1", "S2", "S3", "S4", "S5", "S6"}
+	var all []string
+	for _, sc := range scenarios {
+		all = append(all, sc.id)
+	}
 	if err := bars("roundtrips.png", "Round trips per acquisition (commands sent)", "commands", all, func(r Result) float64 { return r.RoundTrips }); err != nil {
 		return err
 	}

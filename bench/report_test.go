@@ -48,15 +48,18 @@ func TestS4NamesTheHandoffFloor(t *testing.T) {
 }
 
 // TestTablesShowMaxWaitAndHeapWhereMeasured: S4's table shows the longest
-// wait and S5's the heap a contender uses and keeps, in the units the headers name;
-// a scenario without those figures has no such columns, and its n/a rows
-// have as many cells as its header.
+// wait, S5's the heap a contender uses and keeps, and S7's how processes
+// took turns, in the units the headers name; a scenario without those
+// figures has no such columns, and its n/a rows have as many cells as its
+// header.
 func TestTablesShowMaxWaitAndHeapWhereMeasured(t *testing.T) {
 	results := []Result{
 		{Scenario: "S2", Contender: "lockreg", NsPerOp: 1600, AcqPerSec: 3e6},
 		{Scenario: "S2", Contender: "bsm/redislock-linear", NA: "not reentrant"},
 		{Scenario: "S4", Contender: "lockreg", NsPerOp: 96000, AcqPerSec: 10400, WaitP50: 6.2e6, WaitP99: 10e6, MaxWait: 13.78e6, HandoffP50: 223e3, HandoffP99: 445e3},
 		{Scenario: "S5", Contender: "lockreg", NsPerOp: 11600, AcqPerSec: 85700, WaitP50: 342e3, WaitP99: 1225e3, MaxWait: 5.1e6, AllocsPerOp: 36.3, HeapPeak: 3 << 20, HeapKept: 2 << 20},
+		{Scenario: "S7", Contender: "lockreg", NsPerOp: 52e6, AcqPerSec: 19, MaxWait: 160e6, OvertakenP99: 3, OvertakenMax: 5, FewestHolds: 47, MostHolds: 52},
+		{Scenario: "S7", Contender: "redsync", NsPerOp: 60e6, AcqPerSec: 16, MaxWait: 900e6, OvertakenP99: 9, OvertakenMax: 14, FewestHolds: 20, MostHolds: 61},
 	}
 	md := markdown(time.Now(), "test machine", false, results)
 	table := func(id string) []string {
@@ -75,17 +78,21 @@ func TestTablesShowMaxWaitAndHeapWhereMeasured(t *testing.T) {
 		}
 		return rows
 	}
-	s4, s5, s2 := table("S4"), table("S5"), table("S2")
+	s4, s5, s2, s7 := table("S4"), table("S5"), table("S2"), table("S7")
 	if !strings.Contains(s4[0], "| max wait (ms) |") || !strings.Contains(s4[2], "| 13.8 |") {
 		t.Errorf("S4 lacks the max wait:\n%s", strings.Join(s4, "\n"))
 	}
 	if !strings.Contains(s5[0], "| "+heapColumn+" |") || !strings.Contains(s5[2], "| 3072 / 2048 |") {
 		t.Errorf("S5 lacks the heap's peak and what stays:\n%s", strings.Join(s5, "\n"))
 	}
-	if strings.Contains(s4[0], heapColumn) || strings.Contains(s2[0], "max wait") || strings.Contains(s2[0], heapColumn) {
+	if !strings.Contains(s7[0], "| overtaken p99 / max | holds per process, fewest / most |") ||
+		!strings.Contains(s7[2], "| 3 / 5 | 47 / 52 |") || !strings.Contains(s7[3], "| 9 / 14 | 20 / 61 |") {
+		t.Errorf("S7 lacks how processes took turns:\n%s", strings.Join(s7, "\n"))
+	}
+	if strings.Contains(s4[0], "overtaken") || strings.Contains(s4[0], heapColumn) || strings.Contains(s2[0], "max wait") || strings.Contains(s2[0], heapColumn) {
 		t.Errorf("a column without figures:\nS4: %s\nS2: %s", s4[0], s2[0])
 	}
-	for _, rows := range [][]string{s2, s4, s5} {
+	for _, rows := range [][]string{s2, s4, s5, s7} {
 		for _, row := range rows[1:] {
 			if strings.Count(row, "|") != strings.Count(rows[0], "|") {
 				t.Errorf("row %q has not the header's %d cells", row, strings.Count(rows[0], "|")-1)

@@ -19,7 +19,7 @@ type load struct {
 	ops          int64 // what ns/op divides by (S2: outer cycles)
 	elapsed      time.Duration
 	waits        []time.Duration
-	holds        []turn // S4: holds numbered across processes
+	holds        []turn // S4, S7: holds numbered across processes
 	mallocs      uint64
 	heapPeak     uint64        // the weighing pass: live heap the contender uses under load
 	heapKept     uint64        // the weighing pass: live heap the contender keeps after it
@@ -38,12 +38,12 @@ func (l *load) add(m load) {
 	l.pingP50 = max(l.pingP50, m.pingP50)
 }
 
-// turn is one hold in S4, numbered by INCR across all processes: when it
-// was acquired, when its holder began to release it, and when that release
-// call returned (unix ns).
+// turn is one hold in S4 or S7, numbered by INCR across all processes:
+// when its goroutine asked for the key, when it had it, when it began to
+// release it, and when that release call returned (unix ns).
 type turn struct {
-	Seq, Acquired, Released, Returned int64
-	Proc                              int
+	Seq, Asked, Acquired, Released, Returned int64
+	Proc                                     int
 }
 
 // workload runs against one contender as p says.
@@ -69,8 +69,8 @@ type scenario struct {
 	id, title string
 	// reentrant: only for contenders that can re-lock.
 	reentrant bool
-	// multiProcess: run by worker processes (S4).
-	multiProcess bool
+	// workers, if set, runs the scenario in worker processes (S4, S7).
+	workers *workerShape
 	// cycleByCycle: each contender runs alone, its cycles timed in turn
 	// with two PINGs (S1), instead of in slices in turn with the others.
 	cycleByCycle bool
@@ -84,9 +84,24 @@ var scenarios = []scenario{
 	{id: "S1", title: "uncontended lock/unlock, one goroutine, one key", cycleByCycle: true, work: cycleOneKey},
 	{id: "S2", title: "reentrant depth 5 while held", reentrant: true, work: reentrant5},
 	{id: "S3", title: "one process, 64 goroutines, one hot key", timing: 10 * time.Second, work: hotKey(64)}, // #5 fixes S3's 10s
-	{id: "S4", title: "4 processes x 16 goroutines, one hot key", multiProcess: true},
+	{id: "S4", title: "4 processes x 16 goroutines, one hot key", workers: &workerShape{processes: 4, goroutines: 16, handoffFloor: true}},
 	{id: "S5", title: "one process, 64 goroutines, 10,000 keys", work: manyKeys(64, 10_000)},
 	{id: "S6", title: "parallel lock/unlock on distinct keys", work: distinctKeys(64)},
+	{id: "S7", title: "taking turns: 4 processes x 1 goroutine, one hot key held 50ms", timing: 10 * time.Second,
+		workers: &workerShape{processes: 4, goroutines: 1, hold: 50 * time.Millisecond}},
+}
+
+// workerShape is how a scenario runs in worker processes, started with
+// os/exec: each runs goroutines that take one key in a loop, each hold
+// lasting hold. S7's holds, half lockreg's retry interval, make every
+// process wait longer than that interval, as in the grant order's defect
+// before 23d8dc1, where the process that last retried earliest was served
+// first, and some were passed over for seconds.
+type workerShape struct {
+	processes, goroutines int
+	hold                  time.Duration
+	// handoffFloor: measure the hand-off floor beside the contenders (S4).
+	handoffFloor bool
 }
 
 func cycleOneKey(ctx context.Context, c contenders.Contender, p pass) (load, error) {
@@ -212,10 +227,11 @@ func distinctKeys(goroutines int) workload {
 	}
 }
 
-// quantile returns the q-quantile of sorted durations.
-func quantile(sorted []time.Duration, q float64) time.Duration {
+// quantile returns the q-quantile of sorted values.
+func quantile[T any](sorted []T, q float64) T {
 	if len(sorted) == 0 {
-		return 0
+		var zero T
+		return zero
 	}
 	return sorted[min(int(q*float64(len(sorted))), len(sorted)-1)]
 }
@@ -245,4 +261,33 @@ func handoffs(holds []turn) passes {
 	slices.Sort(p.releases)
 	slices.Sort(p.afterReturn)
 	return p
+}
+
+// turns is how evenly processes took turns with the key: for each hold,
+// how many holds of other processes began while its goroutine asked for
+// it (overtaken, sorted; first come, first served gives at most one per
+// other process), and the fewest and most holds one of processes got.
+type turns struct {
+	overtaken    []int
+	fewest, most int
+}
+
+// takingTurns reads holds (S7: one goroutine per process) for turns.
+func takingTurns(holds []turn, processes int) turns {
+	slices.SortFunc(holds, func(a, b turn) int { return int(a.Seq - b.Seq) })
+	perProc := make([]int, processes)
+	var t turns
+	for i, h := range holds {
+		perProc[h.Proc]++
+		n := 0
+		for j := i - 1; j >= 0 && holds[j].Acquired > h.Asked; j-- {
+			if holds[j].Proc != h.Proc {
+				n++
+			}
+		}
+		t.overtaken = append(t.overtaken, n)
+	}
+	slices.Sort(t.overtaken)
+	t.fewest, t.most = slices.Min(perProc), slices.Max(perProc)
+	return t
 }

@@ -91,3 +91,28 @@ func TestS1TurnsFollowEachOtherEquallyOften(t *testing.T) {
 		}
 	}
 }
+
+// TestTakingTurnsCountsWhoWentFirst: three processes, given out of order;
+// process 2 asks at 250 and waits while processes 0 and 1 take two turns
+// each, which counts 4 holds that overtook it; a hold of the asker's own
+// process never counts.
+func TestTakingTurnsCountsWhoWentFirst(t *testing.T) {
+	holds := []turn{
+		{Seq: 8, Proc: 2, Asked: 250, Acquired: 700},
+		{Seq: 1, Proc: 0, Asked: 0, Acquired: 0},
+		{Seq: 2, Proc: 1, Asked: 0, Acquired: 100},
+		{Seq: 3, Proc: 2, Asked: 0, Acquired: 200},
+		{Seq: 4, Proc: 0, Asked: 50, Acquired: 300},
+		{Seq: 5, Proc: 1, Asked: 150, Acquired: 400},
+		{Seq: 6, Proc: 0, Asked: 350, Acquired: 500},
+		{Seq: 7, Proc: 1, Asked: 450, Acquired: 600},
+		{Seq: 9, Proc: 1, Asked: 450, Acquired: 800}, // a second goroutine of process 1: seq 7 does not count
+	}
+	got := takingTurns(holds, 3)
+	if want := []int{0, 0, 1, 1, 1, 2, 2, 2, 4}; !slices.Equal(got.overtaken, want) {
+		t.Errorf("overtaken %v, want %v", got.overtaken, want)
+	}
+	if got.fewest != 2 || got.most != 4 {
+		t.Errorf("holds per process: fewest %d, most %d; want 2 and 4", got.fewest, got.most)
+	}
+}
