@@ -423,7 +423,7 @@ func (e *benchEnv) timeSlice(ctx context.Context, sc scenario, run *contenderRun
 	}
 	run.serverCmds += serverCommands(before, after)
 	if sc.workers != nil {
-		run.serverCmds -= l.acquisitions // the workers' bookkeeping INCRs
+		run.serverCmds -= l.acquisitions + l.pings // the workers' bookkeeping INCRs, the yardstick's PINGs
 	}
 	run.timed.add(l)
 	return nil
@@ -716,7 +716,7 @@ func (e *benchEnv) processes(ctx context.Context, sc scenario, f contenders.Fact
 	var l load
 	l.elapsed = d
 	slices.Sort(pings)
-	l.pingP50 = quantile(pings, 0.5)
+	l.pingP50, l.pings = quantile(pings, 0.5), int64(len(pings))
 	for p, r := range results {
 		if errs[p] != nil {
 			return l, fmt.Errorf("worker %d: %w", p, errs[p])

@@ -23,7 +23,8 @@ type load struct {
 	mallocs      uint64
 	heapPeak     uint64        // the weighing pass: live heap the contender uses under load
 	heapKept     uint64        // the weighing pass: live heap the contender keeps after it
-	pingP50      time.Duration // S4: PING round trip under the same load
+	pingP50      time.Duration // S4, S7: PING round trip under the same load
+	pings        int64         // S4, S7: those PINGs, which the server's command counts must leave out
 	serverCmds   int64         // S1's counting pass: commands the server ran
 }
 
@@ -36,6 +37,7 @@ func (l *load) add(m load) {
 	l.holds = append(l.holds, m.holds...)
 	l.mallocs += m.mallocs
 	l.pingP50 = max(l.pingP50, m.pingP50)
+	l.pings += m.pings
 }
 
 // turn is one hold in S4 or S7, numbered by INCR across all processes:
