@@ -373,7 +373,8 @@ func targets(results []Result) []target {
 }
 
 // charts draws the round trips, server commands and throughput by
-// scenario and contender, and the S4 hand-off latencies.
+// scenario and contender, how S7's processes took turns, and the S4
+// hand-off latencies.
 func charts(dir string, results []Result) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -423,6 +424,9 @@ func charts(dir string, results []Result) error {
 	if err := bars("throughput.png", "Throughput on one hot key", "acquisitions/s", []string{"S3", "S4"}, func(r Result) float64 { return r.AcqPerSec }); err != nil {
 		return err
 	}
+	if err := turnsChart(filepath.Join(dir, "s7-turns.png"), results); err != nil {
+		return err
+	}
 	p := plot.New()
 	p.Title.Text = "S4 hand-off latency, release to the next process's acquisition"
 	p.Y.Label.Text = "µs (log scale)"
@@ -452,4 +456,42 @@ func charts(dir string, results []Result) error {
 	}
 	p.NominalX(labels...)
 	return p.Save(9*vg.Inch, 5*vg.Inch, filepath.Join(dir, "s4-handoff.png"))
+}
+
+// turnsChart draws, for each contender that ran S7, the most and the
+// fewest holds one of its processes got; with none, it draws nothing.
+func turnsChart(file string, results []Result) error {
+	var names []string
+	var most, fewest plotter.Values
+	for _, r := range results {
+		if r.Scenario == "S7" && r.MostHolds > 0 {
+			names = append(names, r.Contender)
+			most, fewest = append(most, float64(r.MostHolds)), append(fewest, float64(r.FewestHolds))
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	i := slices.IndexFunc(scenarios, func(sc scenario) bool { return sc.id == "S7" })
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("S7: holds per process, %d processes taking one key in turn for %v", scenarios[i].workers.processes, scenarios[i].timing)
+	p.Y.Label.Text = "holds"
+	w := vg.Points(18)
+	for i, bars := range []struct {
+		label string
+		vals  plotter.Values
+	}{{"the process with the most", most}, {"the process with the fewest", fewest}} {
+		bar, err := plotter.NewBarChart(bars.vals, w)
+		if err != nil {
+			return err
+		}
+		bar.Color = plotutil.Color(i)
+		bar.LineStyle.Width = 0
+		bar.Offset = w * vg.Length(float64(i)-0.5)
+		p.Add(bar)
+		p.Legend.Add(bars.label, bar)
+	}
+	p.Legend.Top, p.Legend.Left = true, true // the even contenders come first, their bars low
+	p.NominalX(names...)
+	return p.Save(9*vg.Inch, 5*vg.Inch, file)
 }

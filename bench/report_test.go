@@ -259,3 +259,29 @@ func TestALaterRunOfTheSameDayKeepsTheEarlierResults(t *testing.T) {
 		}
 	}
 }
+
+// TestChartsDrawHowS7TookTurns: a run with S7 results draws the turns
+// chart; one without S7 draws none, and the other charts all the same.
+func TestChartsDrawHowS7TookTurns(t *testing.T) {
+	results := []Result{
+		{Scenario: "S3", Contender: "lockreg", AcqPerSec: 90000, RoundTrips: 0.12, ServerCmds: 0.3},
+		{Scenario: "S7", Contender: "lockreg", AcqPerSec: 20, FewestHolds: 50, MostHolds: 51},
+		{Scenario: "S7", Contender: "redsync", AcqPerSec: 20, FewestHolds: 1, MostHolds: 198},
+	}
+	with, without := t.TempDir(), t.TempDir()
+	if err := charts(with, results); err != nil {
+		t.Fatal(err)
+	}
+	if err := charts(without, results[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(with, "s7-turns.png")); err != nil {
+		t.Errorf("no turns chart with S7 results: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(without, "s7-turns.png")); err == nil {
+		t.Error("a turns chart without S7 results")
+	}
+	if _, err := os.Stat(filepath.Join(without, "roundtrips.png")); err != nil {
+		t.Errorf("no round-trip chart: %v", err)
+	}
+}
