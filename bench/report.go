@@ -472,9 +472,9 @@ func turnsChart(file string, results []Result) error {
 	if len(names) == 0 {
 		return nil
 	}
-	i := slices.IndexFunc(scenarios, func(sc scenario) bool { return sc.id == "S7" })
+	s7 := scenarios[slices.IndexFunc(scenarios, func(sc scenario) bool { return sc.id == "S7" })]
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("S7: holds per process, %d processes taking one key in turn for %v", scenarios[i].workers.processes, scenarios[i].timing)
+	p.Title.Text = fmt.Sprintf("S7: holds per process, %d processes taking one key in turn for %v", s7.workers.processes, s7.timing)
 	p.Y.Label.Text = "holds"
 	w := vg.Points(18)
 	for i, bars := range []struct {
