@@ -11,11 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/lockreg/lockreg/bench/contenders"
 	"github.com/lockreg/lockreg/bench/proxy"
-	"github.com/lockreg/lockreg/internal/redistest"
 )
 
 // TestS4NamesTheHandoffFloor: RESULTS.md gives the floor's hand-off in
@@ -208,14 +205,8 @@ func TestTallyCountsEachTargetOverRuns(t *testing.T) {
 // pass (S3's 10s) replaces the run's default in a full run, and a smoke
 // run keeps the default for all.
 func TestScenarioTimingSetsThePassOutsideSmokeRuns(t *testing.T) {
-	srv, err := redistest.Launch()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	defer admin.Close()
-	counter, err := proxy.Start(srv.Addr())
+	addr, admin := launchRedis(t)
+	counter, err := proxy.Start(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +216,7 @@ func TestScenarioTimingSetsThePassOutsideSmokeRuns(t *testing.T) {
 		return &keeper{kept: map[string][]byte{}}, nil
 	}}
 	for _, quick := range []bool{false, true} {
-		env := &benchEnv{addr: srv.Addr(), proxy: counter, admin: admin, d: 120 * time.Millisecond, quick: quick}
+		env := &benchEnv{addr: addr, proxy: counter, admin: admin, d: 120 * time.Millisecond, quick: quick}
 		res := env.measureAll(sc, []contenders.Factory{keeper})[0]
 		if res.Err != "" {
 			t.Fatal(res.Err)

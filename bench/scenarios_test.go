@@ -23,6 +23,20 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// launchRedis starts a redis-server for the test, shut down with it, and
+// returns its address and a client to it.
+func launchRedis(t *testing.T) (addr string, admin *redis.Client) {
+	t.Helper()
+	srv, err := redistest.Launch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	admin = redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = admin.Close() })
+	return srv.Addr(), admin
+}
+
 // TestWorkersHoldAndTheHarnessCountsItsOwnCommands runs a worker shape with
 // the hand-off floor, which sends neither PING nor INCR: the server ran
 // exactly the PINGs and INCRs the harness says it sent (the yardstick's,
@@ -31,22 +45,16 @@ func TestMain(m *testing.M) {
 // commands per acquisition. Every hold lasts the shape's hold, and each
 // process takes turns.
 func TestWorkersHoldAndTheHarnessCountsItsOwnCommands(t *testing.T) {
-	srv, err := redistest.Launch()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	defer admin.Close()
+	addr, admin := launchRedis(t)
 	ctx := context.Background()
-	env := &benchEnv{addr: srv.Addr(), admin: admin}
+	env := &benchEnv{addr: addr, admin: admin}
 	const hold = 5 * time.Millisecond
 	sc := scenario{id: "T", workers: &workerShape{processes: 2, goroutines: 1, hold: hold}}
 	before, err := redisstat.CommandStats(ctx, admin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := env.processes(ctx, sc, contenders.Factory{Name: contenders.HandoffFloorName}, srv.Addr(), 400*time.Millisecond)
+	l, err := env.processes(ctx, sc, contenders.Factory{Name: contenders.HandoffFloorName}, addr, 400*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
