@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"image/color"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -61,7 +62,71 @@ func reportRepeats(out string, quick bool, runs [][]Result, redisVersion string)
 		checked[i] = targets(results)
 	}
 	fmt.Printf("# Targets over %d runs\n\n%s, %s.\n\n%s", len(runs), now.Format(time.DateOnly), machine, tally(checked))
+	fmt.Print(s1AcrossRuns(runs))
 	return nil
+}
+
+// s1AcrossRuns says how lockreg's S1 cycle compares with each peer's over
+// all the runs, each run's session one measurement: the geometric mean of
+// lockreg's time over the peer's, and a 95% t interval of it over the
+// runs. A session's own interval leaves out the machine's state between
+// sessions; this one has it in, so a peer that makes the same calls
+// (lockreg-spin, the A/A check) shows how wide a tie is. Peers with fewer
+// than two runs get no interval.
+func s1AcrossRuns(runs [][]Result) string {
+	var peers []string
+	logs := map[string][]float64{}
+	for _, results := range runs {
+		for _, r := range results {
+			if r.Scenario != "S1" || r.VsLockReg <= 0 || r.NA != "" || r.Err != "" {
+				continue
+			}
+			if _, seen := logs[r.Contender]; !seen {
+				peers = append(peers, r.Contender)
+			}
+			logs[r.Contender] = append(logs[r.Contender], -math.Log(r.VsLockReg))
+		}
+	}
+	if len(peers) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n# S1 across runs\n\nlockreg's time per cycle over the peer's, the geometric mean over the runs' sessions, with a 95%% interval over the runs:\n\n")
+	for _, peer := range peers {
+		l := logs[peer]
+		mean, sd := meanSD(l)
+		fmt.Fprintf(&b, "- vs %s: %.4fx over %d runs", peer, math.Exp(mean), len(l))
+		if len(l) > 1 {
+			half := studentT975(len(l)-1) * sd / math.Sqrt(float64(len(l)))
+			fmt.Fprintf(&b, ", 95%% interval %.4fx-%.4fx", math.Exp(mean-half), math.Exp(mean+half))
+		}
+		lo, hi := slices.Min(l), slices.Max(l)
+		fmt.Fprintf(&b, " (runs %.3fx-%.3fx)\n", math.Exp(lo), math.Exp(hi))
+	}
+	return b.String()
+}
+
+func meanSD(xs []float64) (mean, sd float64) {
+	for _, x := range xs {
+		mean += x
+	}
+	mean /= float64(len(xs))
+	if len(xs) < 2 {
+		return mean, 0
+	}
+	for _, x := range xs {
+		sd += (x - mean) * (x - mean)
+	}
+	return mean, math.Sqrt(sd / float64(len(xs)-1))
+}
+
+// studentT975 is the 97.5th percentile of Student's t with df degrees of
+// freedom (df ≥ 1); beyond 30 it stays at 30's, a little wide.
+func studentT975(df int) float64 {
+	table := [...]float64{12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+		2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+		2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042}
+	return table[min(df, len(table))-1]
 }
 
 func machineLine(redisVersion string) string {

@@ -201,6 +201,35 @@ func TestTallyCountsEachTargetOverRuns(t *testing.T) {
 	}
 }
 
+// TestS1AcrossRunsPoolsEachPeersSessions: each peer's sessions are pooled
+// over the runs that measured it (a failed session is left out), with a
+// t interval over the runs; one run gives no interval.
+func TestS1AcrossRunsPoolsEachPeersSessions(t *testing.T) {
+	run := func(lockregOverBSM, lockregOverSpin float64, spinErr string) []Result {
+		return []Result{
+			{Scenario: "S1", Contender: "lockreg", NsPerOp: 100},
+			{Scenario: "S1", Contender: "lockreg-spin", VsLockReg: 1 / lockregOverSpin, Err: spinErr},
+			{Scenario: "S1", Contender: "bsm/redislock-linear", VsLockReg: 1 / lockregOverBSM},
+			{Scenario: "S3", Contender: "bsm/redislock-linear", VsLockReg: 2},
+		}
+	}
+	got := s1AcrossRuns([][]Result{run(0.98, 0.99, ""), run(1.00, 1.00, ""), run(1.02, 1.01, "dial: refused")})
+	for _, want := range []string{
+		"- vs lockreg-spin: 0.9950x over 2 runs, 95% interval 0.9334x-1.0606x (runs 0.990x-1.000x)\n",
+		"- vs bsm/redislock-linear: 0.9999x over 3 runs, 95% interval 0.9514x-1.0508x (runs 0.980x-1.020x)\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("S1 across runs lacks %q:\n%s", want, got)
+		}
+	}
+	if one := s1AcrossRuns([][]Result{run(0.98, 0.99, "")}); !strings.Contains(one, "- vs bsm/redislock-linear: 0.9800x over 1 runs (runs 0.980x-0.980x)\n") {
+		t.Errorf("one run: want the ratio without an interval, got:\n%s", one)
+	}
+	if none := s1AcrossRuns([][]Result{{{Scenario: "S3", Contender: "lockreg"}}}); none != "" {
+		t.Errorf("runs without S1: want nothing, got:\n%s", none)
+	}
+}
+
 // TestScenarioTimingSetsThePassOutsideSmokeRuns: a scenario's own timing
 // pass (S3's 10s) replaces the run's default in a full run, and a smoke
 // run keeps the default for all.
