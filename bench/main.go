@@ -82,8 +82,15 @@ func main() {
 	only := flag.String("contenders", "", "comma-separated contender names (default: all)")
 	onlyScenarios := flag.String("scenarios", "", "comma-separated scenario ids, e.g. S1,S6 (default: all)")
 	repeat := flag.Int("repeat", 1, "runs, one after another, each on a fresh redis-server; more than 1 tallies how often each target was met and writes only results/<date>-repeat.json")
+	tallyOnly := flag.Bool("tally", false, "measure nothing: tally the targets over the runs in the results files named as arguments, as -repeat does")
 	flag.Parse()
-	if err := run(*quick, *out, *only, *onlyScenarios, *repeat); err != nil {
+	var err error
+	if *tallyOnly {
+		err = tallyFiles(os.Stdout, flag.Args())
+	} else {
+		err = run(*quick, *out, *only, *onlyScenarios, *repeat)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}

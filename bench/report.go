@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"image/color"
+	"io"
 	"io/fs"
 	"math"
 	"os"
@@ -57,12 +58,53 @@ func reportRepeats(out string, quick bool, runs [][]Result, redisVersion string)
 	}{now, machine, quick, runs}, now, quick); err != nil {
 		return err
 	}
+	printTally(os.Stdout, runs, fmt.Sprintf("%s, %s", now.Format(time.DateOnly), machine))
+	return nil
+}
+
+// printTally prints how often each target was met over runs, and S1 across
+// them, to w; about says where the runs come from.
+func printTally(w io.Writer, runs [][]Result, about string) {
 	checked := make([][]target, len(runs))
 	for i, results := range runs {
 		checked[i] = targets(results)
 	}
-	fmt.Printf("# Targets over %d runs\n\n%s, %s.\n\n%s", len(runs), now.Format(time.DateOnly), machine, tally(checked))
-	fmt.Print(s1AcrossRuns(runs))
+	fmt.Fprintf(w, "# Targets over %d runs\n\n%s.\n\n%s%s", len(runs), about, tally(checked), s1AcrossRuns(runs))
+}
+
+// tallyFiles prints printTally's report over the runs that results files
+// hold, a single run's or -repeat's, so that runs made apart can be
+// pooled, to w. A smoke run's file is refused: its figures do not compare.
+func tallyFiles(w io.Writer, paths []string) error {
+	if len(paths) == 0 {
+		return errors.New("-tally: name one or more results/*.json files")
+	}
+	var runs [][]Result
+	for _, path := range paths {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("-tally: %w", err)
+		}
+		var file struct {
+			Quick   bool
+			Results []Result
+			Runs    [][]Result
+		}
+		if err := json.Unmarshal(raw, &file); err != nil {
+			return fmt.Errorf("-tally: %s is not a results file that make bench or -repeat wrote: %w", path, err)
+		}
+		switch {
+		case file.Quick:
+			return fmt.Errorf("-tally: %s is a smoke run's (BENCH_QUICK): its figures do not compare; leave it out", path)
+		case file.Results != nil:
+			runs = append(runs, file.Results)
+		case file.Runs != nil:
+			runs = append(runs, file.Runs...)
+		default:
+			return fmt.Errorf("-tally: %s holds no Results or Runs: give files that make bench or -repeat wrote", path)
+		}
+	}
+	printTally(w, runs, strings.Join(paths, ", "))
 	return nil
 }
 

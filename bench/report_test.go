@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -227,6 +229,56 @@ func TestS1AcrossRunsPoolsEachPeersSessions(t *testing.T) {
 	}
 	if none := s1AcrossRuns([][]Result{{{Scenario: "S3", Contender: "lockreg"}}}); none != "" {
 		t.Errorf("runs without S1: want nothing, got:\n%s", none)
+	}
+}
+
+// TestTallyFilesPoolsSingleAndRepeatedRuns: -tally reads a single run's
+// file and a -repeat file as the runs they hold, and refuses a smoke run's
+// file and one that holds no runs, saying what to give instead.
+func TestTallyFilesPoolsSingleAndRepeatedRuns(t *testing.T) {
+	dir := t.TempDir()
+	s1 := func(lockregOverBSM float64) []Result {
+		return []Result{
+			{Scenario: "S1", Contender: "lockreg", NsPerOp: 100, FloorNsPerOp: 90},
+			{Scenario: "S1", Contender: "bsm/redislock-linear", NsPerOp: 100, VsLockReg: 1 / lockregOverBSM},
+		}
+	}
+	file := func(name string, v any) string {
+		raw, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	single := file("single.json", map[string]any{"Results": s1(0.98)})
+	repeated := file("repeat.json", map[string]any{"Runs": [][]Result{s1(1.00), s1(1.02)}})
+	var out strings.Builder
+	if err := tallyFiles(&out, []string{single, repeated}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"# Targets over 3 runs\n",
+		"- S1 no slower than bsm/redislock: met in 2 of 3 runs\n",
+		"- vs bsm/redislock-linear: 0.9999x over 3 runs, 95% interval 0.9514x-1.0508x",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("-tally output lacks %q:\n%s", want, out.String())
+		}
+	}
+	for path, want := range map[string]string{
+		file("quick.json", map[string]any{"Quick": true, "Results": s1(0.98)}): "smoke run",
+		file("other.json", map[string]any{"About": "an A/B trial"}):            "holds no Results or Runs",
+	} {
+		if err := tallyFiles(io.Discard, []string{single, path}); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("-tally with %s: got %v, want an error saying %q", filepath.Base(path), err, want)
+		}
+	}
+	if err := tallyFiles(io.Discard, nil); err == nil {
+		t.Error("-tally without files: want an error")
 	}
 }
 
