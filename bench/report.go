@@ -230,7 +230,7 @@ func tally(runs [][]target) string {
 	for _, name := range names {
 		fmt.Fprintf(&b, "- %s: met in %d of %d runs", name, met[name], len(byName[name]))
 		if unchecked := len(runs) - len(byName[name]); unchecked > 0 {
-			fmt.Fprintf(&b, " (%d more could not check it: a contender failed or was left out)", unchecked)
+			fmt.Fprintf(&b, " (%d more could not check it: its scenario or a contender was left out, or failed)", unchecked)
 		}
 		b.WriteString("\n")
 		for _, line := range byName[name] {
@@ -328,7 +328,7 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 		}
 		if sc.id == "S1" {
 			b.WriteString("\nOne session per peer: lockreg, the peer and two PINGs (the floor) took turns cycle by cycle, in an order shuffled every cycle so that each follows each other equally often, no other client alive; \"vs lockreg\" is measured within the peer's session, lockreg's figures sum all sessions. " +
-				"The 95% intervals resample the session's blocks of " + strconv.Itoa(blockCycles) + " cycles: they show the noise within a session, not between sessions. " +
+				"The 95% intervals resample the session's blocks of " + strconv.Itoa(blockCycles) + " cycles: they show the noise within a session, not between sessions, which moves S1 more: `-repeat N` and `-tally` pool the sessions of many runs. " +
 				"lockreg-spin makes the same Redis calls as lockreg when uncontended (its options differ only for waiting), so its session is an A/A check: how far two identical contenders can differ in one session.\n\n")
 			for _, r := range results {
 				if r.Scenario == "S1" && r.FloorNsPerOp > 0 {
