@@ -871,3 +871,47 @@ func TestAContendedKeySkipsThePlainSet(t *testing.T) {
 	require.Equal(t, [2]int64{2, 6}, calls(), "uncontended again: a plain SET")
 	lock.Unlock()
 }
+
+// TestRegistryWorksOverRESP2: every other test's client speaks RESP3,
+// go-redis's default; a client set to RESP2 (Protocol: 2, as some proxies
+// require) gets other reply shapes for pub/sub messages, and the registry
+// must read those and all the rest alike: the plain SET, the scripts'
+// integers, the renewal's array, tokens, and grants heard by subscription.
+func TestRegistryWorksOverRESP2(t *testing.T) {
+	ctx := context.Background()
+	resp2 := func() *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: redistest.Shared(t).Addr(), Protocol: 2})
+		t.Cleanup(func() { _ = c.Close() })
+		info, err := c.ClientInfo(ctx).Result()
+		require.NoError(t, err)
+		require.Equal(t, 2, info.Resp, "the connection speaks RESP2")
+		return c
+	}
+	const lease = 300 * time.Millisecond
+	holder := newRegistry(t, resp2(), WithExpireAfter(lease))
+	// A retry interval far past the test's waits: only a grant heard by
+	// subscription can pass it the key in time.
+	waiter := newRegistry(t, resp2(), WithRetryInterval(10*time.Second))
+
+	lock := holder.Obtain("k")
+	lock.Lock()
+	lock.Lock()
+	first := mustToken(t, lock)
+	time.Sleep(3 * lease)
+	requireOpen(t, lock.Lost(), "the renewal kept the hold")
+	require.False(t, waiter.Obtain("k").TryLock(), "and kept other owners out")
+
+	taken := lockInBackground(ctx, waiter.Obtain("k"))
+	waitUntilWaiting(t, waiter)
+	lock.Unlock()
+	require.NoError(t, lock.UnlockContext(ctx))
+	requireTaken(t, taken)
+	require.Positive(t, waiter.Stats().Notifications, "the waiter heard its grant")
+
+	lock.Lock()
+	require.Greater(t, mustToken(t, lock), first, "tokens grow across owners")
+	redisKey := "lockreg-test:" + t.Name() + ":{k}"
+	require.NoError(t, resp2().Del(ctx, redisKey).Err())
+	requireFires(t, lock.Lost(), lease+500*time.Millisecond, "a key deleted behind the holder's back")
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
+}
