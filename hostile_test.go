@@ -108,9 +108,10 @@ func TestRegistryKeysDoNotCollide(t *testing.T) {
 	inner.Obtain("y").Unlock()
 }
 
-// silentRedis accepts connections and reads, but never answers (or, with
-// garbage set, answers with it).
-func silentRedis(t *testing.T, garbage string) string {
+// silentRedis accepts connections and reads, but never answers; or, with
+// garbage set, answers the first answered reads of each connection with it
+// (all of them if answered is negative), then none.
+func silentRedis(t *testing.T, garbage string, answered int) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -124,11 +125,11 @@ func silentRedis(t *testing.T, garbage string) string {
 			go func() {
 				defer conn.Close()
 				buf := make([]byte, 4096)
-				for {
+				for reads := 0; ; reads++ {
 					if _, err := conn.Read(buf); err != nil {
 						return
 					}
-					if garbage != "" {
+					if garbage != "" && (answered < 0 || reads < answered) {
 						if _, err := conn.Write([]byte(garbage)); err != nil {
 							return
 						}
@@ -144,7 +145,7 @@ func TestRedisThatHangsOrAnswersGarbage(t *testing.T) {
 	for name, garbage := range map[string]string{"hangs": "", "garbage": "%%not resp%%\r\n"} {
 		t.Run(name, func(t *testing.T) {
 			client := redis.NewClient(&redis.Options{
-				Addr: silentRedis(t, garbage), ReadTimeout: 300 * time.Millisecond,
+				Addr: silentRedis(t, garbage, -1), ReadTimeout: 300 * time.Millisecond,
 				MaxRetries: -1, Protocol: 2, DisableIdentity: true,
 			})
 			defer client.Close()
@@ -164,6 +165,40 @@ func TestRedisThatHangsOrAnswersGarbage(t *testing.T) {
 			}
 			require.False(t, r.Obtain("k").TryLock())
 		})
+	}
+}
+
+// TestASubscriptionThatRedisNeverConfirmsFailsInTime: a failed attempt
+// subscribes, holding the lock Close takes, and go-redis reads the
+// confirmations with no deadline unless told one, whatever the client's
+// ReadTimeout; a Redis that answers the handshake and then falls silent
+// (stalled, or behind a black hole) must hold neither the acquisition nor
+// Close for ever.
+func TestASubscriptionThatRedisNeverConfirmsFailsInTime(t *testing.T) {
+	client := redis.NewClient(&redis.Options{
+		// Answers HELLO with an error, which makes go-redis go on in RESP2,
+		// then nothing.
+		Addr:       silentRedis(t, "-ERR unknown command 'HELLO'\r\n", 1),
+		MaxRetries: -1, DisableIdentity: true,
+	})
+	defer client.Close()
+	r, err := New(client, "hostile")
+	require.NoError(t, err)
+
+	start := time.Now()
+	err = r.subscribe(context.Background())
+	require.ErrorIs(t, err, ErrRedis, "the subscription failed, and says so")
+	require.Less(t, time.Since(start), subscribeTimeout+2*time.Second)
+	require.False(t, r.subscribed.Load())
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		_ = r.Close()
+	}()
+	select {
+	case <-closed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close did not return")
 	}
 }
 

@@ -24,8 +24,11 @@ func (r *Registry) subscribe(ctx context.Context) error {
 		return nil
 	}
 	sub := r.client.Subscribe(ctx, r.subscriptions...)
+	// go-redis reads these with no deadline unless given one, whatever the
+	// client's ReadTimeout, and this waits holding subscribeMu, which Close
+	// takes too: a Redis that never confirms must not hold either for ever.
 	for range r.subscriptions { // one confirmation per channel
-		if _, err := sub.Receive(ctx); err != nil {
+		if _, err := sub.ReceiveTimeout(ctx, subscribeTimeout); err != nil {
 			_ = sub.Close()
 			return fmt.Errorf("%w: subscribe to %q: %w", ErrRedis, r.subscriptions, err)
 		}
@@ -50,10 +53,13 @@ func (r *Registry) unsubscribe() {
 
 // subscriptionCheck is how long the subscription may stay silent before a
 // PING checks that its connection still works; resubscribePause is the
-// longest pause before resubscribing after an error.
+// longest pause before resubscribing after an error; subscribeTimeout
+// bounds the wait for Redis to confirm a subscription, as long as a
+// default go-redis client waits for any reply (its ReadTimeout).
 const (
 	subscriptionCheck = 15 * time.Second
 	resubscribePause  = 100 * time.Millisecond
+	subscribeTimeout  = 5 * time.Second
 )
 
 // route delivers notifications until Close. It reads the subscription
