@@ -203,6 +203,14 @@ func (l *Lock) acquire(ctx context.Context, wait bool) error {
 	local.owner.Store(gid)
 	local.depth = 1
 	r.stats.acquired(time.Since(start), handedOver)
+	// Close signals the holds it finds, after closing: a hold stored once
+	// it looked would never be signalled, nor renewed. Such an
+	// acquisition, which Close overtook, fails as the waiting ones do, and
+	// gives the key back.
+	if r.closing() {
+		_ = l.UnlockContext(context.WithoutCancel(ctx))
+		return fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
+	}
 	return nil
 }
 

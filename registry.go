@@ -370,8 +370,9 @@ func checkRegistryKey(registryKey string) error {
 	return nil
 }
 
-// Close stops the registry: acquisitions that are waiting, and any later
-// ones, fail with ErrClosed, and renewal stops. Locks still held stay held
+// Close stops the registry: acquisitions that are waiting or under way,
+// and any later ones, fail with ErrClosed (one that took its key
+// meanwhile gives it back), and renewal stops. Locks still held stay held
 // (their owners may still unlock them) until their Redis keys expire after
 // the lease; as nothing renews them any more, their Lost channels close.
 // Close waits for the registry's background work to end, and is

@@ -667,6 +667,65 @@ func TestCloseStopsAcquisitions(t *testing.T) {
 	require.Zero(t, r.locals.size())
 }
 
+// gate is a go-redis hook that stops the first command named name before
+// it goes out, until release is closed.
+type gate struct {
+	name              string
+	once              sync.Once
+	entered, released chan struct{}
+}
+
+func newGate(name string) *gate {
+	return &gate{name: name, entered: make(chan struct{}), released: make(chan struct{})}
+}
+
+func (g *gate) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == g.name {
+			g.once.Do(func() {
+				close(g.entered)
+				<-g.released
+			})
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestAnAcquisitionThatCloseOvertakesFailsAndGivesTheKeyBack: Close
+// signals the holds it finds; an acquisition whose call was on its way
+// then must not end with a hold that nothing renews and whose Lost never
+// fires. It fails with ErrClosed, as the waiting ones do, and the key it
+// took goes back.
+func TestAnAcquisitionThatCloseOvertakesFailsAndGivesTheKeyBack(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Shared(t)
+	g := newGate("set")
+	r, err := New(srv.Client(t, g), "lockreg-test:"+t.Name())
+	require.NoError(t, err)
+
+	got := make(chan error, 1)
+	go func() { got <- r.Obtain("k").LockContext(ctx) }()
+	select {
+	case <-g.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the acquisition did not send its SET")
+	}
+	require.NoError(t, r.Close())
+	close(g.released)
+	select {
+	case err := <-got:
+		require.ErrorIs(t, err, ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the acquisition did not end")
+	}
+	require.Zero(t, srv.Client(t).Exists(ctx, "lockreg-test:"+t.Name()+":{k}").Val(), "the key it took went back")
+	require.Zero(t, r.locals.size())
+}
+
 // refsOf is how many goroutines hold or wait for key in r.
 func refsOf(r *Registry, key string) int {
 	var refs int
