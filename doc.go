@@ -122,7 +122,9 @@
 // its mark; a grant that still reaches it, or that reaches it while it holds
 // the key (its hold was broken unseen and a mark outlived it), is given back
 // at once, unless an acquisition of the registry took the key meanwhile (the
-// give-back checks the key's last token); a grant to a registry that died
+// give-back checks the key's last token and that its time to live is still
+// within the grant's lease, which spares a key the registry took with a
+// plain SET once the grant expired); a grant to a registry that died
 // while waiting blocks the key for the grant lease only. Registries with
 // WithPubSub(false) or WithWaitReplicas take no grants (a grant is not
 // acknowledged by replicas); their marks ask to be woken, and a release

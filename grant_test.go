@@ -252,24 +252,90 @@ func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
 	lock := r.Obtain("g")
-	// The key as a grant left it: this registry's, with the grant's token.
+	grant := "1000:" + strconv.FormatInt(r.grantLease.Milliseconds(), 10)
+	// The key as a grant left it: this registry's for the grant lease, with
+	// the grant's token.
 	grantLeft := func() {
-		require.NoError(t, client.Set(ctx, lock.keys[0], r.clientID, time.Minute).Err())
+		require.NoError(t, client.Set(ctx, lock.keys[0], r.clientID, r.grantLease).Err())
 		require.NoError(t, client.Set(ctx, lock.keys[1], "1000", time.Minute).Err())
 	}
 	grantLeft()
 	require.True(t, lock.TryLock(), "an acquisition here finds the key its own")
-	found, err := lock.releaseRedis(ctx, nil, false, "1000")
+	found, err := lock.releaseRedis(ctx, nil, false, grant)
 	require.NoError(t, err)
 	require.Equal(t, int64(notOurs), found, "it moved the key's last token past the grant's: the give-back spares the key")
 	require.Equal(t, r.clientID, client.Get(ctx, lock.keys[0]).Val())
 	lock.Unlock()
 
+	// The grant expired, and a plain SET NX here took the key: the grant's
+	// token is still the last, but the key has a full lease.
+	require.NoError(t, client.Set(ctx, lock.keys[1], "1000", time.Minute).Err())
+	require.True(t, lock.TryLock())
+	require.Equal(t, "1000", client.Get(ctx, lock.keys[1]).Val(), "the SET NX drew no token")
+	found, err = lock.releaseRedis(ctx, nil, false, grant)
+	require.NoError(t, err)
+	require.Equal(t, int64(notOurs), found, "the give-back spares the key: its lease is longer than a grant's")
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys[0]).Val())
+	lock.Unlock()
+
 	grantLeft()
-	found, err = lock.releaseRedis(ctx, nil, false, "1000")
+	found, err = lock.releaseRedis(ctx, nil, false, grant)
 	require.NoError(t, err)
 	require.Equal(t, int64(releasedAlone), found, "nobody took the grant: it goes back")
 	require.Zero(t, client.Exists(ctx, lock.keys[0]).Val())
+}
+
+// slowGiveBack holds back the registry's give-backs (release.lua called
+// with a grant, ARGV[6]) by delay, as a stalled connection or go-redis'
+// retries might, and closes done once the first has run.
+func slowGiveBack(delay time.Duration, done chan struct{}) redis.Hook {
+	var once sync.Once
+	return processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			args := cmd.Args()
+			// evalsha, sha, 4, four keys, then ARGV: ARGV[6] is args[12].
+			if giveBack := len(args) > 12 && args[12] != ""; !giveBack {
+				return next(ctx, cmd)
+			}
+			time.Sleep(delay)
+			err := next(ctx, cmd)
+			once.Do(func() { close(done) })
+			return err
+		}
+	})
+}
+
+// TestALateGiveBackSparesAHoldTakenSince: a registry's waiter gave up just
+// as a release granted it the key, so the registry gives the grant back;
+// that call is late, and meanwhile the grant expired and a goroutine of
+// the same registry took the key with a plain SET NX, which leaves the
+// grant's token the key's last. The give-back must spare that hold: it
+// deleted it, and another registry took the key beside it.
+func TestALateGiveBackSparesAHoldTakenSince(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Shared(t)
+	gaveBack := make(chan struct{})
+	late := newRegistry(t, srv.Client(t, slowGiveBack(400*time.Millisecond, gaveBack)), WithRetryInterval(50*time.Millisecond)) // a grant lease of 100ms
+	other := newRegistry(t, srv.Client(t))
+	require.NoError(t, late.subscribe(ctx))
+	held := other.Obtain("g")
+	held.Lock()
+	// The mark of late's waiter that gave up before its withdrawal landed.
+	markWaiting(t, srv.Client(t), held, late.obtainArgs[1][1][4].(string))
+	held.Unlock()
+	require.Eventually(t, func() bool { return late.Stats().Notifications > 0 }, time.Second, time.Millisecond, "the release granted the key to late")
+
+	time.Sleep(late.grantLease + 50*time.Millisecond)
+	lock := late.Obtain("g")
+	require.True(t, lock.TryLock(), "the grant expired: a plain SET NX takes the key")
+	select {
+	case <-gaveBack:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the give-back did not run")
+	}
+	require.False(t, other.Obtain("g").TryLock(), "the late give-back spared the hold")
+	requireOpen(t, lock.Lost(), "which is still whole")
+	require.NoError(t, lock.UnlockContext(ctx))
 }
 
 func TestReplicatedWaiterMarksItselfForWakeUps(t *testing.T) {

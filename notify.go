@@ -166,15 +166,19 @@ func (r *Registry) deliver(note string) {
 }
 
 // giveBack releases a key granted to this registry that nobody here waited
-// for, unless an acquisition of this registry found the key its own in the
-// meantime and keeps it: release.lua checks that the key's last token is
-// still the grant's. Taking the key's local mutex instead would make a
-// TryLock in this registry fail while the key is on its way back.
+// for, unless an acquisition of this registry has taken the key since and
+// keeps it: release.lua checks that the key's last token is still the
+// grant's (an attempt that found the key its own drew a newer one) and
+// that its time to live is within the grant's lease (a plain SET NX once
+// the grant expired, which leaves the token, sets a full lease). Taking
+// the key's local mutex instead would make a TryLock in this registry
+// fail while the key is on its way back.
 func (r *Registry) giveBack(ctx context.Context, key, token string) {
 	l := &Lock{r: r, key: key, keys: redisKeys(r.registryKey, key)}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.expireAfter)
 	defer cancel()
-	if _, err := l.releaseRedis(ctx, nil, false, token); err != nil {
+	grant := token + ":" + strconv.FormatInt(r.grantLease.Milliseconds(), 10)
+	if _, err := l.releaseRedis(ctx, nil, false, grant); err != nil {
 		r.cfg.logger.Debug("lockreg: could not give a granted key back; it expires after its grant lease", "key", key, "error", err)
 	}
 }

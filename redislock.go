@@ -813,8 +813,8 @@ const (
 )
 
 // releaseRedis runs release.lua for h; with h nil, for an attempt that
-// may have taken the key; with a grantToken, for a grant nobody here took
-// (see giveBack). With markNext, a release that grants the key to another
+// may have taken the key; with a grant ('<token>:<lease ms>'), for a grant
+// nobody here took (see giveBack). With markNext, a release that grants the key to another
 // registry marks this one as waiting.
 //
 // release.lua gets the client id alone unless the registry expects the
@@ -824,15 +824,15 @@ const (
 // GET and DEL (BenchmarkServerTime). A release that finds a waiter without
 // them changes nothing and is sent again with them, one more round trip
 // the first time a key turns contended.
-func (l *Lock) releaseRedis(ctx context.Context, h *hold, markNext bool, grantToken ...string) (int64, error) {
+func (l *Lock) releaseRedis(ctx context.Context, h *hold, markNext bool, grant ...string) (int64, error) {
 	r := l.r
 	var handedOutToken int64
 	if h != nil && h.handoffs > 0 {
 		handedOutToken = h.token
 	}
 	args := r.releaseArgs
-	if handedOutToken != 0 || len(grantToken) > 0 || markNext || l.looksContended() {
-		args = l.fullReleaseArgs(handedOutToken, markNext, grantToken)
+	if handedOutToken != 0 || len(grant) > 0 || markNext || l.looksContended() {
+		args = l.fullReleaseArgs(handedOutToken, markNext, grant)
 	}
 	for {
 		r.stats.releaseCalls.Add(1)
@@ -844,16 +844,16 @@ func (l *Lock) releaseRedis(ctx context.Context, h *hold, markNext bool, grantTo
 			return found, nil
 		}
 		l.sawContention()
-		args = l.fullReleaseArgs(handedOutToken, markNext, grantToken)
+		args = l.fullReleaseArgs(handedOutToken, markNext, grant)
 	}
 }
 
-func (l *Lock) fullReleaseArgs(handedOutToken int64, markNext bool, grantToken []string) []any {
+func (l *Lock) fullReleaseArgs(handedOutToken int64, markNext bool, grant []string) []any {
 	r := l.r
 	args := []any{r.clientIDArg, handedOutToken, r.leaseArg, r.channelArg, l.key}
 	switch {
-	case len(grantToken) > 0:
-		args = append(args, grantToken[0])
+	case len(grant) > 0:
+		args = append(args, grant[0])
 	case markNext:
 		waiting := l.obtainArgs(true, true) // the mark a failed attempt leaves, and how long it lasts
 		args = append(args, "", waiting[4], waiting[2])

@@ -667,8 +667,17 @@ func TestCloseStopsAcquisitions(t *testing.T) {
 	require.Zero(t, r.locals.size())
 }
 
-// gate is a go-redis hook that stops the first command named name before
-// it goes out, until release is closed.
+// processHook makes a go-redis hook of a wrapper of single commands.
+type processHook func(next redis.ProcessHook) redis.ProcessHook
+
+func (h processHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h processHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h processHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return h(next) }
+
+// gate stops the first command named name before it goes out, until
+// released is closed.
 type gate struct {
 	name              string
 	once              sync.Once
@@ -679,20 +688,18 @@ func newGate(name string) *gate {
 	return &gate{name: name, entered: make(chan struct{}), released: make(chan struct{})}
 }
 
-func (g *gate) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == g.name {
-			g.once.Do(func() {
-				close(g.entered)
-				<-g.released
-			})
+func (g *gate) hook() redis.Hook {
+	return processHook(func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if cmd.Name() == g.name {
+				g.once.Do(func() {
+					close(g.entered)
+					<-g.released
+				})
+			}
+			return next(ctx, cmd)
 		}
-		return next(ctx, cmd)
-	}
+	})
 }
 
 // TestAnAcquisitionThatCloseOvertakesFailsAndGivesTheKeyBack: Close
@@ -704,7 +711,7 @@ func TestAnAcquisitionThatCloseOvertakesFailsAndGivesTheKeyBack(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Shared(t)
 	g := newGate("set")
-	r, err := New(srv.Client(t, g), "lockreg-test:"+t.Name())
+	r, err := New(srv.Client(t, g.hook()), "lockreg-test:"+t.Name())
 	require.NoError(t, err)
 
 	got := make(chan error, 1)

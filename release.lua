@@ -8,10 +8,13 @@
 -- ARGV[3]: the lease in milliseconds; ARGV[4]: the channel to notify
 -- waiters on, or '' for none (a grant goes to ARGV[4]:<grantee's client
 -- id>, which only the grantee subscribes to); ARGV[5]: the lock's key in its registry;
--- ARGV[6], only when giving back a grant nobody took: the grant's token,
--- which the key's last token must still be (an acquisition of this
--- registry that found the key its own drew a newer one, and keeps the key);
--- else ''. ARGV[7] and ARGV[8], only when a goroutine of this registry
+-- ARGV[6], only when giving back a grant nobody took: '<token>:<ms>', the
+-- grant's token, which the key's last token must still be (an acquisition
+-- of this registry that found the key its own drew a newer one, and keeps
+-- the key), and the grant's lease, which the key's time to live must not
+-- exceed (a hold this registry took with a plain SET NX once the grant had
+-- expired leaves the grant's token the last, but has a full lease); else
+-- ''. ARGV[7] and ARGV[8], only when a goroutine of this registry
 -- waits for the key: the registry's mark and how long it lasts, in
 -- milliseconds (obtain.lua's ARGV[5] and ARGV[3]); a grant then marks
 -- this registry as waiting, as that goroutine's failed attempt would have.
@@ -29,8 +32,11 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-if ARGV[6] and ARGV[6] ~= '' and (#KEYS == 1 or redis.call('GET', KEYS[2]) ~= ARGV[6]) then
-  return 0
+if ARGV[6] and ARGV[6] ~= '' then
+  local token, lease = string.match(ARGV[6], '^(%d+):(%d+)$')
+  if #KEYS == 1 or redis.call('GET', KEYS[2]) ~= token or redis.call('PTTL', KEYS[1]) > tonumber(lease) then
+    return 0
+  end
 end
 if #KEYS == 1 then
   redis.call('DEL', KEYS[1])
