@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -209,6 +210,44 @@ func TestWaiterThatGivesUpWithdrawsItsMark(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return client.ZScore(ctx, held.keys[2], mark).Err() == redis.Nil && client.ZScore(ctx, held.keys[3], mark).Err() == redis.Nil
 	}, time.Second, time.Millisecond, "the mark is withdrawn, from the queue too, not left to lapse")
+}
+
+// TestAWithdrawalSparesTheMarkOfTheGoroutineThatWaitsNext: a goroutine
+// that gives up withdraws its registry's mark, and the next goroutine of
+// the registry waiting for the key marks it again, with the same mark. Had
+// the withdrawal, slow here, landed after that, it would have taken the
+// new mark with it: no release would wake that goroutine, nor grant it the
+// key, until its next retry, 2s away, after its deadline.
+func TestAWithdrawalSparesTheMarkOfTheGoroutineThatWaitsNext(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Shared(t)
+	slowWithdrawal := pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			if slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "zrem" }) {
+				time.Sleep(100 * time.Millisecond)
+			}
+			return next(ctx, cmds)
+		}
+	})
+	holder := newRegistry(t, srv.Client(t))
+	waiter := newRegistry(t, srv.Client(t, slowWithdrawal), WithRetryInterval(2*time.Second))
+	held := holder.Obtain("g")
+	held.Lock()
+
+	first, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	gaveUp := make(chan error, 1)
+	go func() { gaveUp <- waiter.Obtain("g").LockContext(first) }()
+	waitUntilWaiting(t, waiter)
+	second, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancel()
+	taken := lockInBackground(second, waiter.Obtain("g"))
+	require.Eventually(t, func() bool { return refsOf(waiter, "g") == 2 }, time.Second, time.Millisecond, "the second goroutine waits behind the first")
+	require.ErrorIs(t, <-gaveUp, ErrNotObtained)
+
+	time.Sleep(300 * time.Millisecond) // the withdrawal landed, and the second goroutine attempted
+	held.Unlock()
+	requireTaken(t, taken)
 }
 
 // TestATakenKeyLeavesNoMarkBehind: the attempt that takes a key its

@@ -109,9 +109,9 @@ func (l *localLock) waited() bool {
 }
 
 // unlock passes the mutex, with next, to the longest waiter and reports
-// true; with nobody waiting it frees the mutex, unless next has a hold to
-// hand over, in which case the caller keeps the mutex (and must release
-// the hold itself).
+// true; with nobody waiting it frees the mutex, unless next has a hold or
+// a mark to hand over, in which case the caller keeps the mutex (and must
+// release the hold, or withdraw the mark, itself).
 func (l *localLock) unlock(next handover) (handedOver bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -122,7 +122,7 @@ func (l *localLock) unlock(next handover) (handedOver bool) {
 		w.grant <- next
 		return true
 	}
-	if next.hold == nil {
+	if next.hold == nil && next.mark.token == 0 {
 		l.locked = false
 	}
 	return false

@@ -163,7 +163,10 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 		l.sawContention()
 	}
 	if !local.unlock(handover{mark: mark}) && mark.token != 0 {
-		l.unmark() // the waiter gave up meanwhile
+		// The waiter gave up meanwhile. unlock kept the mutex, so that
+		// the withdrawal is on record before the next owner can attempt.
+		l.unmark()
+		local.unlock(handover{})
 	}
 	r.locals.leave(l.key)
 	switch {
@@ -340,7 +343,11 @@ type acquisition struct {
 // before it.
 func (a *acquisition) begin() error {
 	if a.due {
-		if err := a.l.yield(a.ctx); err != nil {
+		err := a.l.awaitWithdrawal(a.ctx)
+		if err == nil {
+			err = a.l.yield(a.ctx)
+		}
+		if err != nil {
 			a.l.free(a.local)
 			return a.l.notAcquired(a.ctx, err, nil)
 		}
@@ -711,13 +718,26 @@ func (r *Registry) extendLater(local *localLock, h *hold) bool {
 	return true
 }
 
-// unmark withdraws, in the background, the mark of a waiting acquisition
-// that gave up, so that releases stop passing the key to this registry,
-// which would only give it back.
+// unmark withdraws, in the background, this registry's waiting mark on
+// the key, so that releases stop passing the key to this registry, which
+// would only give it back. The caller holds the key's local mutex: the
+// withdrawal is on record before the next owner can attempt, and that
+// owner waits for it (awaitWithdrawal), as its attempt marks the registry
+// again, with the same mark, which a withdrawal landing later would take
+// away, and with it the wake-up and the place in the queue.
 func (l *Lock) unmark() {
 	r := l.r
+	done := make(chan struct{})
+	r.withdrawals.Store(l.key, done)
+	finish := func() {
+		r.withdrawals.Compute(l.key, func(pending chan struct{}, loaded bool) (chan struct{}, bool) {
+			return pending, !loaded || pending == done // a later withdrawal's stays
+		})
+		close(done)
+	}
 	mark := l.obtainArgs(true, true)[4]
-	r.goBackground(func(ctx context.Context) {
+	if !r.goBackground(func(ctx context.Context) {
+		defer finish()
 		if _, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			p.ZRem(ctx, l.keys[2], mark)
 			p.ZRem(ctx, l.keys[3], mark)
@@ -725,7 +745,27 @@ func (l *Lock) unmark() {
 		}); err != nil {
 			r.cfg.logger.Debug("lockreg: could not withdraw a waiting mark; it lapses by itself", "key", l.key, "error", err)
 		}
-	})
+	}) {
+		finish() // closed: the mark lapses by itself
+	}
+}
+
+// awaitWithdrawal waits, before an acquisition's first attempt, for a
+// withdrawal of this registry's mark on the key that is on its way (see
+// unmark).
+func (l *Lock) awaitWithdrawal(ctx context.Context) error {
+	done, ok := l.r.withdrawals.Load(l.key)
+	if !ok {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-l.r.closed:
+		return ErrClosed
+	}
 }
 
 // obtainArgs are obtain.lua's arguments.

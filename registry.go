@@ -199,6 +199,9 @@ type Registry struct {
 	// pending ones (the watchdog drops those nobody came for).
 	yield  time.Duration
 	yields *xsync.MapOf[string, time.Time]
+	// withdrawals holds, by key, the withdrawals of this registry's
+	// waiting mark still on their way (see unmark), each closed once done.
+	withdrawals *xsync.MapOf[string, chan struct{}]
 	// contended holds, by key, until when the key counts as contended
 	// (see looksContended).
 	contended *xsync.MapOf[string, time.Time]
@@ -274,6 +277,7 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 		channel:            registryKey + ":released",
 		yield:              cfg.retryInterval,
 		yields:             xsync.NewMapOf[string, time.Time](),
+		withdrawals:        xsync.NewMapOf[string, chan struct{}](),
 		contended:          xsync.NewMapOf[string, time.Time](),
 		closed:             make(chan struct{}),
 		stop:               stop,

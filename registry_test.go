@@ -676,6 +676,15 @@ func (h processHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 func (h processHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return h(next) }
 
+// pipelineHook makes a go-redis hook of a wrapper of pipelines.
+type pipelineHook func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook
+
+func (h pipelineHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h pipelineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return h(next)
+}
+func (h pipelineHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
 // gate stops the first command named name before it goes out, until
 // released is closed.
 type gate struct {
