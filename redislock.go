@@ -854,8 +854,8 @@ const (
 
 // releaseRedis runs release.lua for h; with h nil, for an attempt that
 // may have taken the key; with a grant ('<token>:<lease ms>'), for a grant
-// nobody here took (see giveBack). With markNext, a release that grants the key to another
-// registry marks this one as waiting.
+// nobody here took (see giveBack). With markNext, a release that grants
+// the key to another registry marks this one as waiting.
 //
 // release.lua gets the client id alone unless the registry expects the
 // rest of its arguments to be needed: a local hand-off raised the token, a
