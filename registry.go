@@ -258,8 +258,16 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 	if cfg.maxHold > 0 && !cfg.renewal {
 		errs = append(errs, fmt.Errorf("%w: WithMaxHold needs renewal, which WithRenewal(false) turned off; drop one of them", ErrInvalidOption))
 	}
-	if _, isRing := client.(*redis.Ring); isRing && cfg.waitReplicas > 0 {
-		errs = append(errs, fmt.Errorf("%w: WithWaitReplicas does not work with a redis.Ring; use a Client, FailoverClient or ClusterClient", ErrInvalidOption))
+	if ring, isRing := client.(*redis.Ring); isRing {
+		if cfg.waitReplicas > 0 {
+			errs = append(errs, fmt.Errorf("%w: WithWaitReplicas does not work with a redis.Ring; use a Client, FailoverClient or ClusterClient", ErrInvalidOption))
+		}
+		// A Ring sends a renewal of many keys, and a subscription, to one
+		// shard, and a script's notification goes out on its key's shard:
+		// held keys on the others would expire, and waiters go unwoken.
+		if shards := len(ring.Options().Addrs); shards > 1 {
+			errs = append(errs, fmt.Errorf("%w: a redis.Ring with %d shards splits a registry's keys and notifications across servers; use a ClusterClient, or a Ring of one shard", ErrInvalidOption, shards))
+		}
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)

@@ -114,6 +114,8 @@ func TestGoroutineIDMatchesRuntime(t *testing.T) {
 
 func TestNewRejectsBadArguments(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": redistest.SharedAddr(), "b": redistest.SharedAddr()}})
+	t.Cleanup(func() { _ = ring.Close() })
 	cases := []struct {
 		name   string
 		client redis.UniversalClient
@@ -132,6 +134,7 @@ func TestNewRejectsBadArguments(t *testing.T) {
 		{"retry equal to lease", client, "k", []Option{WithExpireAfter(time.Second), WithRetryInterval(time.Second)}, "retry interval (WithRetryInterval, 1s) must be shorter than the lease (WithExpireAfter, 1s)"},
 		{"retry longer than default lease", client, "k", []Option{WithRetryInterval(time.Minute)}, "(WithRetryInterval, 1m0s) must be shorter than the lease (WithExpireAfter, 30s)"},
 		{"nil logger", client, "k", []Option{WithLogger(nil)}, "WithLogger(nil)"},
+		{"Ring of two shards", ring, "k", nil, "redis.Ring with 2 shards"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
