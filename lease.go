@@ -124,44 +124,65 @@ func (r *Registry) forEachHold(fn func(*hold)) {
 }
 
 // watch is the registry's one watchdog goroutine: every expireAfter/3 it
-// renews the leases of all held keys and signals the holds it finds lost.
+// renews the leases of all held keys and signals the holds whose leases
+// ran out. A renewal round runs in a goroutine of its own, one at a time,
+// so that a round that Redis keeps waiting (a silent network, go-redis'
+// timeouts and retries) holds no signal back: the leases it would have
+// carried on run out as counted, and Lost fires on the next tick.
 func (r *Registry) watch(ctx context.Context) {
 	ticker := time.NewTicker(r.cfg.expireAfter / 3)
 	defer ticker.Stop()
+	var round sync.WaitGroup
+	defer round.Wait()
+	var renewing atomic.Bool
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
-			r.renewHolds(ctx)
 		}
+		dropLapsed(r.yields)
+		dropLapsed(r.contended)
+		if due := r.dueForRenewal(); len(due) > 0 && renewing.CompareAndSwap(false, true) {
+			round.Add(1)
+			go func() {
+				defer round.Done()
+				defer renewing.Store(false)
+				r.renew(ctx, r.renewalBatches(due))
+			}()
+		}
+		r.loseLapsed()
 	}
 }
 
-func (r *Registry) renewHolds(ctx context.Context) {
-	dropLapsed(r.yields)
-	dropLapsed(r.contended)
-	if r.cfg.renewal {
-		var due []*hold
-		now := time.Now()
-		r.forEachHold(func(h *hold) {
-			// A hold whose lease ran out is not renewed: the key may have
-			// passed on and come back to this registry since (a grant, a
-			// new acquisition), and the owner check, by client id, cannot
-			// tell that from a key held all along.
-			if !h.isLost() && !h.leaseOver() && (r.cfg.maxHold == 0 || now.Sub(h.taken) < r.cfg.maxHold) {
-				due = append(due, h)
-			}
-		})
-		r.renew(ctx, r.renewalBatches(due))
-	}
-	// A lease that ran out unrenewed (renewal off, past WithMaxHold, or
-	// Redis unreachable) may have passed to another owner.
+// loseLapsed signals the holds whose leases ran out unrenewed (renewal
+// off, past WithMaxHold, or Redis unreachable): their keys may have passed
+// to another owner.
+func (r *Registry) loseLapsed() {
 	r.forEachHold(func(h *hold) {
 		if h.leaseOver() {
 			h.lose()
 		}
 	})
+}
+
+// dueForRenewal picks the holds to renew.
+func (r *Registry) dueForRenewal() []*hold {
+	if !r.cfg.renewal {
+		return nil
+	}
+	var due []*hold
+	now := time.Now()
+	r.forEachHold(func(h *hold) {
+		// A hold whose lease ran out is not renewed: the key may have
+		// passed on and come back to this registry since (a grant, a new
+		// acquisition), and the owner check, by client id, cannot tell
+		// that from a key held all along.
+		if !h.isLost() && !h.leaseOver() && (r.cfg.maxHold == 0 || now.Sub(h.taken) < r.cfg.maxHold) {
+			due = append(due, h)
+		}
+	})
+	return due
 }
 
 // dropLapsed forgets the per-key deadlines of m that passed: yields nobody

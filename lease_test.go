@@ -3,7 +3,9 @@ package lockreg
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -401,6 +403,39 @@ func TestHoldAnsweredPastItsLeaseIsLostAtOnce(t *testing.T) {
 	require.NotNil(t, r.handoff(live, waited), "a live hold is handed on")
 	live.leaseEnd.Store(time.Now().UnixNano()) // within the run of hand-offs
 	require.Nil(t, r.handoff(live, waited))
+}
+
+// TestLostFiresOnTimeWhileARenewalHangs: a renewal that Redis keeps
+// waiting (a silent network; go-redis' timeouts and retries take many
+// seconds) must not hold the lost signal back: the lease runs out as
+// counted, and Lost fires within a renewal interval of that.
+func TestLostFiresOnTimeWhileARenewalHangs(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	var hang atomic.Bool
+	slowRenewals := pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			if hang.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool {
+				args := c.Args()
+				return len(args) > 1 && args[1] == renewScript.Hash()
+			}) {
+				time.Sleep(3 * time.Second)
+			}
+			return next(ctx, cmds)
+		}
+	})
+	r := newRegistry(t, redistest.Shared(t).Client(t, slowRenewals), WithExpireAfter(lease), WithRetryInterval(50*time.Millisecond))
+	lock := r.Obtain("k")
+	lock.Lock()
+	hang.Store(true)
+	requireFires(t, lock.Lost(), lease+lease/3+500*time.Millisecond, "the lease ran out while its renewal hung")
+	_ = lock.UnlockContext(context.Background())
+}
+
+// renewHolds runs one watchdog tick, its renewal round included, on the
+// caller's goroutine.
+func (r *Registry) renewHolds(ctx context.Context) {
+	r.renew(ctx, r.renewalBatches(r.dueForRenewal()))
+	r.loseLapsed()
 }
 
 // holdPastItsLease locks key in a new registry on client and makes the
