@@ -326,7 +326,8 @@ func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
 
 // slowGiveBack holds back the registry's give-backs (release.lua called
 // with a grant, ARGV[6]) by delay, as a stalled connection or go-redis'
-// retries might, and closes done once the first has run.
+// retries might, past the call's context (as a call already on its way
+// would be), and closes done once the first has run.
 func slowGiveBack(delay time.Duration, done chan struct{}) redis.Hook {
 	var once sync.Once
 	return processHook(func(next redis.ProcessHook) redis.ProcessHook {
@@ -337,7 +338,7 @@ func slowGiveBack(delay time.Duration, done chan struct{}) redis.Hook {
 				return next(ctx, cmd)
 			}
 			time.Sleep(delay)
-			err := next(ctx, cmd)
+			err := next(context.WithoutCancel(ctx), cmd)
 			once.Do(func() { close(done) })
 			return err
 		}
@@ -349,32 +350,42 @@ func slowGiveBack(delay time.Duration, done chan struct{}) redis.Hook {
 // that call is late, and meanwhile the grant expired and a goroutine of
 // the same registry took the key with a plain SET NX, which leaves the
 // grant's token the key's last. The give-back must spare that hold: it
-// deleted it, and another registry took the key beside it.
+// deleted it, and another registry took the key beside it. With a lease
+// as short as the grant's, the key's time to live cannot tell the two
+// apart: the acquisition must wait for the give-back.
 func TestALateGiveBackSparesAHoldTakenSince(t *testing.T) {
-	ctx := context.Background()
-	srv := redistest.Shared(t)
-	gaveBack := make(chan struct{})
-	late := newRegistry(t, srv.Client(t, slowGiveBack(400*time.Millisecond, gaveBack)), WithRetryInterval(50*time.Millisecond)) // a grant lease of 100ms
-	other := newRegistry(t, srv.Client(t))
-	require.NoError(t, late.subscribe(ctx))
-	held := other.Obtain("g")
-	held.Lock()
-	// The mark of late's waiter that gave up before its withdrawal landed.
-	markWaiting(t, srv.Client(t), held, late.obtainArgs[1][1][4].(string))
-	held.Unlock()
-	require.Eventually(t, func() bool { return late.Stats().Notifications > 0 }, time.Second, time.Millisecond, "the release granted the key to late")
+	for name, lease := range map[string]time.Duration{"default lease": 0, "lease as short as the grant's": 100 * time.Millisecond} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.Shared(t)
+			gaveBack := make(chan struct{})
+			opts := []Option{WithRetryInterval(50 * time.Millisecond)} // a grant lease of 100ms
+			if lease > 0 {
+				opts = append(opts, WithExpireAfter(lease))
+			}
+			late := newRegistry(t, srv.Client(t, slowGiveBack(400*time.Millisecond, gaveBack)), opts...)
+			other := newRegistry(t, srv.Client(t))
+			require.NoError(t, late.subscribe(ctx))
+			held := other.Obtain("g")
+			held.Lock()
+			// The mark of late's waiter that gave up before its withdrawal landed.
+			markWaiting(t, srv.Client(t), held, late.obtainArgs[1][1][4].(string))
+			held.Unlock()
+			require.Eventually(t, func() bool { return late.Stats().Notifications > 0 }, time.Second, time.Millisecond, "the release granted the key to late")
 
-	time.Sleep(late.grantLease + 50*time.Millisecond)
-	lock := late.Obtain("g")
-	require.True(t, lock.TryLock(), "the grant expired: a plain SET NX takes the key")
-	select {
-	case <-gaveBack:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the give-back did not run")
+			time.Sleep(late.grantLease + 50*time.Millisecond)
+			lock := late.Obtain("g")
+			require.True(t, lock.TryLock(), "the grant expired: a plain SET NX takes the key")
+			select {
+			case <-gaveBack:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the give-back did not run")
+			}
+			require.False(t, other.Obtain("g").TryLock(), "the late give-back spared the hold")
+			requireOpen(t, lock.Lost(), "which is still whole")
+			require.NoError(t, lock.UnlockContext(ctx))
+		})
 	}
-	require.False(t, other.Obtain("g").TryLock(), "the late give-back spared the hold")
-	requireOpen(t, lock.Lost(), "which is still whole")
-	require.NoError(t, lock.UnlockContext(ctx))
 }
 
 func TestReplicatedWaiterMarksItselfForWakeUps(t *testing.T) {

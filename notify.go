@@ -152,27 +152,41 @@ func (r *Registry) deliver(note string) {
 	default:
 		return // another version's notification: its waiters fall back to polling
 	}
-	local, ok := r.locals.m.Load(key)
-	if !ok || (token != 0 && local.hold.Load() != nil) {
-		if token != 0 {
-			r.goBackground(func(ctx context.Context) { r.giveBack(ctx, key, tokenText) })
+	if token == 0 {
+		if local, ok := r.locals.m.Load(key); ok {
+			local.wakeUp()
 		}
 		return
 	}
-	if token != 0 {
+	// Pending before the look for a waiter, so that an acquisition of this
+	// registry that comes after the look waits for the give-back before its
+	// first attempt (see giveBack).
+	finish := r.startPending(key)
+	if local, ok := r.locals.m.Load(key); ok && local.hold.Load() == nil {
+		finish()
 		local.grantedToken.Store(token)
+		local.wakeUp()
+		return
 	}
-	local.wakeUp()
+	if !r.goBackground(func(ctx context.Context) {
+		defer finish()
+		r.giveBack(ctx, key, tokenText)
+	}) {
+		finish()
+	}
 }
 
 // giveBack releases a key granted to this registry that nobody here waited
 // for, unless an acquisition of this registry has taken the key since and
-// keeps it: release.lua checks that the key's last token is still the
-// grant's (an attempt that found the key its own drew a newer one) and
-// that its time to live is within the grant's lease (a plain SET NX once
-// the grant expired, which leaves the token, sets a full lease). Taking
-// the key's local mutex instead would make a TryLock in this registry
-// fail while the key is on its way back.
+// keeps it. An acquisition that begins once the grant came waits for the
+// give-back before its first attempt (deliver makes it pending), so that a
+// plain SET NX, which leaves the grant's token the key's last, cannot take
+// the key once the grant expired and then lose it to the give-back. For
+// one under way, or a holder, release.lua checks that the key's last token
+// is still the grant's (an attempt that found the key its own drew a newer
+// one) and that its time to live is within the grant's lease (a plain SET
+// NX sets a full lease; with a lease as short as the grant's, that check
+// cannot tell the two apart).
 func (r *Registry) giveBack(ctx context.Context, key, token string) {
 	l := &Lock{r: r, key: key, keys: redisKeys(r.registryKey, key)}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.expireAfter)

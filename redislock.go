@@ -343,7 +343,7 @@ type acquisition struct {
 // before it.
 func (a *acquisition) begin() error {
 	if a.due {
-		err := a.l.awaitWithdrawal(a.ctx)
+		err := a.l.awaitPending(a.ctx)
 		if err == nil {
 			err = a.l.yield(a.ctx)
 		}
@@ -721,20 +721,13 @@ func (r *Registry) extendLater(local *localLock, h *hold) bool {
 // unmark withdraws, in the background, this registry's waiting mark on
 // the key, so that releases stop passing the key to this registry, which
 // would only give it back. The caller holds the key's local mutex: the
-// withdrawal is on record before the next owner can attempt, and that
-// owner waits for it (awaitWithdrawal), as its attempt marks the registry
-// again, with the same mark, which a withdrawal landing later would take
-// away, and with it the wake-up and the place in the queue.
+// withdrawal is pending before the next owner can attempt, and that owner
+// waits for it (awaitPending), as its attempt marks the registry again,
+// with the same mark, which a withdrawal landing later would take away,
+// and with it the wake-up and the place in the queue.
 func (l *Lock) unmark() {
 	r := l.r
-	done := make(chan struct{})
-	r.withdrawals.Store(l.key, done)
-	finish := func() {
-		r.withdrawals.Compute(l.key, func(pending chan struct{}, loaded bool) (chan struct{}, bool) {
-			return pending, !loaded || pending == done // a later withdrawal's stays
-		})
-		close(done)
-	}
+	finish := r.startPending(l.key)
 	mark := l.obtainArgs(true, true)[4]
 	if !r.goBackground(func(ctx context.Context) {
 		defer finish()
@@ -750,16 +743,46 @@ func (l *Lock) unmark() {
 	}
 }
 
-// awaitWithdrawal waits, before an acquisition's first attempt, for a
-// withdrawal of this registry's mark on the key that is on its way (see
-// unmark).
-func (l *Lock) awaitWithdrawal(ctx context.Context) error {
-	done, ok := l.r.withdrawals.Load(l.key)
+// pendingCalls counts a key's pending calls (see Registry.pending); done
+// closes when the count drops to zero.
+type pendingCalls struct {
+	n    int
+	done chan struct{}
+}
+
+// startPending records a call on key's state as pending; finish, which
+// may be called more than once, records it done.
+func (r *Registry) startPending(key string) (finish func()) {
+	var p *pendingCalls
+	r.pending.Compute(key, func(calls *pendingCalls, loaded bool) (*pendingCalls, bool) {
+		if !loaded {
+			calls = &pendingCalls{done: make(chan struct{})}
+		}
+		calls.n++
+		p = calls
+		return calls, false
+	})
+	return sync.OnceFunc(func() {
+		r.pending.Compute(key, func(_ *pendingCalls, _ bool) (*pendingCalls, bool) {
+			p.n--
+			if p.n > 0 {
+				return p, false
+			}
+			close(p.done)
+			return p, true
+		})
+	})
+}
+
+// awaitPending waits, before an acquisition's first attempt, for the
+// calls on the key's state that are pending (see Registry.pending).
+func (l *Lock) awaitPending(ctx context.Context) error {
+	p, ok := l.r.pending.Load(l.key)
 	if !ok {
 		return nil
 	}
 	select {
-	case <-done:
+	case <-p.done:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

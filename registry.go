@@ -199,9 +199,11 @@ type Registry struct {
 	// pending ones (the watchdog drops those nobody came for).
 	yield  time.Duration
 	yields *xsync.MapOf[string, time.Time]
-	// withdrawals holds, by key, the withdrawals of this registry's
-	// waiting mark still on their way (see unmark), each closed once done.
-	withdrawals *xsync.MapOf[string, chan struct{}]
+	// pending holds, by key, the calls on the key's state in Redis still
+	// on their way that an acquisition's first attempt must not overtake:
+	// withdrawals of this registry's waiting mark (see unmark) and
+	// give-backs of grants (see giveBack).
+	pending *xsync.MapOf[string, *pendingCalls]
 	// contended holds, by key, until when the key counts as contended
 	// (see looksContended).
 	contended *xsync.MapOf[string, time.Time]
@@ -285,7 +287,7 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 		channel:            registryKey + ":released",
 		yield:              cfg.retryInterval,
 		yields:             xsync.NewMapOf[string, time.Time](),
-		withdrawals:        xsync.NewMapOf[string, chan struct{}](),
+		pending:            xsync.NewMapOf[string, *pendingCalls](),
 		contended:          xsync.NewMapOf[string, time.Time](),
 		closed:             make(chan struct{}),
 		stop:               stop,
