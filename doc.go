@@ -121,13 +121,13 @@
 // attempt finds the key its own. A registry whose waiter gave up withdraws
 // its mark; a grant that still reaches it, or that reaches it while it holds
 // the key (its hold was broken unseen and a mark outlived it), is given back
-// at once, unless an acquisition of the registry took the key meanwhile (the
-// give-back checks the key's last token and that its time to live is still
-// within the grant's lease, which spares a key the registry took with a
-// plain SET once the grant expired); a grant to a registry that died
-// while waiting blocks the key for the grant lease only. Registries with
-// WithPubSub(false) or WithWaitReplicas take no grants (a grant is not
-// acknowledged by replicas); their marks ask to be woken, and a release
+// at once, unless an acquisition of the registry took the key meanwhile
+// (one that begins once the grant came waits for the give-back; for one
+// already under way, the give-back checks the key's last token and that its
+// time to live is still within the grant's lease); a grant to a registry
+// that died while waiting blocks the key for the grant lease only.
+// Registries with WithPubSub(false) or WithWaitReplicas take no grants (a
+// grant is not acknowledged by replicas); their marks ask to be woken, and a release
 // whose first waiter is one of them deletes the key, publishes it to all
 // waiters and queues that registry again at the back. Such a release also
 // holds this registry's next acquisition of the key back for 2ms (one retry
