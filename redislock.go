@@ -781,12 +781,18 @@ func (l *Lock) awaitPending(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
+	return waitFor(ctx, l.r.closed, p.done)
+}
+
+// waitFor waits until done delivers or closes (nil), ctx ends (ctx.Err())
+// or the registry closes (ErrClosed).
+func waitFor[T any](ctx context.Context, closed <-chan struct{}, done <-chan T) error {
 	select {
-	case <-p.done:
+	case <-done:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-l.r.closed:
+	case <-closed:
 		return ErrClosed
 	}
 }
@@ -933,14 +939,7 @@ func (l *Lock) yield(ctx context.Context) error {
 	}
 	t := time.NewTimer(time.Until(until))
 	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-l.r.closed:
-		return ErrClosed
-	}
+	return waitFor(ctx, l.r.closed, t.C)
 }
 
 // abandon gives up an acquisition that holds the local mutex but not the
