@@ -47,7 +47,7 @@ bench: redis-server
 bench-lib: redis-server
 	@# One benchmark run at a time, ten times over, so that noise on this
 	@# shared machine hits every variant alike.
-	for i in 1 2 3 4 5 6 7 8 9 10; do $(GO) test -run '^$$' -bench '^Benchmark(GoroutineID|Reentrant|Uncontended|UncontendedWithContext|ServerTime|HotKey|DistinctKeys)$$' -count 1 . || exit 1; done | tee bench.txt
+	for i in 1 2 3 4 5 6 7 8 9 10; do $(GO) test -run '^$$' -bench '^Benchmark(GoroutineID|Reentrant|ReentrantDo|Uncontended|UncontendedWithContext|HoldStyles|ServerTime|HotKey|DistinctKeys)$$' -count 1 . || exit 1; done | tee bench.txt
 	for i in 1 2 3 4 5 6; do $(GO) test -run '^$$' -bench '^BenchmarkContention$$' -benchtime 1x -count 1 . || exit 1; done | tee bench-contention.txt
 	$(BENCHSTAT) bench.txt
 	$(BENCHSTAT) bench-contention.txt

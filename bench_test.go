@@ -238,7 +238,7 @@ func BenchmarkGrantServerTime(b *testing.B) {
 		}
 	}
 	grant := func() {
-		found, err := lock.releaseRedis(ctx, nil, true)
+		found, err := lock.releaseRedis(ctx, 0, true)
 		if err != nil || found >= 0 {
 			b.Fatalf("release: %d, %v; want a grant that marks this registry", found, err)
 		}
@@ -370,4 +370,94 @@ func BenchmarkDistinctKeys(b *testing.B) {
 			lock.Unlock()
 		}
 	})
+}
+
+// BenchmarkHoldStyles times an uncontended cycle in each way of holding a
+// key, on one registry and client, with a Background context: Lock+Unlock,
+// LockContext+UnlockContext, Acquire+Release, and Do (a no-op fn). Each
+// iteration times one cycle of each, in an order shuffled every iteration;
+// x-lockcontext are the ratios of their totals to LockContext's, and
+// roundtrips-per-cycle what each sends to Redis.
+func BenchmarkHoldStyles(b *testing.B) {
+	ctx := context.Background()
+	var counter redisstat.Counter
+	r := newRegistry(b, redistest.Shared(b).Client(b, &counter))
+	noop := func(context.Context) error { return nil }
+	styles := []struct {
+		name  string
+		cycle func() error
+	}{
+		{"lockcontext", func() error {
+			lock := r.Obtain("lockcontext")
+			if err := lock.LockContext(ctx); err != nil {
+				return err
+			}
+			return lock.UnlockContext(ctx)
+		}},
+		{"lock", func() error {
+			lock := r.Obtain("lock")
+			lock.Lock()
+			lock.Unlock()
+			return nil
+		}},
+		{"acquire", func() error {
+			h, err := r.Obtain("acquire").Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			return h.Release(ctx)
+		}},
+		{"do", func() error { return r.Do(ctx, "do", noop) }},
+	}
+	for _, s := range styles {
+		if err := s.cycle(); err != nil { // loads the scripts, dials
+			b.Fatal(err)
+		}
+	}
+	totals := make([]time.Duration, len(styles))
+	roundTrips := make([]int64, len(styles))
+	order := []int{0, 1, 2, 3}
+	shuffle := rand.New(rand.NewPCG(1, 2))
+	b.ReportAllocs()
+	for b.Loop() {
+		shuffle.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		for _, k := range order {
+			before := counter.RoundTrips()
+			start := time.Now()
+			if err := styles[k].cycle(); err != nil {
+				b.Fatal(err)
+			}
+			totals[k] += time.Since(start)
+			roundTrips[k] += counter.RoundTrips() - before
+		}
+	}
+	for k, s := range styles {
+		b.ReportMetric(float64(totals[k].Nanoseconds())/float64(b.N), s.name+"-ns/op")
+		b.ReportMetric(float64(roundTrips[k])/float64(b.N), s.name+"-roundtrips/op")
+		if k > 0 {
+			b.ReportMetric(float64(totals[k])/float64(totals[0]), s.name+"-x-lockcontext")
+		}
+	}
+}
+
+// BenchmarkReentrantDo is a Do nested in another on the same key, through
+// fn's context: local only.
+func BenchmarkReentrantDo(b *testing.B) {
+	var counter redisstat.Counter
+	r := newRegistry(b, redistest.Shared(b).Client(b, &counter))
+	noop := func(context.Context) error { return nil }
+	err := r.Do(context.Background(), "k", func(ctx context.Context) error {
+		before := counter.RoundTrips()
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := r.Do(ctx, "k", noop); err != nil {
+				return err
+			}
+		}
+		b.ReportMetric(float64(counter.RoundTrips()-before)/float64(b.N), "roundtrips/op")
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
 }

@@ -1,7 +1,39 @@
 // Package lockreg provides distributed locks on Redis, one per business key,
 // in the style of Spring Integration's RedisLockRegistry: a registry hands
-// out locks by key, and each lock is a local reentrant mutex in front of a
-// Redis key with a lease.
+// out locks by key, and each lock is a local mutex in front of a Redis key
+// with a lease.
+//
+// # Holding a lock
+//
+// Registry.Do runs a function while it holds a key:
+//
+//	err := registry.Do(ctx, "order-42", func(ctx context.Context) error {
+//		return ship(ctx, order) // ctx ends if the lock is lost
+//	})
+//
+// Its error tells "not obtained" (ErrNotObtained: ctx ended first) from
+// "lost while working" (ErrLockLost: fn's context was cancelled with that
+// cause, and the work may have overlapped another holder's). Do releases
+// the key however fn ends, and is reentrant through fn's context. DoAll
+// holds several keys, taken in one canonical order so that overlapping
+// calls never deadlock.
+//
+// The other ways to hold a key:
+//
+//   - Lock.Acquire returns a Hold that belongs to no goroutine: any
+//     goroutine may Release it, watch its Lost channel or draw its Token.
+//   - Lock.LockContext and UnlockContext make the calling goroutine the
+//     owner, reentrantly, as Java's locks do threads.
+//   - Lock.Lock and Unlock make a Lock a sync.Locker. Lock cannot report an
+//     error: on a closed registry it blocks its goroutine for good.
+//
+// All of them share one local queue per key: while the key is held, every
+// other acquisition of it in the registry waits, first come, first served.
+//
+// Registry.Shutdown ends a registry gracefully: it refuses new
+// acquisitions, waits for the holds to be released (renewing them
+// meanwhile) until its context ends, then releases what is left. Close
+// ends it at once: held keys stay in Redis until their leases run out.
 //
 // # The model
 //
@@ -15,12 +47,12 @@
 //
 // Taking a Lock goes through three layers:
 //
-//  1. The local mutex. Each key has one in-process reentrant mutex per
-//     registry, owned by a goroutine. The owner may lock again any number of
-//     times without touching Redis; other goroutines, including ones the
-//     owner started, wait here, in arrival order and with no Redis traffic.
-//     Only the goroutine that holds the local mutex talks to Redis for the
-//     key.
+//  1. The local mutex. Each key has one in-process mutex per registry,
+//     owned by a hold: a Hold value, or a goroutine's hold, which that
+//     goroutine may take again any number of times without touching
+//     Redis. Every other acquisition, including by goroutines the owner
+//     started, waits here, in arrival order and with no Redis traffic.
+//     Only the owner of the local mutex talks to Redis for the key.
 //  2. The Redis key. The local owner sets the key to the client id with
 //     the lease, if it is absent: a plain SET NX PX, the least Redis can do
 //     to take a key. If the key is taken, or this registry lately found it
@@ -156,12 +188,20 @@
 // one that came back to the registry since), after WithMaxHold, or at
 // Close; WithRenewal(false) turns it off and leaves a fixed lease.
 //
-// A holder learns that its hold may be lost through Lock.Lost, a channel
-// closed when renewal found the key gone or taken, or when the lease ran
-// out unrenewed (renewal off or stopped, or Redis unreachable for a whole
+// A holder learns that its hold may be lost through Hold.Lost (or
+// Lock.Lost, or the cancellation of Do's context), a channel closed when
+// renewal found the key gone or taken, or when the lease ran out
+// unrenewed (renewal off or stopped, or Redis unreachable for a whole
 // lease). It fires within one renewal interval of the loss; the lease is
 // counted from when the acquisition or renewal was sent, so it errs on the
-// early side. Its unlock then returns ErrLockLost.
+// early side. Its release then returns ErrLockLost, naming the cause.
+//
+// A Redis restart without persistence, or a failover to a replica that
+// lacked the key, lets another process take a key at once, long before
+// the next renewal. With pub/sub on, a registry that holds keys keeps its
+// subscription open; when it reconnects, the registry checks every held
+// key in one pipeline and signals those that are gone, within about a
+// second of Redis answering again (docs/RELIABILITY.md has the figures).
 //
 // What is guaranteed: while a holder's lease is live, no other registry
 // holds the key, and no registry deletes or extends another owner's key.
@@ -217,14 +257,18 @@
 // between goroutines costs a few percent of an uncontended acquisition.
 // A go-redis client with ContextTimeoutEnabled ends its calls at their
 // context's deadline, so with a deadline the first attempt runs on the
-// caller's goroutine instead, at the cost of a Background context. Unlock
-// and Token make their one call on the caller's goroutine: ctx bounds them
-// only as far as the client honours it.
+// caller's goroutine instead, at the cost of a Background context.
+// Release, Unlock and Token make their one call on the caller's
+// goroutine: ctx bounds them only as far as the client honours it. A
+// release whose ctx has ended runs all the same, bounded by the lease, so
+// that a cancelled request never leaves its key held; Do releases with
+// such a context always.
 //
 // # Errors
 //
 // Every error is one of the package's sentinels or wraps one: ErrNotObtained
 // (the context ended first; it also matches the context's error),
-// ErrNotHeld, ErrLockLost, ErrClosed, ErrInvalidOption, ErrRedis and
-// ErrNotReplicated.
+// ErrNotHeld, ErrLockLost, ErrClosed, ErrInvalidOption, ErrInvalidKey,
+// ErrRedis and ErrNotReplicated. Their messages are short; their doc
+// comments say what to do.
 package lockreg

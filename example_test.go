@@ -18,21 +18,121 @@ import (
 var redisAddr = redistest.SharedAddr
 
 // The basic pattern: one registry per process and namespace, one lock per
-// business key, held for the critical section.
+// business key, held while the work runs. The work's context ends if the
+// lock is lost; Do's error tells that apart from not getting the lock.
 func Example() {
+	ctx := context.Background()
 	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	defer client.Close()
 	registry, err := lockreg.New(client, "example:orders")
 	if err != nil {
 		panic(err)
 	}
+	defer registry.Shutdown(ctx)
+
+	err = registry.Do(ctx, "order-42", func(ctx context.Context) error {
+		fmt.Println("only one process at a time works on order-42")
+		return nil // or ctx's error, if the lock was lost meanwhile
+	})
+	switch {
+	case errors.Is(err, lockreg.ErrNotObtained):
+		// Another process held it until ctx ended: try later.
+	case errors.Is(err, lockreg.ErrLockLost):
+		// The work may have overlapped another holder's.
+	}
+	fmt.Println(err)
+	// Output:
+	// only one process at a time works on order-42
+	// <nil>
+}
+
+// DoAll takes several keys in one canonical order, so that two transfers
+// between the same accounts, in opposite directions, cannot deadlock.
+func ExampleRegistry_DoAll() {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer client.Close()
+	registry, _ := lockreg.New(client, "example:accounts")
 	defer registry.Close()
 
-	lock := registry.Obtain("order-42")
-	lock.Lock()
-	defer lock.Unlock()
-	fmt.Println("only one process at a time works on", lock.Key())
-	// Output: only one process at a time works on order-42
+	transfer := func(from, to string) error {
+		return registry.DoAll(ctx, []string{from, to}, func(ctx context.Context) error {
+			fmt.Println("moving money from", from, "to", to)
+			return nil
+		})
+	}
+	fmt.Println(transfer("account-1", "account-2"))
+	// Output:
+	// moving money from account-1 to account-2
+	// <nil>
+}
+
+// A Hold belongs to no goroutine: one goroutine acquires, a worker of a
+// pool does the work and releases.
+func ExampleLock_Acquire() {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer client.Close()
+	registry, _ := lockreg.New(client, "example:jobs")
+	defer registry.Close()
+
+	jobs := make(chan *lockreg.Hold)
+	var workers sync.WaitGroup
+	for range 2 {
+		workers.Go(func() {
+			for hold := range jobs {
+				select {
+				case <-hold.Lost():
+					fmt.Println("lost", hold.Key(), "before the work began")
+				default:
+					fmt.Println("working on", hold.Key())
+				}
+				if err := hold.Release(ctx); err != nil {
+					fmt.Println(err)
+				}
+			}
+		})
+	}
+	for _, key := range []string{"job-1", "job-1"} { // the second waits for the first's release
+		hold, err := registry.Obtain(key).Acquire(ctx)
+		if err != nil {
+			panic(err)
+		}
+		jobs <- hold
+	}
+	close(jobs)
+	workers.Wait()
+	// Output:
+	// working on job-1
+	// working on job-1
+}
+
+// Shutdown lets the work under way finish and release its locks, within
+// its deadline; what is still held then is released for it.
+func ExampleRegistry_Shutdown() {
+	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer client.Close()
+	registry, _ := lockreg.New(client, "example:shutdown")
+
+	started := make(chan struct{})
+	done := make(chan error)
+	go func() {
+		done <- registry.Do(context.Background(), "report", func(ctx context.Context) error {
+			close(started)
+			time.Sleep(50 * time.Millisecond) // the work under way
+			return nil
+		})
+	}()
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	fmt.Println("shutdown:", registry.Shutdown(ctx))
+	fmt.Println("the work:", <-done)
+	fmt.Println("new work:", errors.Is(registry.Do(ctx, "report", func(context.Context) error { return nil }), lockreg.ErrClosed))
+	// Output:
+	// shutdown: <nil>
+	// the work: <nil>
+	// new work: true
 }
 
 // LockContext gives up when its context ends; the error then matches both

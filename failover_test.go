@@ -141,8 +141,14 @@ func TestFailoverKeepsWorkingAndReportsLostHolds(t *testing.T) {
 		return true
 	}, 5*time.Second, 10*time.Millisecond, "the replica has the first holds")
 
+	// A registry that renews nothing hears of the loss only by checking
+	// its holds when its subscription reconnects to the new primary.
+	unrenewed := newRegistry(t, g.FailoverClient(t), WithExpireAfter(time.Minute), WithRenewal(false))
 	cutOffReplica(t, g, primary)
 	unreplicated := holdKeys(t, r, "unreplicated", 10)
+	unrenewedHold, err := unrenewed.Obtain("unrenewed").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, unrenewed.subscribed.Load, 5*time.Second, time.Millisecond)
 	lostTokens := make([]int64, len(unreplicated))
 	for i, lock := range unreplicated {
 		lostTokens[i] = mustToken(t, lock)
@@ -152,6 +158,10 @@ func TestFailoverKeepsWorkingAndReportsLostHolds(t *testing.T) {
 	acquired := firstAcquisition(t, r, "after-failover")
 	t.Logf("failover: replica promoted %v after the crash; first new acquisition through the FailoverClient after %v",
 		promotion.Round(time.Millisecond), acquired.Sub(crashed).Round(time.Millisecond))
+
+	requireFires(t, unrenewedHold.Lost(), 10*time.Second, "a hold nothing renews heard of the failover that lost it")
+	t.Logf("failover: a hold with renewal off heard of its loss %v after the promotion", (time.Since(crashed) - promotion).Round(time.Millisecond))
+	require.ErrorContains(t, unrenewedHold.Release(ctx), "restart or failover")
 
 	var reported time.Duration
 	for i, lock := range unreplicated {
@@ -181,8 +191,8 @@ func TestFailoverKeepsWorkingAndReportsLostHolds(t *testing.T) {
 		require.NoError(t, lock.UnlockContext(ctx))
 		requireReleased(t, newPrimary, lock.keys[0], "released on the new primary")
 	}
-	t.Logf("failover without WithWaitReplicas: %d holds the replica had survived, %d it never had were lost and reported %v after the crash (the first renewal, every %v, that reached the new primary)",
-		len(replicated), len(unreplicated), reported.Round(time.Millisecond), failoverLease/3)
+	t.Logf("failover without WithWaitReplicas: %d holds the replica had survived, %d it never had were lost and reported %v after the crash (its promotion took %v)",
+		len(replicated), len(unreplicated), reported.Round(time.Millisecond), promotion.Round(time.Millisecond))
 }
 
 // TestFailoverWithWaitReplicasLosesNoAcknowledgedHold repeats the crash

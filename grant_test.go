@@ -300,7 +300,7 @@ func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
 	}
 	grantLeft()
 	require.True(t, lock.TryLock(), "an acquisition here finds the key its own")
-	found, err := lock.releaseRedis(ctx, nil, false, grant)
+	found, err := lock.releaseRedis(ctx, 0, false, grant)
 	require.NoError(t, err)
 	require.Equal(t, int64(notOurs), found, "it moved the key's last token past the grant's: the give-back spares the key")
 	require.Equal(t, r.clientID, client.Get(ctx, lock.keys[0]).Val())
@@ -311,14 +311,14 @@ func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
 	require.NoError(t, client.Set(ctx, lock.keys[1], "1000", time.Minute).Err())
 	require.True(t, lock.TryLock())
 	require.Equal(t, "1000", client.Get(ctx, lock.keys[1]).Val(), "the SET NX drew no token")
-	found, err = lock.releaseRedis(ctx, nil, false, grant)
+	found, err = lock.releaseRedis(ctx, 0, false, grant)
 	require.NoError(t, err)
 	require.Equal(t, int64(notOurs), found, "the give-back spares the key: its lease is longer than a grant's")
 	require.Equal(t, r.clientID, client.Get(ctx, lock.keys[0]).Val())
 	lock.Unlock()
 
 	grantLeft()
-	found, err = lock.releaseRedis(ctx, nil, false, grant)
+	found, err = lock.releaseRedis(ctx, 0, false, grant)
 	require.NoError(t, err)
 	require.Equal(t, int64(releasedAlone), found, "nobody took the grant: it goes back")
 	require.Zero(t, client.Exists(ctx, lock.keys[0]).Val())
@@ -566,7 +566,7 @@ func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 	}
 	release := func() int64 {
 		t.Helper()
-		found, err := lock.releaseRedis(ctx, nil, false)
+		found, err := lock.releaseRedis(ctx, 0, false)
 		require.NoError(t, err)
 		return found
 	}
@@ -654,7 +654,7 @@ func TestAMarkNeverShortensALongerOne(t *testing.T) {
 	markedFor(9*time.Second, "patient:1000")
 	released := hasty.Obtain(key)
 	require.NoError(t, client.Set(ctx, released.keys[0], hasty.clientID, time.Minute).Err())
-	found, err := released.releaseRedis(ctx, nil, true)
+	found, err := released.releaseRedis(ctx, 0, true)
 	require.NoError(t, err)
 	require.Less(t, found, int64(0), "the release granted the key and marked its registry")
 	require.Equal(t, "first", client.Get(ctx, released.keys[0]).Val())

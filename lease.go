@@ -23,106 +23,6 @@ var (
 // Redis for long with one huge script.
 const renewBatch = 100
 
-// hold is one fresh acquisition of a key: from depth 0 to 1 and back.
-type hold struct {
-	redisKey string
-	// token is the hold's fencing token, 0 until drawn (see Lock.Token).
-	// Only the owner goroutine reads or writes it.
-	token int64
-	taken time.Time // when this hold began (for WithMaxHold)
-	// redisTaken is when the registry took the key in Redis; handoffs
-	// counts the local hand-offs since. Both bound the run of hand-offs.
-	redisTaken time.Time
-	handoffs   int
-	// leaseEnd (unix ns) is when the lease ends at the latest: measured
-	// from when the last successful acquisition or renewal was sent, so it
-	// never overestimates the real lease. Holds handed on locally share it
-	// with the hold they came from, as they share its Redis key.
-	leaseEnd *atomic.Int64
-	lost     chan struct{}
-	loseOnce sync.Once
-}
-
-func newHold(redisKey string, token int64, sent time.Time, lease time.Duration) *hold {
-	h := &hold{redisKey: redisKey, token: token, taken: sent, redisTaken: sent, leaseEnd: new(atomic.Int64), lost: make(chan struct{})}
-	h.leaseEnd.Store(sent.Add(lease).UnixNano())
-	return h
-}
-
-// handoff returns the hold to pass, with the Redis key, to the next local
-// waiter, or nil when h must go back to Redis: hand-offs are off, h may be
-// lost, nobody waits, or the run of hand-offs reached its bound, after
-// which other registries get their turn. If h has a token, the next hold's
-// is one more: no other registry can draw a token meanwhile, as the key
-// stays held, and the release stores the last one handed out. Otherwise
-// the next hold draws its own if asked.
-func (r *Registry) handoff(h *hold, local *localLock) *hold {
-	if r.cfg.handoffMax == 0 || h.handoffs >= r.cfg.handoffMax || h.isLost() || h.leaseOver() ||
-		time.Since(h.redisTaken) >= r.cfg.handoffFor || !local.waited() {
-		return nil
-	}
-	next := &hold{
-		redisKey:   h.redisKey,
-		taken:      time.Now(),
-		redisTaken: h.redisTaken,
-		handoffs:   h.handoffs + 1,
-		leaseEnd:   h.leaseEnd,
-		lost:       make(chan struct{}),
-	}
-	if h.token != 0 {
-		next.token = h.token + 1
-	}
-	return next
-}
-
-func (h *hold) lose() { h.loseOnce.Do(func() { close(h.lost) }) }
-
-// endLease ends the lease now, for h and the holds handed on from it, and
-// signals h lost: Redis said that the key was not this registry's, or a
-// renewal came too late to tell. Unlike a lease that Close merely stops
-// renewing, the unlock then reports ErrLockLost.
-func (h *hold) endLease() {
-	h.leaseEnd.Store(0)
-	h.lose()
-}
-
-// extendLease moves the lease's end to end (unix ns), unless that would
-// shorten it, and reports true, if the lease was live at sent: a renewal
-// sent within the lease carries it on.
-func (h *hold) extendLease(sent time.Time, end int64) bool {
-	for {
-		current := h.leaseEnd.Load()
-		if current <= sent.UnixNano() {
-			return false
-		}
-		if current >= end || h.leaseEnd.CompareAndSwap(current, end) {
-			return true
-		}
-	}
-}
-
-// leaseOver reports whether the lease ran out unrenewed, as the registry
-// counts it.
-func (h *hold) leaseOver() bool { return time.Now().UnixNano() >= h.leaseEnd.Load() }
-
-func (h *hold) isLost() bool { return isClosed(h.lost) }
-
-// closedSignal is what Lost returns to a goroutine that holds nothing.
-var closedSignal = func() chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
-}()
-
-func (r *Registry) forEachHold(fn func(*hold)) {
-	r.locals.m.Range(func(_ string, l *localLock) bool {
-		if h := l.hold.Load(); h != nil {
-			fn(h)
-		}
-		return true
-	})
-}
-
 // watch is the registry's one watchdog goroutine: every expireAfter/3 it
 // renews the leases of all held keys and signals the holds whose leases
 // ran out. A renewal round runs in a goroutine of its own, one at a time,
@@ -159,21 +59,29 @@ func (r *Registry) watch(ctx context.Context) {
 // off, past WithMaxHold, or Redis unreachable): their keys may have passed
 // to another owner.
 func (r *Registry) loseLapsed() {
-	r.forEachHold(func(h *hold) {
+	r.forEachHold(func(h *Hold) {
 		if h.leaseOver() {
-			h.lose()
+			h.lose(r.lapseCause(h))
 		}
 	})
 }
 
+// lapseCause is why h's lease ran out unrenewed.
+func (r *Registry) lapseCause(h *Hold) lossCause {
+	if r.cfg.renewal && r.cfg.maxHold > 0 && time.Since(h.taken) >= r.cfg.maxHold {
+		return lossMaxHold
+	}
+	return lossExpired
+}
+
 // dueForRenewal picks the holds to renew.
-func (r *Registry) dueForRenewal() []*hold {
+func (r *Registry) dueForRenewal() []*Hold {
 	if !r.cfg.renewal {
 		return nil
 	}
-	var due []*hold
+	var due []*Hold
 	now := time.Now()
-	r.forEachHold(func(h *hold) {
+	r.forEachHold(func(h *Hold) {
 		// A hold whose lease ran out is not renewed: the key may have
 		// passed on and come back to this registry since (a grant, a new
 		// acquisition), and the owner check, by client id, cannot tell
@@ -198,17 +106,17 @@ func dropLapsed(m *xsync.MapOf[string, time.Time]) {
 
 // renewalBatches cuts holds into script calls of at most renewBatch keys;
 // on Redis Cluster each call's keys share a slot, as a script's must.
-func (r *Registry) renewalBatches(holds []*hold) [][]*hold {
+func (r *Registry) renewalBatches(holds []*Hold) [][]*Hold {
 	_, cluster := r.client.(*redis.ClusterClient)
-	bySlot := make(map[int][]*hold)
+	bySlot := make(map[int][]*Hold)
 	for _, h := range holds {
 		slot := 0
 		if cluster {
-			slot = clusterSlot(h.redisKey)
+			slot = clusterSlot(h.redisKey())
 		}
 		bySlot[slot] = append(bySlot[slot], h)
 	}
-	var batches [][]*hold
+	var batches [][]*Hold
 	for _, group := range bySlot {
 		for len(group) > 0 {
 			n := min(len(group), renewBatch)
@@ -224,7 +132,7 @@ func (r *Registry) renewalBatches(holds []*hold) [][]*hold {
 // is tried again on the next tick; a key found gone or taken is lost.
 // While a slot moves between Redis Cluster nodes, its keys may be split
 // between them: a batch Redis refuses for that is renewed key by key.
-func (r *Registry) renew(ctx context.Context, batches [][]*hold) {
+func (r *Registry) renew(ctx context.Context, batches [][]*Hold) {
 	if len(batches) == 0 {
 		return
 	}
@@ -233,18 +141,18 @@ func (r *Registry) renew(ctx context.Context, batches [][]*hold) {
 	for i, batch := range batches {
 		keys := make([]string, len(batch))
 		for j, h := range batch {
-			keys[j] = h.redisKey
+			keys[j] = h.redisKey()
 		}
 		calls[i] = &call{script: renewScript, keys: keys, args: args}
 	}
 	sent := time.Now()
 	r.stats.renewCalls.Add(int64(len(calls)))
 	runPipeline(ctx, r.client, calls)
-	var oneByOne [][]*hold
+	var oneByOne [][]*Hold
 	for i, batch := range batches {
 		if len(batch) > 1 && slotMigrating(calls[i].cmd.Err()) {
 			for _, h := range batch {
-				oneByOne = append(oneByOne, []*hold{h})
+				oneByOne = append(oneByOne, []*Hold{h})
 			}
 			continue
 		}
@@ -254,7 +162,7 @@ func (r *Registry) renew(ctx context.Context, batches [][]*hold) {
 }
 
 // renewed applies renew.lua's reply for batch, sent at sent.
-func (r *Registry) renewed(ctx context.Context, batch []*hold, cmd *redis.Cmd, sent time.Time) {
+func (r *Registry) renewed(ctx context.Context, batch []*Hold, cmd *redis.Cmd, sent time.Time) {
 	renewed, err := cmd.Int64Slice()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -269,10 +177,12 @@ func (r *Registry) renewed(ctx context.Context, batch []*hold, cmd *redis.Cmd, s
 		// a lease has run out, the key may have passed through other owners
 		// and come back, which the owner check cannot tell: only a renewal
 		// sent within the lease carries the hold on.
-		if i < len(renewed) && renewed[i] == 1 && h.extendLease(sent, leaseEnd) {
-			continue
+		switch {
+		case i >= len(renewed) || renewed[i] != 1:
+			h.endLease(lossDeleted)
+		case !h.extendLease(sent, leaseEnd):
+			h.endLease(r.lapseCause(h))
 		}
-		h.endLease()
 	}
 }
 

@@ -198,7 +198,10 @@ func TestCloseSignalsHeldLocksLost(t *testing.T) {
 	requireOpen(t, lock.Lost(), "held")
 	require.NoError(t, r.Close())
 	requireFires(t, lock.Lost(), time.Second, "nothing renews after Close")
-	require.NoError(t, lock.UnlockContext(context.Background()))
+	err = lock.UnlockContext(context.Background())
+	require.ErrorIs(t, err, ErrLockLost, "Lost fired, so the release says so")
+	require.ErrorContains(t, err, "the registry was closed")
+	require.Zero(t, client.Exists(context.Background(), lock.keys[0]).Val(), "the key was released all the same")
 }
 
 func TestTokensIncreaseAcrossRegistries(t *testing.T) {
@@ -399,10 +402,10 @@ func TestHoldAnsweredPastItsLeaseIsLostAtOnce(t *testing.T) {
 	// Nor is a hold whose lease ran out between two of the watchdog's
 	// ticks, before anything closed its Lost.
 	waited := &localLock{queue: []*waiter{{}}}
-	live := newHold("k", 1, time.Now(), lease)
-	require.NotNil(t, r.handoff(live, waited), "a live hold is handed on")
+	live := newHold(r.Obtain("k"), 1, time.Now(), lease)
+	require.NotNil(t, r.handoff(live, 1, waited), "a live hold is handed on")
 	live.leaseEnd.Store(time.Now().UnixNano()) // within the run of hand-offs
-	require.Nil(t, r.handoff(live, waited))
+	require.Nil(t, r.handoff(live, 1, waited))
 }
 
 // TestLostFiresOnTimeWhileARenewalHangs: a renewal that Redis keeps
@@ -441,7 +444,7 @@ func (r *Registry) renewHolds(ctx context.Context) {
 // holdPastItsLease locks key in a new registry on client and makes the
 // registry's count of the hold's lease run out, as after a stop past the
 // lease, while the key keeps the registry's client id.
-func holdPastItsLease(t *testing.T, client redis.UniversalClient, key string) (*Registry, *Lock, *hold) {
+func holdPastItsLease(t *testing.T, client redis.UniversalClient, key string) (*Registry, *Lock, *Hold) {
 	t.Helper()
 	r := newRegistry(t, client)
 	lock := r.Obtain(key)
@@ -484,7 +487,7 @@ func TestARenewalSentAfterTheLeaseRanOutIsNotCredited(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	r, lock, h := holdPastItsLease(t, client, "k") // ran out after the watchdog picked it
 	before := r.Stats().RenewCalls
-	r.renew(ctx, [][]*hold{{h}})
+	r.renew(ctx, [][]*Hold{{h}})
 	require.Equal(t, before+1, r.Stats().RenewCalls, "the renewal went out")
 	requireFires(t, lock.Lost(), time.Second, "but the hold is lost")
 	require.Less(t, h.leaseEnd.Load(), time.Now().UnixNano(), "and its lease not extended")
@@ -513,7 +516,7 @@ func TestARenewalNeverShortensALease(t *testing.T) {
 	// Two renewals of one hold (the watchdog's, a grant's extension) can
 	// answer out of order: the earlier one must not pull the lease back.
 	sent := time.Now()
-	h := newHold("k", 0, sent, time.Minute)
+	h := newHold(nil, 0, sent, time.Minute)
 	later := h.leaseEnd.Load()
 	require.True(t, h.extendLease(sent, sent.Add(time.Second).UnixNano()), "the lease was live when it was sent")
 	require.Equal(t, later, h.leaseEnd.Load(), "not shortened")

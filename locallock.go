@@ -31,7 +31,7 @@ type localLock struct {
 	depth int
 	// hold is the current acquisition while some goroutine owns the key in
 	// Redis; the watchdog reads it to renew the lease.
-	hold atomic.Pointer[hold]
+	hold atomic.Pointer[Hold]
 	// wake carries release notifications to the goroutine acquiring the key
 	// in Redis (one per registry and key, as it holds the mutex).
 	wake chan struct{}
@@ -51,7 +51,7 @@ type waiter struct{ grant chan handover }
 // Redis hold it inherits, or nil if it must take the key in Redis itself;
 // then mark, if set, is the waiting mark its release left for it.
 type handover struct {
-	hold *hold
+	hold *Hold
 	mark waitMark
 }
 

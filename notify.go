@@ -42,6 +42,27 @@ func (r *Registry) subscribe(ctx context.Context) error {
 	return nil
 }
 
+// subscribeSoon opens the subscription in the background once the
+// registry holds a key, if pub/sub is on: besides grants and wake-ups for
+// waiters, it carries news for holders, as its reconnection after Redis
+// restarted or failed over (see verifyHolds). A failed attempt is not
+// repeated for subscribeTimeout.
+func (r *Registry) subscribeSoon() {
+	if !r.cfg.pubSub || r.subscribed.Load() || time.Now().UnixNano() < r.subscribeAfter.Load() ||
+		!r.subscribing.CompareAndSwap(false, true) {
+		return
+	}
+	if !r.goBackground(func(ctx context.Context) {
+		defer r.subscribing.Store(false)
+		if err := r.subscribe(ctx); err != nil {
+			r.subscribeAfter.Store(time.Now().Add(subscribeTimeout).UnixNano())
+			r.cfg.logger.Debug("lockreg: could not subscribe; holders hear of a Redis restart at the next renewal", "error", err)
+		}
+	}) {
+		r.subscribing.Store(false)
+	}
+}
+
 // unsubscribe closes the subscription, which ends route's read.
 func (r *Registry) unsubscribe() {
 	r.subscribeMu.Lock()
@@ -82,9 +103,11 @@ func (r *Registry) route(stop context.Context, sub *redis.PubSub) {
 			// resubscribing on a new connection. A grant published in
 			// between is lost; each waiter's next attempt finds its key, so
 			// make that attempt now rather than a retry interval later,
-			// once every channel is back.
+			// once every channel is back. Redis may have restarted or
+			// failed over meanwhile: check that the holds' keys survived.
 			if msg.Kind == "subscribe" && msg.Count == len(r.subscriptions) {
 				r.wakeAll()
+				r.goBackground(r.verifyHolds)
 			}
 		}
 		var netErr net.Error
@@ -107,6 +130,42 @@ func (r *Registry) route(stop context.Context, sub *redis.PubSub) {
 				return
 			case <-time.After(min(r.cfg.retryInterval, resubscribePause)):
 			}
+		}
+	}
+}
+
+// verifyHolds checks, in one pipeline, that Redis still has the key of
+// every hold, and signals the holds whose keys are gone lost: after the
+// subscription's connection broke, Redis may have restarted or failed over
+// without them, and their holders should hear it now, not at the next
+// renewal, while another process may already hold the key. Keys that
+// survived (persistence, a replica that had them) stay held. On Redis
+// Cluster it covers the restarts of the node the subscription is on; the
+// renewal covers the others.
+func (r *Registry) verifyHolds(ctx context.Context) {
+	var holds []*Hold
+	r.forEachHold(func(h *Hold) {
+		if !h.isLost() {
+			holds = append(holds, h)
+		}
+	})
+	if len(holds) == 0 {
+		return
+	}
+	calls := make([]*call, len(holds))
+	for i, h := range holds {
+		calls[i] = &call{args: []any{"get", h.redisKey()}}
+	}
+	runPipeline(ctx, r.client, calls)
+	for i, h := range holds {
+		owner, err := calls[i].cmd.Text()
+		switch {
+		case err == nil && owner == r.clientID:
+		case err == nil || errors.Is(err, redis.Nil):
+			h.endLease(lossRestart)
+		default:
+			r.cfg.logger.Debug("lockreg: could not check the held keys after a reconnect; the renewal will", "error", err)
+			return
 		}
 	}
 }
@@ -192,7 +251,7 @@ func (r *Registry) giveBack(ctx context.Context, key, token string) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.expireAfter)
 	defer cancel()
 	grant := token + ":" + strconv.FormatInt(r.grantLease.Milliseconds(), 10)
-	if _, err := l.releaseRedis(ctx, nil, false, grant); err != nil {
+	if _, err := l.releaseRedis(ctx, 0, false, grant); err != nil {
 		r.cfg.logger.Debug("lockreg: could not give a granted key back; it expires after its grant lease", "key", key, "error", err)
 	}
 }

@@ -36,11 +36,19 @@ var (
 
 var _ sync.Locker = (*Lock)(nil)
 
-// Lock is the distributed lock for one key of a Registry. Its owner is the
-// goroutine that locked it; the owner may lock it again (each lock matched
-// by an unlock) and must unlock it from the same goroutine. All methods are
-// safe for concurrent use, and all Locks of one key in one registry share
-// one state.
+// Lock is the distributed lock for one key of a Registry. It can be held
+// two ways:
+//
+//   - Acquire returns a Hold, which belongs to no goroutine: any goroutine
+//     may release it. Registry.Do and DoAll build on it.
+//   - LockContext, Lock and TryLock make the calling goroutine the owner,
+//     as Java's locks do threads: the owner may lock again (each lock
+//     matched by an unlock, at no cost in Redis) and must unlock from the
+//     same goroutine. Lock and Unlock make it a sync.Locker.
+//
+// Either way, while the key is held every other acquisition of it in the
+// registry waits, in arrival order. All methods are safe for concurrent
+// use, and all Locks of one key in one registry share one state.
 type Lock struct {
 	r    *Registry
 	key  string
@@ -50,19 +58,40 @@ type Lock struct {
 // Key returns the key the lock was obtained for.
 func (l *Lock) Key() string { return l.key }
 
-// Lock waits as long as it takes to hold the lock. Redis errors while
-// waiting are logged and retried. It panics with ErrClosed if the registry
-// is or gets closed.
+// Acquire waits until it holds the lock and returns the Hold, which any
+// goroutine may release; or, when ctx ends first, an error matching both
+// ErrNotObtained and ctx.Err() (joined with the last Redis error, if any).
+// It fails with ErrClosed if the registry is or gets closed. It waits as
+// LockContext does, but is not reentrant: a goroutine that holds the key
+// (by any method) and calls Acquire waits for itself until ctx ends.
+func (l *Lock) Acquire(ctx context.Context) (*Hold, error) {
+	return l.acquireHold(ctx, true)
+}
+
+// Lock waits as long as it takes for the calling goroutine to hold the
+// lock: it is the sync.Locker adapter; prefer Registry.Do or LockContext,
+// which report errors. Redis errors while waiting are logged and retried.
+//
+// If the registry is closed, or closes while Lock waits (Close, Shutdown),
+// Lock can neither hold the lock nor report it: it logs an error and
+// blocks the calling goroutine for good, so that no critical section runs
+// unlocked and a shutdown is not turned into a crash by a panic. A
+// process that waits for such a goroutine before it exits would wait for
+// ever: goroutines that a shutdown waits for should use LockContext or Do.
 func (l *Lock) Lock() {
 	if err := l.LockContext(context.Background()); err != nil {
-		panic(err)
+		l.r.cfg.logger.Error("lockreg: Lock blocks for good: the registry is closed", "key", l.key)
+		parkForever()
 	}
 }
 
+// parkForever blocks the calling goroutine for the rest of the process.
+func parkForever() { select {} }
+
 // TryLock makes one attempt, without waiting, and reports whether the
-// calling goroutine now holds the lock. It fails if another goroutine of this
-// registry holds or is acquiring the lock, another owner holds the Redis key,
-// Redis fails (logged), or the registry is closed.
+// calling goroutine now holds the lock. It fails if another goroutine or
+// Hold of this registry holds or is acquiring the lock, another owner
+// holds the Redis key, Redis fails (logged), or the registry is closed.
 func (l *Lock) TryLock() bool {
 	return l.acquire(context.Background(), false) == nil
 }
@@ -84,10 +113,10 @@ func (l *Lock) LockContext(ctx context.Context) error {
 	return l.acquire(ctx, true)
 }
 
-// Unlock releases one level of the caller's hold; the last one deletes the
-// Redis key. Failures are logged; use UnlockContext to see them. Unlock by a
-// goroutine that does not hold the lock panics with ErrNotHeld, as unlocking
-// an unlocked sync.Mutex does.
+// Unlock releases one level of the caller's hold; the last one releases
+// the lock as Hold.Release does. Failures are logged; use UnlockContext
+// to see them. Unlock by a goroutine that does not hold the lock panics
+// with ErrNotHeld, as unlocking an unlocked sync.Mutex does.
 func (l *Lock) Unlock() {
 	err := l.UnlockContext(context.Background())
 	switch {
@@ -99,25 +128,12 @@ func (l *Lock) Unlock() {
 	}
 }
 
-// UnlockContext releases one level of the caller's hold. At the last level
-// it passes the hold to a waiting goroutine of this registry, within the
-// WithLocalHandoff bounds, or deletes the Redis key if this registry still
-// owns it; either way the lock is freed locally. It returns ErrLockLost if
-// the key had expired or had another owner (whose key stays untouched), or
-// if the hold's lease had run out before the unlock, as the registry counts
-// it, or Redis had reported the key lost (Lost fired for either): another
-// owner may have held the key meanwhile, even if it is this registry's
-// again (it is released all the same). It returns an ErrRedis error if
-// Redis failed (the key then expires after its lease), and ErrNotHeld,
-// changing nothing, if the caller does not hold the lock.
-// ctx bounds the Redis call only as far as the client honours it: a
-// go-redis client applies ctx's deadline with ContextTimeoutEnabled set,
-// and otherwise only its ReadTimeout and WriteTimeout (5s by default in
-// go-redis v9.23), so a hung Redis can keep UnlockContext past ctx's end
-// until those expire.
+// UnlockContext releases one level of the caller's hold. The last one
+// releases the lock as Hold.Release does, with the same errors and the
+// same use of ctx. It returns ErrNotHeld, changing nothing, if the caller
+// does not hold the lock.
 func (l *Lock) UnlockContext(ctx context.Context) error {
-	r := l.r
-	local := r.locals.ownedBy(l.key, goroutineID())
+	local := l.r.locals.ownedBy(l.key, goroutineID())
 	if local == nil {
 		return fmt.Errorf("%w: key %q", ErrNotHeld, l.key)
 	}
@@ -125,147 +141,78 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 	if local.depth > 0 {
 		return nil
 	}
-	h := local.hold.Load()
-	local.hold.Store(nil)
 	local.owner.Store(0)
-	r.stats.held.Add(-1)
-	if next := r.handoff(h, local); next != nil && local.unlock(handover{hold: next}) {
-		r.locals.leave(l.key)
-		return nil
-	}
-	// If a goroutine of this registry waits for the key and the release
-	// passes it to another registry, the release marks this one as waiting
-	// too, in the same call, for that goroutine: it then waits for its
-	// grant without a failing attempt of its own, one round trip less per
-	// hand-off between processes. Only a subscribed registry hears grants.
-	markNext := r.grantLease > 0 && r.subscribed.Load() && local.waited()
-	var sent time.Time // when the call that may mark was sent
-	if markNext {
-		sent = time.Now()
-	}
-	// A lease that ran out before the release, as the registry counts it,
-	// may have let another owner in, even if the key is this registry's
-	// again by the time the release runs.
-	leaseRanOut := h.leaseOver()
-	released, err := l.releaseRedis(ctx, h, markNext)
-	var mark waitMark
-	if released < 0 {
-		mark = waitMark{sent: sent, token: -released}
-		released = granted
-	}
-	switch released {
-	case releasedWhileWaited:
-		// Another registry waits: let it take the key before our next
-		// acquisition tries, or that would nearly always win.
-		r.yields.Store(l.key, time.Now().Add(r.yield))
-		l.sawContention()
-	case granted:
-		l.sawContention()
-	}
-	if !local.unlock(handover{mark: mark}) && mark.token != 0 {
-		// The waiter gave up meanwhile. unlock kept the mutex, so that
-		// the withdrawal is on record before the next owner can attempt.
-		l.unmark()
-		local.unlock(handover{})
-	}
-	r.locals.leave(l.key)
-	switch {
-	case err != nil:
-	case released == notOurs:
-		err = fmt.Errorf("%w: key %q", ErrLockLost, l.key)
-	case leaseRanOut:
-		err = fmt.Errorf("%w: key %q: its lease ran out before the unlock, or Redis had reported the key lost", ErrLockLost, l.key)
-	}
-	return err
+	return local.hold.Load().release(ctx)
 }
 
+// acquire takes the lock for the calling goroutine: again, if it holds it.
 func (l *Lock) acquire(ctx context.Context, wait bool) error {
-	r := l.r
-	if r.closing() {
+	if l.r.closing() {
 		return fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
 	}
 	gid := goroutineID()
-	if local := r.locals.ownedBy(l.key, gid); local != nil {
+	if local := l.r.locals.ownedBy(l.key, gid); local != nil {
 		local.depth++
 		return nil
+	}
+	h, err := l.acquireHold(ctx, wait)
+	if err != nil {
+		return err
+	}
+	h.local.owner.Store(gid)
+	h.local.depth = 1
+	return nil
+}
+
+// acquireHold takes the local mutex, then the key in Redis unless the
+// mutex came with a hold, and returns the new hold.
+func (l *Lock) acquireHold(ctx context.Context, wait bool) (*Hold, error) {
+	r := l.r
+	if r.closing() {
+		return nil, fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
 	}
 	start := time.Now()
 	local := r.locals.join(l.key)
 	got, err := local.lock(ctx, r.closed, wait)
 	if err != nil {
 		r.locals.leave(l.key)
-		return l.notAcquired(ctx, err, nil)
+		return nil, l.notAcquired(ctx, err, nil)
 	}
 	h, handedOver := got.hold, got.hold != nil
 	if !handedOver {
 		if h, err = l.obtainRedis(ctx, wait, local, got.mark); err != nil {
-			return err
+			return nil, err
 		}
+		h.local = local
 	}
 	local.hold.Store(h)
-	local.owner.Store(gid)
-	local.depth = 1
 	r.stats.acquired(time.Since(start), handedOver)
 	// Close signals the holds it finds, after closing: a hold stored once
 	// it looked would never be signalled, nor renewed. Such an
-	// acquisition, which Close overtook, fails as the waiting ones do, and
-	// gives the key back.
+	// acquisition, which Close (or Shutdown) overtook, fails as the
+	// waiting ones do, and gives the key back.
 	if r.closing() {
-		_ = l.UnlockContext(context.WithoutCancel(ctx))
-		return fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
+		_ = h.release(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
 	}
-	return nil
+	r.subscribeSoon()
+	return h, nil
 }
 
-// Token returns the fencing token of the calling goroutine's hold. Every
-// hold of a key, by any registry, that asks for a token gets one greater
-// than the tokens of all earlier holds of that key; re-locks by the owner
-// keep it. Pass it with every write the lock protects, and have the store
-// reject a write whose token is lower than one it has seen: that stops a
-// holder that lost its lock (a long pause past the lease) from doing harm.
-//
-// A hold's first call draws its token in Redis, one round trip, checking
-// that the key is still this registry's; later calls, holds passed on
-// from a hold that has a token, and keys another registry passed to this
-// one cost nothing. Holds that never ask pay nothing for fencing. Token
-// returns an ErrNotHeld error if the caller holds nothing; an ErrLockLost
-// error if the key expired or passed on, or may have (Lost has fired):
-// stop the protected work; and an ErrRedis error if Redis failed (the hold
-// is unchanged: call again). Like UnlockContext, it is bounded by ctx only
-// as far as the client honours it.
+// Token returns the fencing token of the calling goroutine's hold, as
+// Hold.Token does; an ErrNotHeld error if the caller holds nothing.
 func (l *Lock) Token(ctx context.Context) (int64, error) {
 	local := l.r.locals.ownedBy(l.key, goroutineID())
 	if local == nil {
 		return 0, fmt.Errorf("%w: key %q: lock it before asking for its token", ErrNotHeld, l.key)
 	}
-	h := local.hold.Load()
-	if h.isLost() || h.leaseOver() {
-		return 0, fmt.Errorf("%w: key %q may have passed on: stop the work the lock protects", ErrLockLost, l.key)
-	}
-	if h.token != 0 {
-		return h.token, nil
-	}
-	token, err := l.runScript(ctx, drawScript, l.keys[:2], l.r.clientIDArg, l.r.leaseArg).Int64()
-	if err != nil {
-		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, l.key, err)
-	}
-	if token == 0 {
-		h.endLease()
-		return 0, fmt.Errorf("%w: key %q expired or has another owner", ErrLockLost, l.key)
-	}
-	h.token = token
-	return token, nil
+	return local.hold.Load().Token(ctx)
 }
 
-// Lost returns a channel that is closed when the calling goroutine's hold
-// may have been lost: renewal found the Redis key gone or owned by someone
-// else, or the lease ran out unrenewed (renewal off, past WithMaxHold,
-// Redis unreachable, or the registry closed). It fires within one renewal
-// interval (expireAfter/3) of the loss, and is closed already when the
-// acquisition's reply came a lease or more after it was sent (Redis or
-// this process stalled). Stop the protected work when it fires; the unlock
-// then reports ErrLockLost, unless Close alone fired it while the lease
-// still ran. A goroutine that holds nothing gets a closed channel.
+// Lost returns the Lost channel of the calling goroutine's hold (see
+// Hold.Lost). A goroutine that holds nothing, another goroutine than the
+// owner included, gets a closed channel: to watch a hold from another
+// goroutine, hold it with Acquire or Do.
 func (l *Lock) Lost() <-chan struct{} {
 	if local := l.r.locals.ownedBy(l.key, goroutineID()); local != nil {
 		return local.hold.Load().lost
@@ -291,7 +238,7 @@ func (l *Lock) Lost() <-chan struct{} {
 // (BenchmarkUncontendedWithContext), so the first attempt runs on the
 // caller's goroutine when the client itself ends its calls at ctx's
 // deadline (see tryInline).
-func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock, mark waitMark) (*hold, error) {
+func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock, mark waitMark) (*Hold, error) {
 	a := &acquisition{
 		l: l, ctx: ctx, wait: wait, local: local,
 		due: mark.token == 0, marked: mark.token != 0, failed: mark.sent, failedToken: mark.token,
@@ -368,7 +315,7 @@ func (a *acquisition) begin() error {
 
 // run makes the attempts until one takes the key, or a grant gives it,
 // or the acquisition ends; calls makes the Redis calls that are due.
-func (a *acquisition) run(calls func() (*hold, error)) (*hold, error) {
+func (a *acquisition) run(calls func() (*Hold, error)) (*Hold, error) {
 	for {
 		if h := a.takeGrant(); h != nil {
 			return h, nil
@@ -387,7 +334,7 @@ func (a *acquisition) run(calls func() (*hold, error)) (*hold, error) {
 // takeGrant returns the hold a grant that came gives, if it can be
 // trusted; else, if a grant came, the key is ours, but since when is
 // unknown, and an attempt is due to find out.
-func (a *acquisition) takeGrant() *hold {
+func (a *acquisition) takeGrant() *Hold {
 	token := a.local.grantedToken.Swap(0)
 	if token == 0 {
 		return nil
@@ -404,7 +351,7 @@ func (a *acquisition) takeGrant() *hold {
 // once: a release between the failed attempt and the subscription must
 // not be missed. It returns the hold, or the error that ended the
 // acquisition, or neither when it is time to wait.
-func (a *acquisition) calls() (*hold, error) {
+func (a *acquisition) calls() (*Hold, error) {
 	for {
 		if h, err := a.attempt(); h != nil || err != nil {
 			return h, err
@@ -423,9 +370,9 @@ func (a *acquisition) calls() (*hold, error) {
 // offCaller is calls in a goroutine of its own, from which the caller
 // returns when ctx ends; the goroutine then ends the acquisition when its
 // calls return.
-func (a *acquisition) offCaller() (*hold, error) {
+func (a *acquisition) offCaller() (*Hold, error) {
 	type result struct {
-		h   *hold
+		h   *Hold
 		err error
 	}
 	answer, left := make(chan result), make(chan struct{})
@@ -457,7 +404,7 @@ func (a *acquisition) offCaller() (*hold, error) {
 // attempt makes the attempt that is due. It returns the hold, or the
 // error that ended the acquisition (TryLock's attempt failed), or neither
 // when the acquisition goes on.
-func (a *acquisition) attempt() (*hold, error) {
+func (a *acquisition) attempt() (*Hold, error) {
 	sent := time.Now()
 	h, lastToken, err := a.l.tryObtain(a.ctx, a.wait, a.marked)
 	if h != nil {
@@ -485,7 +432,7 @@ func (a *acquisition) attempt() (*hold, error) {
 // error that ended the acquisition, or neither when the acquisition goes
 // on in the background: the key was taken, the SET failed, or it did not
 // run.
-func (a *acquisition) tryInline() (*hold, error) {
+func (a *acquisition) tryInline() (*Hold, error) {
 	l := a.l
 	if _, ok := a.ctx.Deadline(); !ok || !l.r.callsEndAtDeadline || !a.due || !l.plainSetFirst(a.marked) {
 		return nil, nil
@@ -582,7 +529,7 @@ func (a *acquisition) giveUp(stop error) error {
 // plain SET NX PX, the least Redis can do to take a key; only if that
 // finds the key taken does obtain.lua follow, which marks this registry as
 // waiting, or finds the key its own already.
-func (l *Lock) tryObtain(ctx context.Context, wait, marked bool) (h *hold, lastToken int64, err error) {
+func (l *Lock) tryObtain(ctx context.Context, wait, marked bool) (h *Hold, lastToken int64, err error) {
 	r := l.r
 	sent := time.Now()
 	var reply int64 // obtain.lua's: 1 when held, else 0 or minus the last token
@@ -613,12 +560,12 @@ func (l *Lock) plainSetFirst(marked bool) bool {
 }
 
 // took returns the hold of an attempt, sent at sent, that took the key.
-func (l *Lock) took(sent time.Time) *hold {
-	h := newHold(l.keys[0], 0, sent, l.r.cfg.expireAfter)
+func (l *Lock) took(sent time.Time) *Hold {
+	h := newHold(l, 0, sent, l.r.cfg.expireAfter)
 	if h.leaseOver() {
 		// The reply came a lease or more after the call was sent (Redis or
 		// this process stalled): the key may have expired and passed on.
-		h.lose()
+		h.lose(lossExpired)
 	}
 	return h
 }
@@ -679,12 +626,12 @@ func (l *Lock) sawContention() {
 // until failed + grantLease. That makes the hold as safe as one obtained
 // by a call sent at failed. The lease is then extended to the registry's
 // own in the background if the key is still held later (see extendLater).
-func (l *Lock) acceptGrant(local *localLock, token int64, failed time.Time, failedToken int64) *hold {
+func (l *Lock) acceptGrant(local *localLock, token int64, failed time.Time, failedToken int64) *Hold {
 	r := l.r
 	if failedToken <= 0 || token <= failedToken {
 		return nil
 	}
-	h := newHold(l.keys[0], token, failed, r.grantLease)
+	h := newHold(l, token, failed, r.grantLease)
 	if h.leaseOver() {
 		return nil
 	}
@@ -706,13 +653,13 @@ func (l *Lock) acceptGrant(local *localLock, token int64, failed time.Time, fail
 // goroutine per grant, waits for that moment, so that short holds leave
 // nothing running behind them. It reports false, and extends nothing,
 // once the registry is closed.
-func (r *Registry) extendLater(local *localLock, h *hold) bool {
+func (r *Registry) extendLater(local *localLock, h *Hold) bool {
 	if r.closing() {
 		return false
 	}
 	time.AfterFunc(time.Until(time.Unix(0, h.leaseEnd.Load()))/2, func() {
 		if current := local.hold.Load(); current != nil && current.leaseEnd == h.leaseEnd && !current.leaseOver() {
-			r.goBackground(func(ctx context.Context) { r.renew(ctx, [][]*hold{{current}}) })
+			r.goBackground(func(ctx context.Context) { r.renew(ctx, [][]*Hold{{current}}) })
 		}
 	})
 	return true
@@ -849,7 +796,7 @@ func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (int64, 
 	}
 	// Too few replicas have the key: a failover now could lose it. Give it
 	// back rather than hold a lock that might not survive.
-	if _, err := l.releaseRedis(ctx, nil, false); err != nil {
+	if _, err := l.releaseRedis(ctx, 0, false); err != nil {
 		return 0, err
 	}
 	return 0, errors.Join(fmt.Errorf("%w: %d of %d replicas acknowledged %q within %v", ErrNotReplicated, acked, r.cfg.waitReplicas, l.key, r.cfg.waitTimeout), err)
@@ -881,8 +828,9 @@ const (
 	// waiting (markNext); minus the grant's token.
 )
 
-// releaseRedis runs release.lua for h; with h nil, for an attempt that
-// may have taken the key; with a grant ('<token>:<lease ms>'), for a grant
+// releaseRedis runs release.lua for a hold that handed out tokens up to
+// handedOutToken locally (or 0), or for an attempt that may have taken
+// the key; with a grant ('<token>:<lease ms>'), for a grant
 // nobody here took (see giveBack). With markNext, a release that grants
 // the key to another registry marks this one as waiting.
 //
@@ -893,12 +841,8 @@ const (
 // GET and DEL (BenchmarkServerTime). A release that finds a waiter without
 // them changes nothing and is sent again with them, one more round trip
 // the first time a key turns contended.
-func (l *Lock) releaseRedis(ctx context.Context, h *hold, markNext bool, grant ...string) (int64, error) {
+func (l *Lock) releaseRedis(ctx context.Context, handedOutToken int64, markNext bool, grant ...string) (int64, error) {
 	r := l.r
-	var handedOutToken int64
-	if h != nil && h.handoffs > 0 {
-		handedOutToken = h.token
-	}
 	args := r.releaseArgs
 	if handedOutToken != 0 || len(grant) > 0 || markNext || l.looksContended() {
 		args = l.fullReleaseArgs(handedOutToken, markNext, grant)
@@ -959,7 +903,7 @@ func (l *Lock) settle(ctx context.Context, local *localLock, mayHoldKey bool) {
 	if mayHoldKey {
 		ctx, cancel := context.WithTimeout(ctx, l.r.cfg.expireAfter)
 		defer cancel()
-		if _, err := l.releaseRedis(ctx, nil, false); err != nil {
+		if _, err := l.releaseRedis(ctx, 0, false); err != nil {
 			l.r.cfg.logger.Debug("lockreg: could not clear an abandoned attempt; its key expires after the lease", "key", l.key, "error", err)
 		}
 	}

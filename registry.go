@@ -17,29 +17,47 @@ import (
 )
 
 // Errors returned by the registry and its locks. Every error lockreg returns
-// is one of these or wraps one, so callers can test with errors.Is.
+// is one of these or wraps one, so callers can test with errors.Is. The
+// wrapping error names the key and what happened; the advice is here.
 var (
-	// ErrNotObtained: LockContext gave up because its context ended. The
-	// returned error also matches the context's error.
-	ErrNotObtained = errors.New("lockreg: lock not obtained before the context ended (another owner held it, or Redis did not answer); retry later or allow a longer deadline")
-	// ErrNotHeld: an unlock by a goroutine that does not hold the lock.
-	ErrNotHeld = errors.New("lockreg: unlock by a goroutine that does not hold the lock; unlock from the goroutine that locked, once per successful lock")
-	// ErrLockLost: at release the Redis key had expired or belonged to
-	// another owner, or the hold's lease had run out (see Lock.Lost), so
-	// the critical section may have overlapped another holder's.
-	ErrLockLost = errors.New("lockreg: lock lost before release (its Redis key expired or has another owner), so another holder may have overlapped; make the lease (WithExpireAfter) longer than the work")
-	// ErrClosed: the registry was closed.
-	ErrClosed = errors.New("lockreg: registry closed; obtain locks from an open registry made by New")
+	// ErrNotObtained: an acquisition gave up because its context ended
+	// (the error also matches the context's error) while another owner
+	// held the key or Redis did not answer. Retry later, or allow a longer
+	// deadline.
+	ErrNotObtained = errors.New("lockreg: lock not obtained")
+	// ErrNotHeld: a release of what is not held: an Unlock by a goroutine
+	// that does not hold the lock, or a second Release of a Hold. Unlock
+	// from the goroutine that locked, once per successful lock; release a
+	// Hold once.
+	ErrNotHeld = errors.New("lockreg: lock not held")
+	// ErrLockLost: the hold may have been lost, so its critical section
+	// may have overlapped another holder's. The wrapping error names the
+	// cause when the registry knows it: a stall longer than the lease (a
+	// GC pause, a stopped process, Redis unreachable), Redis losing data (a
+	// restart without persistence, a failover to a lagging replica), or a
+	// deleted key; also a lease that WithMaxHold let run out, or a closed
+	// registry. Stop the protected work; use fencing tokens (Hold.Token)
+	// where a late write must be refused; for stalls, make the lease
+	// (WithExpireAfter) longer than the longest pause.
+	ErrLockLost = errors.New("lockreg: lock lost")
+	// ErrClosed: the registry was closed (Close, Shutdown). Obtain locks
+	// from an open registry made by New.
+	ErrClosed = errors.New("lockreg: registry closed")
 	// ErrInvalidOption: New was given an argument it cannot use; the
-	// message names it.
-	ErrInvalidOption = errors.New("lockreg: invalid argument to New; fix the named option")
+	// message names it. Fix the named option.
+	ErrInvalidOption = errors.New("lockreg: invalid argument to New")
+	// ErrInvalidKey: an empty key, or a DoAll with no keys. Name the
+	// resource to lock: any non-empty string is a key.
+	ErrInvalidKey = errors.New("lockreg: invalid key")
 	// ErrRedis: a Redis call failed. While waiting, the lock retries; at
-	// release, the key is left to expire after its lease.
-	ErrRedis = errors.New("lockreg: Redis call failed; check that Redis is reachable and healthy")
+	// release, the key is left to expire after its lease. Check that Redis
+	// is reachable and healthy, and that its ACL allows the commands the
+	// README lists.
+	ErrRedis = errors.New("lockreg: Redis call failed")
 	// ErrNotReplicated: with WithWaitReplicas, fewer replicas acknowledged
 	// an acquisition than required; the key was released and the attempt
-	// counts as failed.
-	ErrNotReplicated = errors.New("lockreg: fewer replicas acknowledged the lock than WithWaitReplicas requires; check the replicas' health or require fewer")
+	// counts as failed. Check the replicas' health, or require fewer.
+	ErrNotReplicated = errors.New("lockreg: too few replicas acknowledged the lock")
 )
 
 const (
@@ -224,14 +242,24 @@ type Registry struct {
 	subscribeMu sync.Mutex // guards sub, and serializes opening it
 	sub         *redis.PubSub
 	subscribed  atomic.Bool
+	// subscribing says that subscribeSoon is opening the subscription;
+	// subscribeAfter (unix ns) is when it may try again after a failure.
+	subscribing    atomic.Bool
+	subscribeAfter atomic.Int64
 
-	closed chan struct{} // closed by Close
+	// closed is closed once the registry refuses acquisitions: at
+	// Shutdown, or Close. idle tells a Shutdown that waits for the holds
+	// that the last one was released.
+	closed chan struct{}
+	idle   chan struct{}
 	stop   context.CancelFunc
-	// stopCtx bounds background work; Close cancels it.
+	// stopCtx bounds background work; Close cancels it. Background work
+	// goes on while Shutdown waits, as releases and renewals need it.
 	stopCtx context.Context
 
-	mu         sync.Mutex // guards isClosed and background.Add against Close
-	isClosed   bool
+	mu         sync.Mutex // guards refusing, stopped and background.Add
+	refusing   bool       // closed is closed
+	stopped    bool       // Close stopped the background work
 	background sync.WaitGroup
 }
 
@@ -290,6 +318,7 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 		pending:            xsync.NewMapOf[string, *pendingCalls](),
 		contended:          xsync.NewMapOf[string, time.Time](),
 		closed:             make(chan struct{}),
+		idle:               make(chan struct{}, 1),
 		stop:               stop,
 		stopCtx:            stopCtx,
 	}
@@ -382,52 +411,4 @@ func checkRegistryKey(registryKey string) error {
 		return fmt.Errorf("%w: registryKey %q starts a Redis Cluster hash tag with \"{}\", which would split a lock's keys across slots; remove the empty braces", ErrInvalidOption, registryKey)
 	}
 	return nil
-}
-
-// Close stops the registry: acquisitions that are waiting or under way,
-// and any later ones, fail with ErrClosed (one that took its key
-// meanwhile gives it back), and renewal stops. Locks still held stay held
-// (their owners may still unlock them) until their Redis keys expire after
-// the lease; as nothing renews them any more, their Lost channels close.
-// Close waits for the registry's background work to end, and is
-// idempotent.
-func (r *Registry) Close() error {
-	r.mu.Lock()
-	if !r.isClosed {
-		r.isClosed = true
-		close(r.closed)
-		r.stop()
-	}
-	r.mu.Unlock()
-	r.unsubscribe()
-	r.background.Wait()
-	r.forEachHold(func(h *hold) { h.lose() })
-	return nil
-}
-
-// goBackground runs fn in a goroutine that Close waits for, with a context
-// that Close cancels. It reports false, and runs nothing, once closed.
-func (r *Registry) goBackground(fn func(ctx context.Context)) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.isClosed {
-		return false
-	}
-	r.background.Add(1)
-	go func() {
-		defer r.background.Done()
-		fn(r.stopCtx)
-	}()
-	return true
-}
-
-func (r *Registry) closing() bool { return isClosed(r.closed) }
-
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }

@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,7 +35,30 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(contenderEnv); spec != "" {
 		os.Exit(runContender(spec))
 	}
-	goleak.VerifyTestMain(redistest.M(m))
+	// requireParksForGood leaves goroutines in parkForever on purpose.
+	goleak.VerifyTestMain(redistest.M(m), goleak.IgnoreTopFunction("github.com/lockreg/lockreg.parkForever"))
+}
+
+// requireParksForGood checks that fn, run in a goroutine of its own,
+// blocks for good in parkForever, and leaves that goroutine there.
+func requireParksForGood(t *testing.T, fn func(), msgAndArgs ...any) {
+	t.Helper()
+	parked := func() int {
+		buf := make([]byte, 1<<20)
+		return strings.Count(string(buf[:runtime.Stack(buf, true)]), "lockreg.parkForever(")
+	}
+	before := parked()
+	returned := make(chan struct{})
+	go func() {
+		fn()
+		close(returned)
+	}()
+	require.Eventually(t, func() bool { return parked() == before+1 }, 5*time.Second, time.Millisecond, msgAndArgs...)
+	select {
+	case <-returned:
+		require.Fail(t, "it returned", msgAndArgs...)
+	default:
+	}
 }
 
 // mustToken returns the calling goroutine's fencing token for l, failing
@@ -661,11 +689,11 @@ func TestCloseStopsAcquisitions(t *testing.T) {
 	}
 	require.ErrorIs(t, r.Obtain("x").LockContext(ctx), ErrClosed)
 	require.False(t, r.Obtain("x").TryLock())
-	require.PanicsWithError(t, fmt.Errorf("%w: cannot lock %q", ErrClosed, "x").Error(), func() { r.Obtain("x").Lock() })
+	requireParksForGood(t, func() { r.Obtain("x").Lock() }, "Lock on a closed registry")
 
 	redisKey := "lockreg-test:" + t.Name() + ":{held}"
 	require.Equal(t, r.clientID, client.Get(ctx, redisKey).Val(), "Close leaves held keys to their lease")
-	require.NoError(t, held.UnlockContext(ctx), "a holder can still unlock after Close")
+	require.ErrorIs(t, held.UnlockContext(ctx), ErrLockLost, "a holder can still unlock after Close, and hears that nothing renewed its key")
 	require.Zero(t, client.Exists(ctx, redisKey).Val())
 	require.Zero(t, r.locals.size())
 }
@@ -904,11 +932,37 @@ func requireExclusiveIncrements(t *testing.T, registries []*Registry, counter re
 	require.Equal(t, len(registries)*goroutines*increments, n)
 }
 
-// The doc comment and error texts promise a few things; keep them honest.
-func TestErrorsSayWhatToDo(t *testing.T) {
-	for _, err := range []error{ErrNotObtained, ErrNotHeld, ErrLockLost, ErrClosed, ErrInvalidOption, ErrRedis} {
-		require.Regexp(t, regexp.MustCompile(`^lockreg: .+; .+`), err.Error())
+// TestErrorsAreShortAndTheirDocsSayWhatToDo: an error's text is logged
+// wrapped, so it says what happened, in a few words; what to do about it
+// is in its sentinel's doc comment.
+func TestErrorsAreShortAndTheirDocsSayWhatToDo(t *testing.T) {
+	sentinels := map[string]error{
+		"ErrNotObtained": ErrNotObtained, "ErrNotHeld": ErrNotHeld, "ErrLockLost": ErrLockLost, "ErrClosed": ErrClosed,
+		"ErrInvalidOption": ErrInvalidOption, "ErrInvalidKey": ErrInvalidKey, "ErrRedis": ErrRedis, "ErrNotReplicated": ErrNotReplicated,
 	}
+	for name, err := range sentinels {
+		require.Regexp(t, regexp.MustCompile(`^lockreg: [a-zA-Z][a-z A-Z]+$`), err.Error(), name)
+		require.LessOrEqual(t, len(err.Error()), 50, name)
+	}
+	pkgs, err := parser.ParseDir(token.NewFileSet(), ".", func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments)
+	require.NoError(t, err)
+	documented := map[string]string{}
+	for _, file := range pkgs["lockreg"].Files {
+		ast.Inspect(file, func(n ast.Node) bool {
+			if spec, ok := n.(*ast.ValueSpec); ok && spec.Doc != nil {
+				for _, name := range spec.Names {
+					documented[name.Name] = spec.Doc.Text()
+				}
+			}
+			return true
+		})
+	}
+	for name := range sentinels {
+		// "<Name>: <when>. <What to do>."
+		require.Regexp(t, regexp.MustCompile(`(?s)^`+name+`: .+\. [A-Z].+\.\s*$`), documented[name], name)
+	}
+	// Every sentinel is in this test.
+	require.Len(t, sentinels, strings.Count(strings.Join(slices.Collect(maps.Keys(documented)), " "), "Err"))
 }
 
 // TestAContendedKeySkipsThePlainSet: an attempt on a key this registry

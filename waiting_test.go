@@ -83,7 +83,7 @@ func TestLostNotificationCostsOnlyTheRetry(t *testing.T) {
 	waitUntilWaiting(t, waiter)
 	killed, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
 	require.NoError(t, err)
-	require.Equal(t, int64(1), killed, "the waiter's subscription")
+	require.Equal(t, int64(2), killed, "the waiter's subscription, and the holder's")
 	holder.Obtain("k").Unlock()
 	select {
 	case _, ok := <-taken:
@@ -113,7 +113,7 @@ func TestResubscribedWaiterTriesAtOnce(t *testing.T) {
 	require.NoError(t, admin.Set(ctx, held.keys[0], waiter.clientID, time.Minute).Err())
 	killed, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
 	require.NoError(t, err)
-	require.Equal(t, int64(1), killed, "the waiter's subscription")
+	require.Equal(t, int64(2), killed, "the waiter's subscription, and the holder's")
 	select {
 	case _, ok := <-taken:
 		require.True(t, ok, "the waiter acquired")
@@ -148,15 +148,15 @@ func TestOneSubscriptionPerRegistryWhateverTheKeys(t *testing.T) {
 	// subscriptions too, or the count below can run before the second.
 	require.Eventually(t, func() bool {
 		return waiters[0].Stats().FailedAttempts >= keys && waiters[1].Stats().FailedAttempts >= keys &&
-			waiters[0].subscribed.Load() && waiters[1].subscribed.Load()
+			waiters[0].subscribed.Load() && waiters[1].subscribed.Load() && holder.subscribed.Load()
 	}, 5*time.Second, time.Millisecond)
 
 	subs, err := admin.PubSubNumSub(ctx, waiters[0].channel).Result()
 	require.NoError(t, err)
-	require.Equal(t, int64(2), subs[waiters[0].channel], "one subscription per registry, for 50 keys each")
+	require.Equal(t, int64(3), subs[waiters[0].channel], "one subscription per registry, for 50 keys each: the waiters' and the holder's")
 	list, err := admin.ClientList(ctx).Result()
 	require.NoError(t, err)
-	require.Equal(t, 2, strings.Count(list, "sub=2"), "one subscribed connection per registry, to the shared channel and its grant channel")
+	require.Equal(t, 3, strings.Count(list, "sub=2"), "one subscribed connection per registry, to the shared channel and its grant channel")
 	require.Equal(t, 0, strings.Count(list, "psub=1"), "no patterns")
 	cancel()
 	wg.Wait()
@@ -176,7 +176,8 @@ func TestWithoutPubSubWaitersOnlyPoll(t *testing.T) {
 	require.True(t, ok)
 	subs, err := admin.PubSubNumSub(ctx, waiter.channel).Result()
 	require.NoError(t, err)
-	require.Zero(t, subs[waiter.channel])
+	require.Equal(t, int64(1), subs[waiter.channel], "the holder's subscription alone")
+	require.False(t, waiter.subscribed.Load())
 	require.Zero(t, waiter.Stats().Notifications)
 }
 

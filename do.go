@@ -1,0 +1,252 @@
+package lockreg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// Do holds the lock of key while fn runs, and returns fn's error.
+//
+// It acquires the key as Lock.Acquire does (on failure it returns that
+// error, matching ErrNotObtained or ErrClosed, and does not run fn), then
+// runs fn with a context derived from ctx that is also cancelled, with a
+// context.Cause matching ErrLockLost, as soon as the hold is lost: stop
+// the work then. When fn returns, or panics, Do releases the key, even if
+// ctx has ended (the release runs bounded by the lease instead); after a
+// panic it panics again. It returns fn's error joined with ErrLockLost if
+// the hold was lost while fn ran (even if fn returned nil), and with the
+// release's error, if any: errors.Is tells "not obtained" from "lost while
+// working".
+//
+// Do is reentrant through its context: a Do or DoAll of this registry
+// whose ctx is fn's context, or derived from it, on any goroutine, runs at
+// once for a key the outer call holds, acquiring and releasing nothing;
+// the outer Do releases only once such nested calls have returned. A Do
+// with an unrelated context waits like any other acquisition, as does a
+// Do on a key the calling goroutine holds through Lock.
+func (r *Registry) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
+	if key == "" {
+		return fmt.Errorf("%w: Do with an empty key", ErrInvalidKey)
+	}
+	outer := scopeOf(ctx)
+	if s := outer.holding(r, key); s != nil {
+		return runNested(ctx, []*scope{s}, fn)
+	}
+	h, err := r.Obtain(key).Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	return r.runHolding(ctx, outer, []*Hold{h}, fn)
+}
+
+// DoAll holds the locks of all keys while fn runs, as Do holds one. It
+// takes them one by one in one canonical order, by their Redis keys, with
+// duplicates collapsed, so that DoAll calls over overlapping keys, in any
+// order and in any process, never deadlock. It is all or nothing: if an
+// acquisition fails, it releases the keys it took and returns an error
+// matching ErrNotObtained (and the failure's cause: the context's error,
+// ErrClosed), without running fn. fn's context ends as soon as any of the
+// holds is lost. Keys may lie in different Redis Cluster slots.
+//
+// Keys that an outer Do or DoAll of this registry holds, through ctx, are
+// not acquired again (see Do); the others are, after them in the order,
+// which is not canonical: to stay deadlock-free, nest only calls whose
+// keys come after the outer call's.
+func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context.Context) error) error {
+	if len(keys) == 0 {
+		return fmt.Errorf("%w: DoAll with no keys", ErrInvalidKey)
+	}
+	outer := scopeOf(ctx)
+	var nestedIn []*scope
+	locks := make([]*Lock, 0, len(keys))
+	for _, key := range keys {
+		if key == "" {
+			return fmt.Errorf("%w: DoAll with an empty key", ErrInvalidKey)
+		}
+		if s := outer.holding(r, key); s != nil {
+			if !slices.Contains(nestedIn, s) {
+				nestedIn = append(nestedIn, s)
+			}
+			continue
+		}
+		locks = append(locks, r.Obtain(key))
+	}
+	slices.SortFunc(locks, func(a, b *Lock) int { return strings.Compare(a.keys[0], b.keys[0]) })
+	locks = slices.CompactFunc(locks, func(a, b *Lock) bool { return a.keys[0] == b.keys[0] })
+	if len(locks) == 0 {
+		return runNested(ctx, nestedIn, fn)
+	}
+	if err := enterAll(nestedIn); err != nil {
+		return err
+	}
+	defer exitAll(nestedIn)
+	holds := make([]*Hold, 0, len(locks))
+	for _, l := range locks {
+		h, err := l.Acquire(ctx)
+		if err != nil {
+			err = fmt.Errorf("%w: %d of %d keys taken, released again: %w", ErrNotObtained, len(holds), len(locks), err)
+			return errors.Join(err, r.releaseAll(ctx, holds))
+		}
+		holds = append(holds, h)
+	}
+	return r.runHolding(ctx, outer, holds, fn)
+}
+
+// scope is what a Do or DoAll holds while its fn runs, found through fn's
+// context by the calls nested in it.
+type scope struct {
+	r      *Registry
+	holds  []*Hold
+	parent *scope // the scope of the call this one is nested in, or nil
+
+	mu     sync.Mutex // guards ended and nested.Add
+	ended  bool       // fn returned: nested calls no longer run
+	nested sync.WaitGroup
+}
+
+type scopeKey struct{}
+
+func scopeOf(ctx context.Context) *scope {
+	s, _ := ctx.Value(scopeKey{}).(*scope)
+	return s
+}
+
+// holding returns the scope, s or one it is nested in, that holds key of
+// registry r, or nil.
+func (s *scope) holding(r *Registry, key string) *scope {
+	for ; s != nil; s = s.parent {
+		if s.r != r {
+			continue
+		}
+		for _, h := range s.holds {
+			if h.lock.key == key {
+				return s
+			}
+		}
+	}
+	return nil
+}
+
+// enter counts a nested call in, unless the scope's fn has returned: its
+// holds are being released, so the call would run unprotected.
+func (s *scope) enter() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return fmt.Errorf("%w: the Do that held %q has returned", ErrNotObtained, s.holds[0].Key())
+	}
+	s.nested.Add(1)
+	return nil
+}
+
+func enterAll(scopes []*scope) error {
+	for i, s := range scopes {
+		if err := s.enter(); err != nil {
+			exitAll(scopes[:i])
+			return err
+		}
+	}
+	return nil
+}
+
+func exitAll(scopes []*scope) {
+	for _, s := range scopes {
+		s.nested.Done()
+	}
+}
+
+// runNested runs fn for a call whose keys the scopes hold already.
+func runNested(ctx context.Context, scopes []*scope, fn func(ctx context.Context) error) error {
+	if err := enterAll(scopes); err != nil {
+		return err
+	}
+	defer exitAll(scopes)
+	if ctx.Err() != nil {
+		// The outer hold was lost, or the caller gave up: fn would run
+		// unprotected, or for nobody.
+		return errors.Join(fmt.Errorf("%w: the outer call's context ended", ErrNotObtained), context.Cause(ctx))
+	}
+	err := fn(ctx)
+	if cause := context.Cause(ctx); errors.Is(cause, ErrLockLost) && !errors.Is(err, cause) {
+		err = errors.Join(err, cause)
+	}
+	return err
+}
+
+// runHolding runs fn under holds, in a scope nested in outer, and then
+// releases them, even if fn panics.
+func (r *Registry) runHolding(ctx context.Context, outer *scope, holds []*Hold, fn func(ctx context.Context) error) (err error) {
+	fnCtx, cancel := context.WithCancelCause(ctx)
+	s := &scope{r: r, holds: holds, parent: outer}
+	for _, h := range holds {
+		h.whenLost(cancel)
+	}
+	returned := false
+	defer func() {
+		cancel(nil)
+		releaseErr := s.end(ctx)
+		if !returned {
+			if releaseErr != nil {
+				r.cfg.logger.Warn("lockreg: release after a panic in Do failed", "error", releaseErr)
+			}
+			return // the panic goes on
+		}
+		err = joinNew(err, releaseErr)
+	}()
+	err = fn(context.WithValue(fnCtx, scopeKey{}, s))
+	returned = true
+	return err
+}
+
+// end waits for the nested calls, then releases the holds, in reverse
+// order of acquisition.
+func (s *scope) end(ctx context.Context) error {
+	s.mu.Lock()
+	s.ended = true
+	s.mu.Unlock()
+	s.nested.Wait()
+	return s.r.releaseAll(ctx, s.holds)
+}
+
+// releaseAll releases holds, last first, with a context that ctx's end
+// does not cut short.
+func (r *Registry) releaseAll(ctx context.Context, holds []*Hold) error {
+	if len(holds) == 0 {
+		return nil
+	}
+	ctx, cancel := r.releaseContext(ctx)
+	defer cancel()
+	var errs []error
+	for i := len(holds) - 1; i >= 0; i-- {
+		if err := holds[i].Release(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// joinNew joins to err the errors of more that err does not carry already
+// (fn may return the loss that cancelled its context).
+func joinNew(err, more error) error {
+	if more == nil {
+		return err
+	}
+	errs := []error{err}
+	for _, e := range unjoin(more) {
+		if err == nil || !errors.Is(err, e) {
+			errs = append(errs, e)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}

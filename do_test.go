@@ -1,0 +1,319 @@
+package lockreg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redisstat"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+func TestDoHoldsTheKeyWhileFnRuns(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	redisKey := r.Obtain("k").keys[0]
+	errFn := errors.New("fn failed")
+	err := r.Do(ctx, "k", func(ctx context.Context) error {
+		assert.Equal(t, r.clientID, client.Get(ctx, redisKey).Val(), "held while fn runs")
+		assert.NoError(t, ctx.Err())
+		return errFn
+	})
+	require.Same(t, errFn, err, "fn's error, as it is")
+	require.Zero(t, client.Exists(ctx, redisKey).Val(), "released after")
+	requireNoLocalState(t, r)
+}
+
+func TestDoRejectsAnEmptyKey(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	ran := false
+	fn := func(context.Context) error { ran = true; return nil }
+	require.ErrorIs(t, r.Do(context.Background(), "", fn), ErrInvalidKey)
+	require.ErrorIs(t, r.DoAll(context.Background(), nil, fn), ErrInvalidKey)
+	require.ErrorIs(t, r.DoAll(context.Background(), []string{"a", ""}, fn), ErrInvalidKey)
+	require.False(t, ran)
+}
+
+// TestDoTellsNotObtainedFromLost: a Do that could not take the key runs
+// nothing and says ErrNotObtained; one that lost it while fn ran cancels
+// fn's context with the loss as its cause and says ErrLockLost, even if fn
+// returned nil.
+func TestDoTellsNotObtainedFromLost(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	other := newRegistry(t, client)
+	const lease = 300 * time.Millisecond
+	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(20*time.Millisecond))
+
+	h, err := other.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	ran := false
+	err = r.Do(short, "k", func(context.Context) error { ran = true; return nil })
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NotErrorIs(t, err, ErrLockLost)
+	require.False(t, ran)
+	require.NoError(t, h.Release(ctx))
+
+	err = r.Do(ctx, "k", func(ctx context.Context) error {
+		require.NoError(t, client.Del(ctx, r.Obtain("k").keys[0]).Err())
+		requireFires(t, ctx.Done(), 5*time.Second, "the next renewal, within lease/3, finds the key gone")
+		assert.ErrorIs(t, context.Cause(ctx), ErrLockLost)
+		return nil
+	})
+	require.ErrorIs(t, err, ErrLockLost)
+	require.NotErrorIs(t, err, ErrNotObtained)
+
+	// fn returning the cause does not make the loss say itself twice.
+	err = r.Do(ctx, "k", func(ctx context.Context) error {
+		require.NoError(t, client.Del(ctx, r.Obtain("k").keys[0]).Err())
+		requireFires(t, ctx.Done(), 5*time.Second, "lost")
+		return context.Cause(ctx)
+	})
+	require.ErrorIs(t, err, ErrLockLost)
+	require.Len(t, unjoin(err), 1, "%v", err)
+}
+
+func TestDoReleasesWhenFnPanicsAndPanicsAgain(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	require.PanicsWithValue(t, "boom", func() {
+		_ = r.Do(ctx, "k", func(context.Context) error { panic("boom") })
+	})
+	require.Zero(t, client.Exists(ctx, r.Obtain("k").keys[0]).Val(), "released before the panic went on")
+	requireNoLocalState(t, r)
+}
+
+func TestDoReleasesWhenItsContextEnded(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	ctx, cancel := context.WithCancel(context.Background())
+	err := r.Do(ctx, "k", func(ctx context.Context) error {
+		cancel()
+		return ctx.Err()
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Zero(t, client.Exists(context.Background(), r.Obtain("k").keys[0]).Val(), "released with a context of its own")
+}
+
+// TestDoIsReentrantThroughItsContext: a Do nested through fn's context,
+// even on another goroutine, runs at once, at no cost in Redis; one with
+// an unrelated context waits; one whose outer Do has returned runs
+// nothing; the outer Do releases only after the nested ones returned.
+func TestDoIsReentrantThroughItsContext(t *testing.T) {
+	ctx := context.Background()
+	var counter redisstat.Counter
+	client := redistest.Shared(t).Client(t, &counter)
+	r := newRegistry(t, client)
+	redisKey := r.Obtain("k").keys[0]
+	var escaped context.Context
+	var innerDone atomic.Bool
+	err := r.Do(ctx, "k", func(ctx context.Context) error {
+		escaped = ctx
+		calls := counter.RoundTrips()
+		inGoroutine(func() {
+			derived, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			assert.NoError(t, r.Do(derived, "k", func(context.Context) error { return nil }), "nested through the context")
+			assert.NoError(t, r.DoAll(derived, []string{"k", "k"}, func(context.Context) error { return nil }))
+		})
+		require.Equal(t, calls, counter.RoundTrips(), "nested calls cost nothing in Redis")
+		require.Equal(t, r.clientID, client.Get(ctx, redisKey).Val(), "and released nothing")
+
+		short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, r.Do(short, "k", func(context.Context) error { return nil }), ErrNotObtained, "an unrelated context waits")
+
+		// A nested call still running when fn returns holds the release back.
+		entered := make(chan struct{})
+		go func() {
+			assert.NoError(t, r.Do(ctx, "k", func(context.Context) error {
+				close(entered)
+				time.Sleep(100 * time.Millisecond)
+				innerDone.Store(true)
+				return nil
+			}))
+		}()
+		<-entered
+		return nil
+	})
+	require.NoError(t, err)
+	require.True(t, innerDone.Load(), "Do returned before its nested call")
+	require.Zero(t, client.Exists(ctx, redisKey).Val())
+	ran := false
+	err = r.Do(escaped, "k", func(context.Context) error { ran = true; return nil })
+	require.ErrorIs(t, err, ErrNotObtained, "the outer Do has returned")
+	require.False(t, ran)
+}
+
+// TestNestedDoOfAnotherKeyOrRegistryAcquires: reentrancy is by registry
+// and key.
+func TestNestedDoOfAnotherKeyOrRegistryAcquires(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	other, err := New(client, "lockreg-test:"+t.Name()+"-other")
+	require.NoError(t, err)
+	defer other.Close()
+	require.NoError(t, r.Do(ctx, "a", func(ctx context.Context) error {
+		return r.Do(ctx, "b", func(ctx context.Context) error {
+			require.Equal(t, r.clientID, client.Get(ctx, r.Obtain("b").keys[0]).Val())
+			return other.Do(ctx, "a", func(ctx context.Context) error {
+				require.Equal(t, other.clientID, client.Get(ctx, other.Obtain("a").keys[0]).Val())
+				return nil
+			})
+		})
+	}))
+}
+
+func TestDoAllHoldsEveryKeyOnce(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	keys := []string{"c", "a", "b", "a"}
+	require.NoError(t, r.DoAll(ctx, keys, func(ctx context.Context) error {
+		for _, key := range keys {
+			assert.Equal(t, r.clientID, client.Get(ctx, r.Obtain(key).keys[0]).Val(), key)
+		}
+		assert.Equal(t, int64(3), r.Stats().Held, "duplicates collapsed")
+		return nil
+	}))
+	for _, key := range keys {
+		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys[0]).Val(), key)
+	}
+	requireNoLocalState(t, r)
+}
+
+// TestDoAllIsAllOrNothing: a key it cannot take leaves none taken.
+func TestDoAllIsAllOrNothing(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	other := newRegistry(t, client)
+	h, err := other.Obtain("b").Acquire(ctx)
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	ran := false
+	err = r.DoAll(short, []string{"a", "b", "c"}, func(context.Context) error { ran = true; return nil })
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.False(t, ran)
+	for _, key := range []string{"a", "c"} {
+		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys[0]).Val(), "%s was given back", key)
+	}
+	require.NoError(t, h.Release(ctx))
+
+	require.NoError(t, r.Close())
+	err = r.DoAll(ctx, []string{"a"}, func(context.Context) error { return nil })
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, ErrClosed)
+}
+
+// TestDoAllNeverDeadlocks: registries (processes) taking overlapping key
+// sets, in opposite orders, all finish.
+func TestDoAllNeverDeadlocks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := redistest.Shared(t).Client(t)
+	registries := []*Registry{newRegistry(t, client), newRegistry(t, client), newRegistry(t, client)}
+	sets := [][]string{{"a", "b", "c"}, {"c", "b", "a"}, {"b", "c", "a"}}
+	var inside atomic.Int32
+	var wg sync.WaitGroup
+	for i, r := range registries {
+		for g := range 3 {
+			wg.Go(func() {
+				for range 20 {
+					err := r.DoAll(ctx, sets[(i+g)%len(sets)], func(context.Context) error {
+						if n := inside.Add(1); n != 1 {
+							t.Errorf("%d callers inside at once", n)
+						}
+						inside.Add(-1)
+						return nil
+					})
+					if !assert.NoError(t, err) {
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+}
+
+func TestDoAllsContextEndsWhenAnyHoldIsLost(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithExpireAfter(300*time.Millisecond), WithRetryInterval(20*time.Millisecond))
+	err := r.DoAll(ctx, []string{"a", "b", "c"}, func(ctx context.Context) error {
+		require.NoError(t, client.Del(ctx, r.Obtain("b").keys[0]).Err())
+		select {
+		case <-ctx.Done():
+			assert.ErrorContains(t, context.Cause(ctx), `"b"`)
+		case <-time.After(5 * time.Second):
+			t.Error("fn's context did not end")
+		}
+		return nil
+	})
+	require.ErrorIs(t, err, ErrLockLost)
+	for _, key := range []string{"a", "c"} {
+		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys[0]).Val(), "%s released", key)
+	}
+}
+
+// TestDoAllAcrossClusterSlots: keys in different slots, on different
+// primaries, and a nested Do on one of them.
+func TestDoAllAcrossClusterSlots(t *testing.T) {
+	ctx := context.Background()
+	client := clusterClient(t, redistest.StartCluster(t, 3))
+	r := newRegistry(t, client)
+	var keys []string
+	slots := map[int]bool{}
+	for i := 0; len(keys) < 6; i++ {
+		key := "order-" + strconv.Itoa(i)
+		if slot := clusterSlot(r.Obtain(key).keys[0]); !slots[slot] {
+			slots[slot] = true
+			keys = append(keys, key)
+		}
+	}
+	primaries := map[string]bool{}
+	for _, key := range keys {
+		node, err := client.MasterForKey(ctx, r.Obtain(key).keys[0])
+		require.NoError(t, err)
+		primaries[node.String()] = true
+	}
+	require.Greater(t, len(primaries), 1, "the keys span primaries")
+	require.NoError(t, r.DoAll(ctx, keys, func(ctx context.Context) error {
+		for _, key := range keys {
+			assert.Equal(t, r.clientID, client.Get(ctx, r.Obtain(key).keys[0]).Val(), key)
+		}
+		return r.Do(ctx, keys[2], func(context.Context) error { return nil })
+	}))
+	for _, key := range keys {
+		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys[0]).Val(), key)
+	}
+}
+
+// TestDoKeepsCountersRight: a Do in a loop leaves nothing behind.
+func TestDoKeepsCountersRight(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	for i := range 10 {
+		require.NoError(t, r.Do(ctx, fmt.Sprint(i%3), func(context.Context) error { return nil }))
+	}
+	require.Zero(t, r.Stats().Held)
+	require.Equal(t, int64(10), r.Stats().Acquisitions)
+	requireNoLocalState(t, r)
+}

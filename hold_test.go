@@ -1,0 +1,342 @@
+package lockreg
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redisstat"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// acquireIn acquires lock in a goroutine of its own, which then returns,
+// and hands the Hold over.
+func acquireIn(t *testing.T, ctx context.Context, lock *Lock) *Hold {
+	t.Helper()
+	got := make(chan *Hold, 1)
+	go func() {
+		h, err := lock.Acquire(ctx)
+		assert.NoError(t, err)
+		got <- h
+	}()
+	h := <-got
+	require.NotNil(t, h)
+	return h
+}
+
+// TestAHoldBelongsToNoGoroutine: the goroutine that acquired may return;
+// any other may watch, draw the token and release.
+func TestAHoldBelongsToNoGoroutine(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	h := acquireIn(t, ctx, lock)
+	require.Equal(t, "k", h.Key())
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys[0]).Val(), "held in Redis")
+
+	var token int64
+	inGoroutine(func() {
+		requireOpen(t, h.Lost(), "a watcher on another goroutine sees a live hold")
+		var err error
+		token, err = h.Token(ctx)
+		assert.NoError(t, err)
+	})
+	require.Positive(t, token)
+	again, err := h.Token(ctx)
+	require.NoError(t, err)
+	require.Equal(t, token, again, "one token per hold")
+
+	inGoroutine(func() { assert.NoError(t, h.Release(ctx)) })
+	require.Zero(t, client.Exists(ctx, lock.keys[0]).Val(), "released in Redis")
+	requireOpen(t, h.Lost(), "a release is not a loss")
+	require.ErrorIs(t, h.Release(ctx), ErrNotHeld, "a hold is released once")
+	_, err = h.Token(ctx)
+	require.ErrorIs(t, err, ErrNotHeld)
+	requireNoLocalState(t, r)
+}
+
+// TestAHoldMakesEveryOtherAcquisitionWait: a Hold is not reentrant; while
+// it lives, every acquisition of its key in the registry, by any method
+// and from any goroutine (the one that acquired included), waits in one
+// FIFO queue, and only the owner talks to Redis.
+func TestAHoldMakesEveryOtherAcquisitionWait(t *testing.T) {
+	ctx := context.Background()
+	var counter redisstat.Counter
+	r := newRegistry(t, redistest.Shared(t).Client(t, &counter), WithLocalHandoff(16, time.Hour))
+	lock := r.Obtain("k")
+	h, err := lock.Acquire(ctx)
+	require.NoError(t, err)
+
+	require.False(t, lock.TryLock(), "not even the goroutine that acquired it takes it again")
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, lock.LockContext(short), ErrNotObtained)
+	_, err = lock.Acquire(short)
+	require.ErrorIs(t, err, ErrNotObtained)
+
+	// Three waiters of three kinds, queued in a known order.
+	var order []string
+	var mu sync.Mutex
+	served := func(name string) {
+		mu.Lock()
+		order = append(order, name)
+		mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	queued := func(n int) {
+		require.Eventually(t, func() bool { return refsOf(r, "k") == n+1 }, time.Second, time.Millisecond)
+	}
+	wg.Go(func() {
+		assert.NoError(t, lock.LockContext(ctx))
+		served("LockContext")
+		assert.NoError(t, lock.UnlockContext(ctx))
+	})
+	queued(1)
+	wg.Go(func() {
+		assert.NoError(t, r.Do(ctx, "k", func(context.Context) error { served("Do"); return nil }))
+	})
+	queued(2)
+	wg.Go(func() {
+		h, err := lock.Acquire(ctx)
+		if assert.NoError(t, err) {
+			served("Acquire")
+			assert.NoError(t, h.Release(ctx))
+		}
+	})
+	queued(3)
+	calls := counter.RoundTrips()
+	time.Sleep(3 * r.cfg.retryInterval)
+	require.Equal(t, calls, counter.RoundTrips(), "local waiters make no Redis calls")
+
+	require.NoError(t, h.Release(ctx))
+	wg.Wait()
+	require.Equal(t, []string{"LockContext", "Do", "Acquire"}, order, "first come, first served")
+	require.Equal(t, int64(3), r.Stats().LocalHandoffs, "each release passed the key on without Redis")
+	requireNoLocalState(t, r)
+}
+
+// TestAHoldHandsOffWithRisingTokens: a Release passes the key to the next
+// local waiter as Unlock does, with the next token.
+func TestAHoldHandsOffWithRisingTokens(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	lock := r.Obtain("k")
+	h, err := lock.Acquire(ctx)
+	require.NoError(t, err)
+	first, err := h.Token(ctx)
+	require.NoError(t, err)
+	next := make(chan *Hold, 1)
+	go func() {
+		h, err := lock.Acquire(ctx)
+		assert.NoError(t, err)
+		next <- h
+	}()
+	require.Eventually(t, func() bool { return refsOf(r, "k") == 2 }, time.Second, time.Millisecond)
+	require.NoError(t, h.Release(ctx))
+	h2 := <-next
+	second, err := h2.Token(ctx)
+	require.NoError(t, err)
+	require.Equal(t, first+1, second)
+	require.NoError(t, h2.Release(ctx))
+
+	h3, err := lock.Acquire(ctx)
+	require.NoError(t, err)
+	require.Greater(t, mustHoldToken(t, h3), second, "the release stored the token handed out")
+	require.NoError(t, h3.Release(ctx))
+}
+
+func mustHoldToken(t *testing.T, h *Hold) int64 {
+	t.Helper()
+	token, err := h.Token(context.Background())
+	require.NoError(t, err)
+	return token
+}
+
+// TestAHoldsReleaseGrantsTheKeyToAWaitingRegistry: Release passes the key
+// to another process's waiter as Unlock does.
+func TestAHoldsReleaseGrantsTheKeyToAWaitingRegistry(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	waiter := newRegistry(t, client, WithRetryInterval(5*time.Second))
+	h, err := holder.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	taken := lockInBackground(ctx, waiter.Obtain("k"))
+	waitUntilWaiting(t, waiter)
+	require.NoError(t, h.Release(ctx))
+	requireTaken(t, taken)
+	require.Equal(t, int64(1), waiter.Stats().Grants, "granted, not found by the 5s retry")
+}
+
+// TestAReleaseWithAnEndedContextStillReleases: a request context that has
+// ended by the deferred unlock must not leave the key held for a lease.
+func TestAReleaseWithAnEndedContextStillReleases(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+
+	h, err := r.Obtain("hold").Acquire(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, h.Release(ended))
+	require.Zero(t, client.Exists(context.Background(), h.lock.keys[0]).Val())
+
+	lock := r.Obtain("lock")
+	lock.Lock()
+	require.NoError(t, lock.UnlockContext(ended))
+	require.Zero(t, client.Exists(context.Background(), lock.keys[0]).Val())
+}
+
+// TestALostHoldsReleaseSparesTheNewOwner: after a loss, Release reports
+// ErrLockLost, naming the cause, and leaves the new owner's key alone.
+func TestALostHoldsReleaseSparesTheNewOwner(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, client.Set(ctx, h.lock.keys[0], "another owner", time.Minute).Err())
+	r.renewHolds(ctx)
+	requireFires(t, h.Lost(), time.Second, "renewal found the key taken")
+	err = h.Release(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	require.ErrorContains(t, err, "deleted or passed to another owner")
+	require.Equal(t, "another owner", client.Get(ctx, h.lock.keys[0]).Val())
+	require.ErrorIs(t, h.Release(ctx), ErrNotHeld)
+}
+
+// TestALostHoldsReleaseReportsTheLossWhenRedisFailsToo: Lost fired, then
+// Redis went down: the release says both.
+func TestALostHoldsReleaseReportsTheLossWhenRedisFailsToo(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	const lease = 200 * time.Millisecond
+	r := newRegistry(t, srv.Client(t), WithExpireAfter(lease), WithRetryInterval(50*time.Millisecond), WithRenewal(false))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	lock := r.Obtain("facade")
+	lock.Lock()
+	requireFires(t, h.Lost(), 2*time.Second, "the fixed lease ran out")
+	requireFires(t, lock.Lost(), 2*time.Second, "the fixed lease ran out")
+	srv.Stop(t)
+	for _, err := range []error{h.Release(ctx), lock.UnlockContext(ctx)} {
+		require.ErrorIs(t, err, ErrLockLost)
+		require.ErrorIs(t, err, ErrRedis)
+		require.ErrorContains(t, err, "lease ran out unrenewed")
+	}
+}
+
+// TestALossNamesItsCause: each way a hold is lost says so.
+func TestALossNamesItsCause(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	maxHeld := newRegistry(t, client, WithExpireAfter(150*time.Millisecond), WithRetryInterval(20*time.Millisecond), WithMaxHold(10*time.Millisecond))
+	h, err := maxHeld.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	requireFires(t, h.Lost(), 2*time.Second, "WithMaxHold let the lease run out")
+	require.ErrorContains(t, h.Release(ctx), "held past WithMaxHold")
+
+	r, err := New(client, "lockreg-test:"+t.Name()+"-closed")
+	require.NoError(t, err)
+	h, err = r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	require.ErrorContains(t, h.Release(ctx), "the registry was closed")
+}
+
+// TestHoldersHearOfARedisRestartAtOnce: a restart that wiped a holder's
+// key lets another process take it at once; with pub/sub on, the holder
+// hears of it when its subscription comes back, long before its next
+// renewal (10s with the default lease).
+func TestHoldersHearOfARedisRestartAtOnce(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	r := newRegistry(t, srv.Client(t))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	lock := r.Obtain("facade")
+	lock.Lock()
+	require.Eventually(t, r.subscribed.Load, 5*time.Second, time.Millisecond, "a holder subscribes")
+	srv.Stop(t)
+	time.Sleep(time.Second) // down for a while: the subscription retries meanwhile
+	require.NoError(t, srv.Relaunch())
+	restarted := time.Now()
+	requireFires(t, h.Lost(), r.cfg.expireAfter/6, "the holder heard of the restart")
+	t.Logf("Lost fired %v after Redis answered again", time.Since(restarted))
+	requireFires(t, lock.Lost(), time.Second, "every hold was checked")
+	err = h.Release(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	require.ErrorContains(t, err, "restart or failover")
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
+}
+
+// TestHoldsWhoseKeysSurviveAReconnectStayHeld: the subscription's
+// connection broke but Redis kept the keys: nothing is lost.
+func TestHoldsWhoseKeysSurviveAReconnectStayHeld(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	var gets sync.WaitGroup
+	gets.Add(1)
+	var once sync.Once
+	checked := pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			err := next(ctx, cmds)
+			if cmds[0].Name() == "get" {
+				once.Do(gets.Done)
+			}
+			return err
+		}
+	})
+	r := newRegistry(t, srv.Client(t, checked))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, r.subscribed.Load, 5*time.Second, time.Millisecond)
+	killed, err := srv.Client(t).ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), killed)
+	waitGroupWithin(t, &gets, 5*time.Second, "the holds were checked after the reconnect")
+	requireOpen(t, h.Lost(), "the key survived")
+	require.NoError(t, h.Release(ctx))
+}
+
+func waitGroupWithin(t *testing.T, wg *sync.WaitGroup, limit time.Duration, msg string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(limit):
+		t.Fatal(msg)
+	}
+}
+
+// TestLockParksWhenTheRegistryClosesWhileItWaits: a Lock cannot report
+// ErrClosed; it must neither panic (a normal shutdown would crash) nor
+// return (its critical section would run unlocked).
+func TestLockParksWhenTheRegistryClosesWhileItWaits(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	shutDown := make(chan error, 1)
+	requireParksForGood(t, func() {
+		go func() {
+			assert.Eventually(t, func() bool { return refsOf(r, "k") == 2 }, time.Second, time.Millisecond)
+			shutDown <- r.Shutdown(ctx)
+		}()
+		r.Obtain("k").Lock()
+	}, "Lock while the registry shuts down")
+	require.NoError(t, h.Release(ctx), "Shutdown waits for the holds")
+	require.NoError(t, <-shutDown)
+	require.True(t, errors.Is(r.Obtain("k").LockContext(ctx), ErrClosed))
+}

@@ -1,0 +1,141 @@
+package lockreg
+
+import (
+	"context"
+	"sync"
+)
+
+// Close stops the registry at once. Acquisitions that are waiting or
+// under way, and any later ones, fail with ErrClosed (one that took its
+// key meanwhile gives it back), and renewal stops. Keys still held stay
+// held in Redis until their leases run out, or until their owners release
+// them, which they still may; as nothing renews them any more, their Lost
+// channels close, and their releases report ErrLockLost. Close waits for
+// the registry's background work to end, and is idempotent.
+//
+// Shutdown is the graceful way: it waits for the holds to be released
+// first, and releases what is left itself.
+func (r *Registry) Close() error {
+	r.refuse()
+	r.mu.Lock()
+	if !r.stopped {
+		r.stopped = true
+		r.stop()
+	}
+	r.mu.Unlock()
+	r.unsubscribe()
+	r.background.Wait()
+	r.forEachHold(func(h *Hold) { h.lose(lossClosed) })
+	return nil
+}
+
+// Shutdown closes the registry gracefully, as http.Server.Shutdown closes
+// a server. New acquisitions fail with ErrClosed at once, and waiting ones
+// end with ErrClosed. Then it waits until every hold is released (Holds,
+// the holds of Lock and LockContext, Do's), renewing them meanwhile, or
+// until ctx ends. Then it releases in Redis the keys still held
+// (owner-checked), which signals their holds lost (their owners' releases
+// report ErrLockLost and only free them locally), and closes the
+// registry. It returns ctx's error if it had to release any key, else nil.
+// Close after Shutdown does nothing.
+func (r *Registry) Shutdown(ctx context.Context) error {
+	r.refuse()
+	err := r.awaitReleases(ctx)
+	if err != nil && !r.releaseHeld(ctx) {
+		err = nil
+	}
+	_ = r.Close()
+	return err
+}
+
+// refuse makes the registry refuse acquisitions, and ends the waiting ones.
+func (r *Registry) refuse() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.refusing {
+		r.refusing = true
+		close(r.closed)
+	}
+}
+
+// awaitReleases waits until no hold is left, or ctx ends (its error).
+func (r *Registry) awaitReleases(ctx context.Context) error {
+	for r.stats.held.Load() > 0 {
+		select {
+		case <-r.idle:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// holdEnded counts a hold's release, and tells a Shutdown that waits when
+// it was the last.
+func (r *Registry) holdEnded() {
+	if r.stats.held.Add(-1) == 0 && r.closing() {
+		select {
+		case r.idle <- struct{}{}:
+		default: // a word is on its way already
+		}
+	}
+}
+
+// releaseHeld releases the keys of the holds still held, all at once (the
+// calls share round trips), and reports whether there were any.
+func (r *Registry) releaseHeld(ctx context.Context) bool {
+	ctx, cancel := r.releaseContext(ctx)
+	defer cancel()
+	var releases sync.WaitGroup
+	found := false
+	r.forEachHold(func(h *Hold) {
+		h.mu.Lock()
+		if h.released || h.keyReleased {
+			h.mu.Unlock()
+			return // its owner's release is under way
+		}
+		h.keyReleased = true
+		var handedOutToken int64
+		if h.handoffs > 0 {
+			handedOutToken = h.token
+		}
+		h.mu.Unlock()
+		found = true
+		releases.Go(func() {
+			if _, err := h.lock.releaseRedis(ctx, handedOutToken, false); err != nil {
+				r.cfg.logger.Warn("lockreg: Shutdown could not release a key; it expires after its lease", "key", h.Key(), "error", err)
+			}
+			h.lose(lossClosed)
+		})
+	})
+	releases.Wait()
+	return found
+}
+
+// goBackground runs fn in a goroutine that Close waits for, with a context
+// that Close cancels. It reports false, and runs nothing, once closed.
+func (r *Registry) goBackground(fn func(ctx context.Context)) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return false
+	}
+	r.background.Add(1)
+	go func() {
+		defer r.background.Done()
+		fn(r.stopCtx)
+	}()
+	return true
+}
+
+// closing reports whether the registry refuses acquisitions.
+func (r *Registry) closing() bool { return isClosed(r.closed) }
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

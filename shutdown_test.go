@@ -1,0 +1,136 @@
+package lockreg
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// TestShutdownWaitsForTheHolds: it refuses new acquisitions and ends the
+// waiting ones at once, renews the holds while it waits for them, and
+// returns nil once they are all released.
+func TestShutdownWaitsForTheHolds(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	const lease = 300 * time.Millisecond
+	r, err := New(client, "lockreg-test:"+t.Name(), WithExpireAfter(lease), WithRetryInterval(20*time.Millisecond))
+	require.NoError(t, err)
+	other := newRegistry(t, client)
+	h, err := r.Obtain("hold").Acquire(ctx)
+	require.NoError(t, err)
+	lock := r.Obtain("lock")
+	lock.Lock()
+	doing := make(chan struct{})
+	doErr := make(chan error, 1)
+	go func() {
+		doErr <- r.Do(ctx, "do", func(context.Context) error {
+			close(doing)
+			time.Sleep(2 * lease)
+			return nil
+		})
+	}()
+	<-doing
+	require.NoError(t, other.Obtain("remote").LockContext(ctx))
+	waiting := make(chan error, 2)
+	go func() { waiting <- r.Obtain("hold").LockContext(ctx) }()   // waits locally
+	go func() { waiting <- r.Obtain("remote").LockContext(ctx) }() // waits in Redis
+	require.Eventually(t, func() bool { return refsOf(r, "hold") == 2 && r.Stats().FailedAttempts > 0 }, time.Second, time.Millisecond)
+
+	shutDown := make(chan error, 1)
+	go func() { shutDown <- r.Shutdown(ctx) }()
+	for range 2 {
+		select {
+		case err := <-waiting:
+			require.ErrorIs(t, err, ErrClosed)
+		case <-time.After(time.Second):
+			t.Fatal("a waiting acquisition did not end at Shutdown")
+		}
+	}
+	_, err = r.Obtain("new").Acquire(ctx)
+	require.ErrorIs(t, err, ErrClosed, "new acquisitions fail at once")
+	require.ErrorIs(t, r.Do(ctx, "new", func(context.Context) error { return nil }), ErrClosed)
+
+	time.Sleep(2 * lease) // past the lease: renewal goes on
+	select {
+	case err := <-shutDown:
+		t.Fatalf("Shutdown returned %v while holds lived", err)
+	default:
+	}
+	requireOpen(t, h.Lost(), "renewed while Shutdown waits")
+	require.Equal(t, r.clientID, client.Get(ctx, h.lock.keys[0]).Val())
+	require.NoError(t, <-doErr, "Do finished under its lock")
+	require.NoError(t, h.Release(ctx))
+	require.NoError(t, lock.UnlockContext(ctx))
+	select {
+	case err := <-shutDown:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown did not return once every hold was released")
+	}
+	require.NoError(t, r.Close(), "Close after Shutdown does nothing")
+	other.Obtain("remote").Unlock()
+}
+
+// TestShutdownReleasesWhatIsStillHeldWhenItsContextEnds: the keys go back
+// (owner-checked), the holds hear it, and their owners' releases only
+// free them locally.
+func TestShutdownReleasesWhatIsStillHeldWhenItsContextEnds(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r, err := New(client, "lockreg-test:"+t.Name())
+	require.NoError(t, err)
+	h, err := r.Obtain("hold").Acquire(ctx)
+	require.NoError(t, err)
+	taken, err := r.Obtain("taken").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, client.Set(ctx, taken.lock.keys[0], "another owner", time.Minute).Err())
+	lock := r.Obtain("forgotten")
+	inGoroutine(lock.Lock) // a goroutine that returned without unlocking
+	var fnCtx context.Context
+	doing := make(chan struct{})
+	doErr := make(chan error, 1)
+	go func() {
+		doErr <- r.Do(ctx, "do", func(ctx context.Context) error {
+			fnCtx = ctx
+			close(doing)
+			<-ctx.Done()
+			return nil
+		})
+	}()
+	<-doing
+
+	deadline, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, r.Shutdown(deadline), context.DeadlineExceeded, "it had to release keys")
+	for _, key := range []string{"hold", "forgotten"} {
+		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys[0]).Val(), "%s released", key)
+	}
+	require.Equal(t, "another owner", client.Get(ctx, taken.lock.keys[0]).Val(), "owner-checked")
+	requireFires(t, h.Lost(), time.Second, "the hold heard")
+	err = <-doErr
+	require.ErrorIs(t, err, ErrLockLost, "Do's fn was told, and Do says so")
+	require.ErrorIs(t, context.Cause(fnCtx), ErrLockLost)
+
+	err = h.Release(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	require.ErrorContains(t, err, "the registry was closed")
+	require.ErrorIs(t, h.Release(ctx), ErrNotHeld)
+	require.True(t, errors.Is(taken.Release(ctx), ErrLockLost))
+	require.Equal(t, "another owner", client.Get(ctx, taken.lock.keys[0]).Val())
+}
+
+// TestShutdownWithNothingHeldReturnsNil even when its context has ended.
+func TestShutdownWithNothingHeldReturnsNil(t *testing.T) {
+	r, err := New(redistest.Shared(t).Client(t), "lockreg-test:"+t.Name())
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	assert.NoError(t, r.Shutdown(ctx))
+	assert.NoError(t, r.Shutdown(ctx), "idempotent")
+}
