@@ -192,17 +192,25 @@ const lossUnknown = "its Redis key expired, was deleted, or Redis lost it"
 // first (a release that found the key gone reports that itself).
 func (h *Hold) lose(cause lossCause) {
 	h.mu.Lock()
+	tell := h.loseLocked(cause)
+	h.mu.Unlock()
+	tell()
+}
+
+// loseLocked is lose, with h.mu held; the caller runs tell once it let go
+// of h.mu, to tell whoever asked to be told (see whenLost).
+func (h *Hold) loseLocked(cause lossCause) (tell func()) {
 	if h.cause != lossNone || h.released {
-		h.mu.Unlock()
-		return
+		return func() {}
 	}
 	h.cause = cause
 	h.lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, h.lock.key, cause.explain())
 	close(h.lost)
 	onLoss, err := h.onLoss, h.lostErr
-	h.mu.Unlock()
-	if onLoss != nil {
-		onLoss(err)
+	return func() {
+		if onLoss != nil {
+			onLoss(err)
+		}
 	}
 }
 

@@ -94,18 +94,21 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 			h.mu.Unlock()
 			return // its owner's release is under way
 		}
+		// Lost with the key taken from it, in one step: its owner's
+		// release must not find the one without the other.
 		h.keyReleased = true
+		tell := h.loseLocked(lossClosed)
 		var handedOutToken int64
 		if h.handoffs > 0 {
 			handedOutToken = h.token
 		}
 		h.mu.Unlock()
+		tell()
 		found = true
 		releases.Go(func() {
 			if _, err := h.lock.releaseRedis(ctx, handedOutToken, false); err != nil {
 				r.cfg.logger.Warn("lockreg: Shutdown could not release a key; it expires after its lease", "key", h.Key(), "error", err)
 			}
-			h.lose(lossClosed)
 		})
 	})
 	releases.Wait()
