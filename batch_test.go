@@ -45,7 +45,7 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 		}
 		queued := len(b.queue)
 		wg.Go(func() {
-			tokens[i], errs[i] = b.run(callCtx, obtainScript, lock.keys, lock.obtainArgs(false, false)...).Int64()
+			tokens[i], errs[i] = b.run(callCtx, obtainScript, lock.keys.script, r.args.obtainArgs(false, false)...).Int64()
 		})
 		require.Eventually(t, func() bool {
 			b.mu.Lock()
@@ -60,7 +60,7 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 	for i := range callers {
 		require.NoError(t, errs[i], "caller %d", i)
 		require.Positive(t, tokens[i], "caller %d got a token", i)
-		owner, err := srv.Client(t).Get(ctx, r.Obtain(prefix + strconv.Itoa(i)).keys[0]).Result()
+		owner, err := srv.Client(t).Get(ctx, r.Obtain(prefix+strconv.Itoa(i)).keys.lock).Result()
 		require.NoError(t, err)
 		require.Equal(t, r.clientID, owner)
 	}

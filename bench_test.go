@@ -227,10 +227,10 @@ func BenchmarkGrantServerTime(b *testing.B) {
 	lock := r.Obtain("grant-time")
 	setUp := func() {
 		_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			p.Del(ctx, lock.keys[2], lock.keys[3])
-			p.Set(ctx, lock.keys[0], r.clientID, time.Minute)
-			p.ZAdd(ctx, lock.keys[2], redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "other:1000"})
-			p.ZAdd(ctx, lock.keys[3], redis.Z{Score: float64(time.Now().UnixMilli()), Member: "other:1000"})
+			p.Del(ctx, lock.keys.marker, lock.keys.queue)
+			p.Set(ctx, lock.keys.lock, r.clientID, time.Minute)
+			p.ZAdd(ctx, lock.keys.marker, redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "other:1000"})
+			p.ZAdd(ctx, lock.keys.queue, redis.Z{Score: float64(time.Now().UnixMilli()), Member: "other:1000"})
 			return nil
 		})
 		if err != nil {
@@ -238,9 +238,9 @@ func BenchmarkGrantServerTime(b *testing.B) {
 		}
 	}
 	grant := func() {
-		found, err := lock.releaseRedis(ctx, 0, true)
-		if err != nil || found >= 0 {
-			b.Fatalf("release: %d, %v; want a grant that marks this registry", found, err)
+		found, err := lock.releaseRedis(ctx, 0, true, "")
+		if err != nil || found.markToken == 0 {
+			b.Fatalf("release: %+v, %v; want a grant that marks this registry", found, err)
 		}
 	}
 	setUp()

@@ -36,7 +36,7 @@ func TestRedisCluster(t *testing.T) {
 		lock := a.Obtain("order-" + strconv.Itoa(i))
 		require.NoError(t, lock.LockContext(ctx))
 		locks = append(locks, lock)
-		node, err := admin.MasterForKey(ctx, lock.keys[0])
+		node, err := admin.MasterForKey(ctx, lock.keys.lock)
 		require.NoError(t, err)
 		nodes[node.Options().Addr] = true
 		require.False(t, b.Obtain(lock.Key()).TryLock(), "exclusion across registries")
@@ -130,7 +130,7 @@ func TestRedisClusterSlotMigrationWhileHeld(t *testing.T) {
 
 	lock := a.Obtain("order-42")
 	require.NoError(t, lock.LockContext(ctx))
-	slot := clusterSlot(lock.keys[0])
+	slot := clusterSlot(lock.keys.lock)
 	renewals := a.Stats().RenewCalls
 	m := migrateSlotSlowly(t, addrs, slot, lease, func(stage string) {
 		requireOpen(t, lock.Lost(), "the hold was reported lost during the migration, "+stage)
@@ -143,11 +143,11 @@ func TestRedisClusterSlotMigrationWhileHeld(t *testing.T) {
 
 	target := redis.NewClient(&redis.Options{Addr: m.To})
 	t.Cleanup(func() { _ = target.Close() })
-	require.Equal(t, a.clientID, target.Get(ctx, lock.keys[0]).Val(), "the lock's key lives on the target now")
-	require.Greater(t, target.PTTL(ctx, lock.keys[0]).Val(), lease/3, "and its lease is renewed there")
+	require.Equal(t, a.clientID, target.Get(ctx, lock.keys.lock).Val(), "the lock's key lives on the target now")
+	require.Greater(t, target.PTTL(ctx, lock.keys.lock).Val(), lease/3, "and its lease is renewed there")
 	requireHeldByAnother(t, b, lock.Key(), "the moved hold still excludes other registries")
 	require.NoError(t, lock.UnlockContext(ctx), "the holder releases it on its new node")
-	requireReleased(t, target, lock.keys[0], "released on the target")
+	requireReleased(t, target, lock.keys.lock, "released on the target")
 	taken := b.Obtain(lock.Key())
 	require.True(t, taken.TryLock(), "another registry takes it after the release")
 	require.NoError(t, taken.UnlockContext(ctx))
@@ -173,7 +173,7 @@ func TestRedisClusterSlotMigrationWhileWaited(t *testing.T) {
 	taken := lockInBackground(wctx, b.Obtain(lock.Key()))
 	waitUntilWaiting(t, b)
 
-	migrateSlotSlowly(t, addrs, clusterSlot(lock.keys[0]), lease, func(stage string) {
+	migrateSlotSlowly(t, addrs, clusterSlot(lock.keys.lock), lease, func(stage string) {
 		requireOpen(t, lock.Lost(), "the hold was reported lost during the migration, "+stage)
 		select {
 		case <-taken:
@@ -218,13 +218,13 @@ func TestRedisClusterSlotMigrationKeepsHoldsSharingASlot(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, r.Close()) })
 
 	locks := holdKeys(t, r, "order", 2)
-	slot := clusterSlot(locks[0].keys[0])
-	require.Equal(t, slot, clusterSlot(locks[1].keys[0]), "the hash tag puts both locks in one slot")
+	slot := clusterSlot(locks[0].keys.lock)
+	require.Equal(t, slot, clusterSlot(locks[1].keys.lock), "the hash tag puts both locks in one slot")
 	m := redistest.BeginSlotMigration(t, addrs, slot)
 	for split := false; !split; {
 		key, ok := m.MoveKey(t)
 		require.True(t, ok)
-		split = key == locks[0].keys[0] || key == locks[1].keys[0]
+		split = key == locks[0].keys.lock || key == locks[1].keys.lock
 	}
 	time.Sleep(2 * lease)
 	for _, lock := range locks {
@@ -254,11 +254,11 @@ func TestRedisClusterLocksWorkDuringSlotMigration(t *testing.T) {
 
 	lock := a.Obtain("order-42")
 	require.NoError(t, lock.LockContext(ctx))
-	m := redistest.BeginSlotMigration(t, addrs, clusterSlot(lock.keys[0]))
+	m := redistest.BeginSlotMigration(t, addrs, clusterSlot(lock.keys.lock))
 	require.NoError(t, lock.UnlockContext(ctx), "a release while the slot migrates goes through")
 	source := redis.NewClient(&redis.Options{Addr: m.From})
 	t.Cleanup(func() { _ = source.Close() })
-	require.Zero(t, source.Exists(ctx, lock.keys[0]).Val(), "and deletes the key")
+	require.Zero(t, source.Exists(ctx, lock.keys.lock).Val(), "and deletes the key")
 	free := b.Obtain(lock.Key())
 	require.True(t, free.TryLock(), "another registry takes the free lock while its slot migrates")
 	require.NoError(t, free.UnlockContext(ctx))
@@ -284,7 +284,7 @@ func TestRedisClusterRenewsInOneRoundTripPerNode(t *testing.T) {
 	locks := holdKeys(t, r, "order", 30)
 	keysOn := map[string]int64{}
 	for _, lock := range locks {
-		node, err := client.MasterForKey(context.Background(), lock.keys[0])
+		node, err := client.MasterForKey(context.Background(), lock.keys.lock)
 		require.NoError(t, err)
 		keysOn[node.Options().Addr]++
 	}
@@ -350,12 +350,12 @@ func TestRedisClusterWaitsForReplicas(t *testing.T) {
 		lockCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		require.NoError(t, lock.LockContext(lockCtx))
 		cancel()
-		primary, err := client.MasterForKey(ctx, lock.keys[0])
+		primary, err := client.MasterForKey(ctx, lock.keys.lock)
 		require.NoError(t, err)
 		primaries[primary.Options().Addr] = true
 		copies := 0
 		for _, replica := range replicas {
-			if replica.Get(ctx, lock.keys[0]).Val() == r.clientID {
+			if replica.Get(ctx, lock.keys.lock).Val() == r.clientID {
 				copies++
 			}
 		}

@@ -75,8 +75,8 @@ func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context
 		}
 		locks = append(locks, r.Obtain(key))
 	}
-	slices.SortFunc(locks, func(a, b *Lock) int { return strings.Compare(a.keys[0], b.keys[0]) })
-	locks = slices.CompactFunc(locks, func(a, b *Lock) bool { return a.keys[0] == b.keys[0] })
+	slices.SortFunc(locks, func(a, b *Lock) int { return strings.Compare(a.keys.lock, b.keys.lock) })
+	locks = slices.CompactFunc(locks, func(a, b *Lock) bool { return a.keys.lock == b.keys.lock })
 	if len(locks) == 0 {
 		return runNested(ctx, nestedIn, fn)
 	}

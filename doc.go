@@ -215,7 +215,7 @@
 // Fencing tokens close both gaps for storage that checks them. A hold that
 // asks for its token (Lock.Token) gets one greater than every earlier
 // token of that key, from any registry. The first ask of a hold draws it in
-// Redis, in one script call (draw.lua) that first checks that the key
+// Redis, in one script call (token.lua) that first checks that the key
 // still holds this registry's client id, so a holder whose key passed on
 // gets ErrLockLost instead of a token; holds passed on locally from a hold
 // with a token, and holds another registry's release granted (the grant

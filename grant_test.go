@@ -31,7 +31,7 @@ type waitingMark struct {
 }
 
 // putMarks leaves marks on lock's key as failed attempts would (see
-// mark.lua): each in the marker, scored by its lapse, and in the queue, by
+// markwaiting.lua): each in the marker, scored by its lapse, and in the queue, by
 // when it began to wait, both expiring with the latest lapse.
 func putMarks(t testing.TB, client redis.Cmdable, lock *Lock, marks ...waitingMark) {
 	t.Helper()
@@ -42,14 +42,14 @@ func putMarks(t testing.TB, client redis.Cmdable, lock *Lock, marks ...waitingMa
 	var last time.Time
 	_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, m := range marks {
-			p.ZAdd(ctx, lock.keys[2], redis.Z{Score: float64(m.lapse.UnixMilli()), Member: m.member})
-			p.ZAdd(ctx, lock.keys[3], redis.Z{Score: float64(m.since.UnixMilli()), Member: m.member})
+			p.ZAdd(ctx, lock.keys.marker, redis.Z{Score: float64(m.lapse.UnixMilli()), Member: m.member})
+			p.ZAdd(ctx, lock.keys.queue, redis.Z{Score: float64(m.since.UnixMilli()), Member: m.member})
 			if m.lapse.After(last) {
 				last = m.lapse
 			}
 		}
-		p.PExpire(ctx, lock.keys[2], time.Until(last))
-		p.PExpire(ctx, lock.keys[3], time.Until(last))
+		p.PExpire(ctx, lock.keys.marker, time.Until(last))
+		p.PExpire(ctx, lock.keys.queue, time.Until(last))
 		return nil
 	})
 	require.NoError(t, err)
@@ -94,18 +94,18 @@ func TestReleaseGrantsTheKeyToTheWaitingRegistry(t *testing.T) {
 	require.Equal(t, int64(1), s.Grants, "the release passed the key on")
 	require.Equal(t, callsWhileWaiting, s.AcquireCalls, "and the waiter took it without a call of its own")
 	require.Greater(t, token, holderToken, "a grant draws a larger token")
-	require.Equal(t, waiter.clientID, client.Get(ctx, lock.keys[0]).Val())
+	require.Equal(t, waiter.clientID, client.Get(ctx, lock.keys.lock).Val())
 	// A notification published after the grant reaches the bystander
 	// after the grant would have.
-	require.NoError(t, client.Publish(ctx, holder.channel, "wnobody").Err())
+	require.NoError(t, client.Publish(ctx, holder.notes.channel, "wnobody").Err())
 	require.Eventually(t, func() bool { return bystander.Stats().Notifications > 0 }, time.Second, time.Millisecond)
 	require.Equal(t, int64(1), bystander.Stats().Notifications, "the grant went to the grantee's channel alone")
 	require.Eventually(t, func() bool {
-		return client.PTTL(ctx, lock.keys[0]).Val() > waiter.grantLease
-	}, waiter.grantLease, time.Millisecond, "a grantee still holding the key extends the short grant lease to its own")
+		return client.PTTL(ctx, lock.keys.lock).Val() > waiter.grants.lease
+	}, waiter.grants.lease, time.Millisecond, "a grantee still holding the key extends the short grant lease to its own")
 	requireHeldByAnother(t, holder, "g", "the granted key excludes the old holder")
 	close(release)
-	requireReleased(t, client, lock.keys[0], "the grantee releases it")
+	requireReleased(t, client, lock.keys.lock, "the grantee releases it")
 }
 
 func TestShortGrantedHoldsAreNotExtended(t *testing.T) {
@@ -123,7 +123,7 @@ func TestShortGrantedHoldsAreNotExtended(t *testing.T) {
 	require.True(t, ok, "the waiter acquired")
 	require.Equal(t, int64(1), waiter.Stats().Grants)
 	require.Zero(t, goroutinesRunning("extendLater.func"), "only a timer waits to extend the grant")
-	time.Sleep(waiter.grantLease)
+	time.Sleep(waiter.grants.lease)
 	require.Zero(t, waiter.Stats().RenewCalls, "a hold released within its grant lease costs no extension")
 }
 
@@ -144,10 +144,10 @@ func TestGrantNobodyWaitsForIsGivenBack(t *testing.T) {
 	held := holder.Obtain("g")
 	held.Lock()
 	// The mark of a waiter that gave up before its withdrawal landed.
-	markWaiting(t, client, held, gone.obtainArgs[1][1][4].(string))
+	markWaiting(t, client, held, gone.args.mark)
 
 	held.Unlock()
-	requireReleased(t, client, held.keys[0], "the registry that no longer waits gives the key back")
+	requireReleased(t, client, held.keys.lock, "the registry that no longer waits gives the key back")
 	require.Zero(t, gone.Stats().Grants)
 	require.Equal(t, int64(1), gone.Stats().Notifications)
 	require.True(t, holder.Obtain("g").TryLock(), "the key is free again")
@@ -165,8 +165,8 @@ func TestGrantToADeadRegistryLastsOnlyTheGrantLease(t *testing.T) {
 	markWaiting(t, client, held, "crashed-registry:150")
 
 	held.Unlock()
-	require.Equal(t, "crashed-registry", client.Get(ctx, held.keys[0]).Val(), "granted to the only mark")
-	require.LessOrEqual(t, client.PTTL(ctx, held.keys[0]).Val(), grantLease)
+	require.Equal(t, "crashed-registry", client.Get(ctx, held.keys.lock).Val(), "granted to the only mark")
+	require.LessOrEqual(t, client.PTTL(ctx, held.keys.lock).Val(), grantLease)
 	lock := waiter.Obtain("g")
 	require.NoError(t, lock.LockContext(ctx), "the key is free once the grant lease ran out")
 	lock.Unlock()
@@ -176,14 +176,14 @@ func TestOnlyAGrantAfterTheFailedAttemptIsTrusted(t *testing.T) {
 	r := newRegistry(t, redistest.Shared(t).Client(t))
 	lock := r.Obtain("g")
 	failed := time.Now()
-	require.Nil(t, lock.acceptGrant(nil, 100, failed, 0), "the attempt saw no token: the grant's age is unknown")
-	require.Nil(t, lock.acceptGrant(nil, 100, failed, 100), "a grant with the token the attempt saw came before it")
-	require.Nil(t, lock.acceptGrant(nil, 101, failed.Add(-r.grantLease), 100), "the grant lease may be over")
+	require.Nil(t, lock.acceptGrant(nil, 100, waitMark{sent: failed}), "the attempt saw no token: the grant's age is unknown")
+	require.Nil(t, lock.acceptGrant(nil, 100, waitMark{sent: failed, token: 100}), "a grant with the token the attempt saw came before it")
+	require.Nil(t, lock.acceptGrant(nil, 101, waitMark{sent: failed.Add(-r.grants.lease), token: 100}), "the grant lease may be over")
 	local := r.locals.join("g")
 	defer r.locals.leave("g")
-	h := lock.acceptGrant(local, 101, failed, 100)
+	h := lock.acceptGrant(local, 101, waitMark{sent: failed, token: 100})
 	require.NotNil(t, h)
-	require.Equal(t, failed.Add(r.grantLease).UnixNano(), h.leaseEnd.Load(), "the lease is counted from the failed attempt")
+	require.Equal(t, failed.Add(r.grants.lease).UnixNano(), h.leaseEnd.Load(), "the lease is counted from the failed attempt")
 	require.Equal(t, int64(1), r.Stats().Grants)
 }
 
@@ -197,18 +197,18 @@ func TestWaiterThatGivesUpWithdrawsItsMark(t *testing.T) {
 	held := holder.Obtain("g")
 	held.Lock()
 	defer held.Unlock()
-	mark := waiter.obtainArgs[1][1][4].(string)
+	mark := waiter.args.mark
 
 	waitCtx, cancel := context.WithCancel(ctx)
 	gaveUp := make(chan error, 1)
 	go func() { gaveUp <- waiter.Obtain("g").LockContext(waitCtx) }()
 	require.Eventually(t, func() bool {
-		return client.ZScore(ctx, held.keys[2], mark).Err() == nil
+		return client.ZScore(ctx, held.keys.marker, mark).Err() == nil
 	}, time.Second, time.Millisecond, "the waiting registry is marked")
 	cancel()
 	require.ErrorIs(t, <-gaveUp, ErrNotObtained)
 	require.Eventually(t, func() bool {
-		return client.ZScore(ctx, held.keys[2], mark).Err() == redis.Nil && client.ZScore(ctx, held.keys[3], mark).Err() == redis.Nil
+		return client.ZScore(ctx, held.keys.marker, mark).Err() == redis.Nil && client.ZScore(ctx, held.keys.queue, mark).Err() == redis.Nil
 	}, time.Second, time.Millisecond, "the mark is withdrawn, from the queue too, not left to lapse")
 }
 
@@ -262,15 +262,15 @@ func TestATakenKeyLeavesNoMarkBehind(t *testing.T) {
 	held.Lock()
 	lock := waiter.Obtain("g")
 	taken := lockInBackground(ctx, lock)
-	mark := lock.obtainArgs(true, true)[4].(string)
+	mark := lock.r.args.mark
 	require.Eventually(t, func() bool {
-		return client.ZScore(ctx, held.keys[2], mark).Err() == nil && client.ZScore(ctx, held.keys[3], mark).Err() == nil
+		return client.ZScore(ctx, held.keys.marker, mark).Err() == nil && client.ZScore(ctx, held.keys.queue, mark).Err() == nil
 	}, time.Second, time.Millisecond, "the waiting registry is marked and queued")
 	held.Unlock()
 	requireTaken(t, taken)
 	require.Zero(t, waiter.Stats().Grants, "the waiter took the key itself")
-	require.ErrorIs(t, client.ZScore(ctx, held.keys[2], mark).Err(), redis.Nil, "its mark is gone")
-	require.ErrorIs(t, client.ZScore(ctx, held.keys[3], mark).Err(), redis.Nil, "and its place in the queue")
+	require.ErrorIs(t, client.ZScore(ctx, held.keys.marker, mark).Err(), redis.Nil, "its mark is gone")
+	require.ErrorIs(t, client.ZScore(ctx, held.keys.queue, mark).Err(), redis.Nil, "and its place in the queue")
 }
 
 func TestFailedTryLockLeavesNoMark(t *testing.T) {
@@ -281,9 +281,9 @@ func TestFailedTryLockLeavesNoMark(t *testing.T) {
 	held := holder.Obtain("g")
 	held.Lock()
 	require.False(t, other.Obtain("g").TryLock())
-	require.Zero(t, client.Exists(ctx, held.keys[2]).Val(), "nobody waits, so nobody is marked")
+	require.Zero(t, client.Exists(ctx, held.keys.marker).Val(), "nobody waits, so nobody is marked")
 	held.Unlock()
-	requireReleased(t, client, held.keys[0], "the release deletes the key")
+	requireReleased(t, client, held.keys.lock, "the release deletes the key")
 }
 
 func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
@@ -291,37 +291,37 @@ func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
 	lock := r.Obtain("g")
-	grant := "1000:" + strconv.FormatInt(r.grantLease.Milliseconds(), 10)
+	grant := "1000:" + strconv.FormatInt(r.grants.lease.Milliseconds(), 10)
 	// The key as a grant left it: this registry's for the grant lease, with
 	// the grant's token.
 	grantLeft := func() {
-		require.NoError(t, client.Set(ctx, lock.keys[0], r.clientID, r.grantLease).Err())
-		require.NoError(t, client.Set(ctx, lock.keys[1], "1000", time.Minute).Err())
+		require.NoError(t, client.Set(ctx, lock.keys.lock, r.clientID, r.grants.lease).Err())
+		require.NoError(t, client.Set(ctx, lock.keys.fence, "1000", time.Minute).Err())
 	}
 	grantLeft()
 	require.True(t, lock.TryLock(), "an acquisition here finds the key its own")
 	found, err := lock.releaseRedis(ctx, 0, false, grant)
 	require.NoError(t, err)
-	require.Equal(t, int64(notOurs), found, "it moved the key's last token past the grant's: the give-back spares the key")
-	require.Equal(t, r.clientID, client.Get(ctx, lock.keys[0]).Val())
+	require.Equal(t, notOurs, found.outcome, "it moved the key's last token past the grant's: the give-back spares the key")
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.lock).Val())
 	lock.Unlock()
 
 	// The grant expired, and a plain SET NX here took the key: the grant's
 	// token is still the last, but the key has a full lease.
-	require.NoError(t, client.Set(ctx, lock.keys[1], "1000", time.Minute).Err())
+	require.NoError(t, client.Set(ctx, lock.keys.fence, "1000", time.Minute).Err())
 	require.True(t, lock.TryLock())
-	require.Equal(t, "1000", client.Get(ctx, lock.keys[1]).Val(), "the SET NX drew no token")
+	require.Equal(t, "1000", client.Get(ctx, lock.keys.fence).Val(), "the SET NX drew no token")
 	found, err = lock.releaseRedis(ctx, 0, false, grant)
 	require.NoError(t, err)
-	require.Equal(t, int64(notOurs), found, "the give-back spares the key: its lease is longer than a grant's")
-	require.Equal(t, r.clientID, client.Get(ctx, lock.keys[0]).Val())
+	require.Equal(t, notOurs, found.outcome, "the give-back spares the key: its lease is longer than a grant's")
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.lock).Val())
 	lock.Unlock()
 
 	grantLeft()
 	found, err = lock.releaseRedis(ctx, 0, false, grant)
 	require.NoError(t, err)
-	require.Equal(t, int64(releasedAlone), found, "nobody took the grant: it goes back")
-	require.Zero(t, client.Exists(ctx, lock.keys[0]).Val())
+	require.Equal(t, deleted, found.outcome, "nobody took the grant: it goes back")
+	require.Zero(t, client.Exists(ctx, lock.keys.lock).Val())
 }
 
 // slowGiveBack holds back the registry's give-backs (release.lua called
@@ -369,11 +369,11 @@ func TestALateGiveBackSparesAHoldTakenSince(t *testing.T) {
 			held := other.Obtain("g")
 			held.Lock()
 			// The mark of late's waiter that gave up before its withdrawal landed.
-			markWaiting(t, srv.Client(t), held, late.obtainArgs[1][1][4].(string))
+			markWaiting(t, srv.Client(t), held, late.args.mark)
 			held.Unlock()
 			require.Eventually(t, func() bool { return late.Stats().Notifications > 0 }, time.Second, time.Millisecond, "the release granted the key to late")
 
-			time.Sleep(late.grantLease + 50*time.Millisecond)
+			time.Sleep(late.grants.lease + 50*time.Millisecond)
 			lock := late.Obtain("g")
 			require.True(t, lock.TryLock(), "the grant expired: a plain SET NX takes the key")
 			select {
@@ -400,7 +400,7 @@ func TestReplicatedWaiterMarksItselfForWakeUps(t *testing.T) {
 	gaveUp := make(chan error, 1)
 	go func() { gaveUp <- waiter.Obtain("g").LockContext(waitCtx) }()
 	require.Eventually(t, func() bool {
-		return client.ZScore(ctx, held.keys[2], waiter.clientID).Err() == nil
+		return client.ZScore(ctx, held.keys.marker, waiter.clientID).Err() == nil
 	}, time.Second, time.Millisecond, "a waiting WithWaitReplicas registry asks to be woken (it takes no grants)")
 	cancel()
 	require.ErrorIs(t, <-gaveUp, ErrNotObtained)
@@ -419,7 +419,7 @@ func TestGrantIsTrustedWhenNoHoldDrewAToken(t *testing.T) {
 	key := "g" + strconv.FormatInt(time.Now().UnixNano(), 10) // no token stored by an earlier run
 	held := holder.Obtain(key)
 	held.Lock()
-	fence := held.keys[1]
+	fence := held.keys.fence
 	require.Zero(t, client.Exists(ctx, fence).Val(), "the holder never asked for a token")
 
 	lock := waiter.Obtain(key)
@@ -455,14 +455,14 @@ func TestAReleaseFindingAWaiterUnexpectedlyIsSentAgain(t *testing.T) {
 		held.Lock()
 		taken := lockInBackground(ctx, waiter.Obtain(key))
 		require.Eventually(t, func() bool {
-			return client.Exists(ctx, held.keys[2]).Val() == 1 && waiter.subscribed.Load()
+			return client.Exists(ctx, held.keys.marker).Val() == 1 && waiter.notes.subscribed.Load()
 		}, 5*time.Second, time.Millisecond, "the waiter marked itself and listens")
 		before := holder.Stats().ReleaseCalls
 		held.Unlock()
 		requireTaken(t, taken)
 		require.Equal(t, int64(round+1), waiter.Stats().Grants, "round %d: the release granted the key", round)
 		require.Equal(t, int64(2-round), holder.Stats().ReleaseCalls-before, "round %d: release calls", round)
-		requireReleased(t, client, held.keys[0], "the waiter unlocked")
+		requireReleased(t, client, held.keys.lock, "the waiter unlocked")
 	}
 }
 
@@ -506,21 +506,21 @@ func TestAReleasePassingTheKeyOnMarksTheGoroutineWaitingBehind(t *testing.T) {
 	held, otherTaken, otherRelease, behind := holdAndWaitBehind(t, ctx, holder, other, "g")
 	// A wake-up from before the release, still pending when the mutex
 	// passes, must not cost the waiter an attempt either.
-	require.NoError(t, client.Publish(ctx, holder.channel, "wg").Err())
+	require.NoError(t, client.Publish(ctx, holder.notes.channel, "wg").Err())
 	require.Eventually(t, func() bool { return holder.Stats().Notifications > 0 }, time.Second, time.Millisecond)
 	calls := holder.Stats().AcquireCalls
 
 	held.Unlock()
 	<-otherTaken
-	mark := held.obtainArgs(true, true)[4].(string)
-	require.NoError(t, client.ZScore(ctx, held.keys[2], mark).Err(), "the release marked the holder as waiting")
+	mark := held.r.args.mark
+	require.NoError(t, client.ZScore(ctx, held.keys.marker, mark).Err(), "the release marked the holder as waiting")
 	close(otherRelease)
 	_, ok := <-behind
 	require.True(t, ok, "the goroutine waiting behind the holder acquired")
 	s := holder.Stats()
 	require.Equal(t, int64(1), s.Grants, "by a grant")
 	require.Equal(t, calls, s.AcquireCalls, "without an attempt of its own")
-	requireReleased(t, client, held.keys[0], "and released")
+	requireReleased(t, client, held.keys.lock, "and released")
 }
 
 func TestAWaiterGivingUpWithdrawsTheMarkItsReleaseLeft(t *testing.T) {
@@ -534,16 +534,16 @@ func TestAWaiterGivingUpWithdrawsTheMarkItsReleaseLeft(t *testing.T) {
 
 	held.Unlock()
 	<-otherTaken
-	mark := held.obtainArgs(true, true)[4].(string)
-	require.NoError(t, client.ZScore(ctx, held.keys[2], mark).Err(), "the release marked the holder as waiting")
+	mark := held.r.args.mark
+	require.NoError(t, client.ZScore(ctx, held.keys.marker, mark).Err(), "the release marked the holder as waiting")
 	giveUp()
 	_, ok := <-behind
 	require.False(t, ok, "the waiter gave up")
 	require.Eventually(t, func() bool {
-		return errors.Is(client.ZScore(ctx, held.keys[2], mark).Err(), redis.Nil)
+		return errors.Is(client.ZScore(ctx, held.keys.marker, mark).Err(), redis.Nil)
 	}, time.Second, time.Millisecond, "and withdrew the mark")
 	close(otherRelease)
-	requireReleased(t, client, held.keys[0], "the other registry's release deleted the key")
+	requireReleased(t, client, held.keys.lock, "the other registry's release deleted the key")
 	require.Zero(t, holder.Stats().Grants, "and granted the holder nothing")
 }
 
@@ -557,16 +557,16 @@ func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
 	lock := r.Obtain("m" + strconv.FormatInt(time.Now().UnixNano(), 10))
-	marker, queue := lock.keys[2], lock.keys[3]
+	marker, queue := lock.keys.marker, lock.keys.queue
 	hold := func(marks ...waitingMark) {
 		t.Helper()
-		require.NoError(t, client.Set(ctx, lock.keys[0], r.clientID, time.Minute).Err())
+		require.NoError(t, client.Set(ctx, lock.keys.lock, r.clientID, time.Minute).Err())
 		require.NoError(t, client.Del(ctx, marker, queue).Err())
 		putMarks(t, client, lock, marks...)
 	}
-	release := func() int64 {
+	release := func() releaseReply {
 		t.Helper()
-		found, err := lock.releaseRedis(ctx, 0, false)
+		found, err := lock.releaseRedis(ctx, 0, false, "")
 		require.NoError(t, err)
 		return found
 	}
@@ -575,7 +575,7 @@ func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 
 	// The only mark, which takes no grants: popping it deleted the queue.
 	hold(waitingMark{"replicated", in(-time.Second), in(5 * time.Second)})
-	require.Equal(t, int64(releasedWhileWaited), release(), "the waiter is woken, not granted")
+	require.Equal(t, deletedWaited, release().outcome, "the waiter is woken, not granted")
 	require.Equal(t, float64(in(5*time.Second).UnixMilli()), client.ZScore(ctx, marker, "replicated").Val(), "its mark is as it was")
 	require.NoError(t, client.ZScore(ctx, queue, "replicated").Err(), "and it is queued again")
 	ttl := client.PTTL(ctx, queue).Val()
@@ -586,25 +586,25 @@ func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 	// waits behind it, and goes behind that one: the next release grants
 	// the key. The queue keeps its own, longer TTL.
 	hold(waitingMark{"replicated", in(-2 * time.Second), in(3 * time.Second)}, waitingMark{"other:1000", in(-time.Second), in(9 * time.Second)})
-	require.Equal(t, int64(releasedWhileWaited), release())
+	require.Equal(t, deletedWaited, release().outcome)
 	require.Equal(t, int64(2), client.ZCard(ctx, marker).Val(), "both marks stay")
 	require.Equal(t, []string{"other:1000", "replicated"}, client.ZRange(ctx, queue, 0, -1).Val(), "the woken one now queues last")
 	require.Greater(t, client.PTTL(ctx, queue).Val(), 3*time.Second, "whose TTL is the marker's")
-	require.NoError(t, client.Set(ctx, lock.keys[0], r.clientID, time.Minute).Err())
-	require.Equal(t, int64(granted), release())
-	require.Equal(t, "other", client.Get(ctx, lock.keys[0]).Val(), "the next release granted the key behind it")
+	require.NoError(t, client.Set(ctx, lock.keys.lock, r.clientID, time.Minute).Err())
+	require.Equal(t, granted, release().outcome)
+	require.Equal(t, "other", client.Get(ctx, lock.keys.lock).Val(), "the next release granted the key behind it")
 
 	// A lapsed mark is passed over for the next live one.
 	hold(waitingMark{"lapsed:1000", in(-3 * time.Second), in(-time.Second)}, waitingMark{"live:1000", in(-2 * time.Second), in(5 * time.Second)})
-	require.Equal(t, int64(granted), release())
-	require.Equal(t, "live", client.Get(ctx, lock.keys[0]).Val(), "the key went to the live mark")
+	require.Equal(t, granted, release().outcome)
+	require.Equal(t, "live", client.Get(ctx, lock.keys.lock).Val(), "the key went to the live mark")
 	require.Zero(t, client.Exists(ctx, marker, queue).Val(), "no mark is left")
 
 	// The mark that has waited longest gets the key, not the one that
 	// lapses first: a waiting registry renews its mark with every attempt.
 	hold(waitingMark{"early:1000", in(-3 * time.Second), in(5 * time.Second)}, waitingMark{"late:1000", in(-time.Second), in(2 * time.Second)})
-	require.Equal(t, int64(granted), release())
-	require.Equal(t, "early", client.Get(ctx, lock.keys[0]).Val(), "the key went to the registry waiting longest")
+	require.Equal(t, granted, release().outcome)
+	require.Equal(t, "early", client.Get(ctx, lock.keys.lock).Val(), "the key went to the registry waiting longest")
 	require.Equal(t, []string{"late:1000"}, client.ZRange(ctx, queue, 0, -1).Val(), "the other waits on")
 	require.Equal(t, []string{"late:1000"}, client.ZRange(ctx, marker, 0, -1).Val())
 
@@ -612,8 +612,8 @@ func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 	// marker alone) is woken.
 	hold()
 	require.NoError(t, client.ZAdd(ctx, marker, redis.Z{Score: float64(in(5 * time.Second).UnixMilli()), Member: "older:1000"}).Err())
-	require.Equal(t, int64(releasedWhileWaited), release())
-	require.Zero(t, client.Exists(ctx, lock.keys[0]).Val(), "the key is free for it")
+	require.Equal(t, deletedWaited, release().outcome)
+	require.Zero(t, client.Exists(ctx, lock.keys.lock).Val(), "the key is free for it")
 }
 
 // TestAMarkNeverShortensALongerOne: registries with different retry
@@ -626,7 +626,7 @@ func TestAMarkNeverShortensALongerOne(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	key := "m" + strconv.FormatInt(time.Now().UnixNano(), 10)
 	lock := newRegistry(t, client).Obtain(key)
-	marker, queue := lock.keys[2], lock.keys[3]
+	marker, queue := lock.keys.marker, lock.keys.queue
 	markedFor := func(d time.Duration, member string) {
 		t.Helper()
 		putMarks(t, client, lock, waitingMark{member, time.Now().Add(-time.Second), time.Now().Add(d)})
@@ -634,11 +634,12 @@ func TestAMarkNeverShortensALongerOne(t *testing.T) {
 	failedAttempt := func(r *Registry) {
 		t.Helper()
 		lock := r.Obtain(key)
-		require.NoError(t, client.Set(ctx, lock.keys[0], "another", time.Minute).Err())
+		require.NoError(t, client.Set(ctx, lock.keys.lock, "another", time.Minute).Err())
 		reply, err := lock.obtainScripted(ctx, true, false)
 		require.NoError(t, err)
-		require.Less(t, reply, int64(1), "the attempt failed")
-		require.NoError(t, client.ZScore(ctx, marker, lock.obtainArgs(true, true)[4].(string)).Err(), "and marked its registry")
+		require.False(t, reply.held, "the attempt failed")
+		require.Positive(t, reply.lastToken, "and reported the key's last token")
+		require.NoError(t, client.ZScore(ctx, marker, lock.r.args.mark).Err(), "and marked its registry")
 	}
 	hasty := newRegistry(t, client, WithRetryInterval(10*time.Millisecond)) // marks for 20ms
 
@@ -653,11 +654,12 @@ func TestAMarkNeverShortensALongerOne(t *testing.T) {
 	putMarks(t, client, lock, waitingMark{"first:1000", time.Now().Add(-2 * time.Second), time.Now().Add(2 * time.Second)})
 	markedFor(9*time.Second, "patient:1000")
 	released := hasty.Obtain(key)
-	require.NoError(t, client.Set(ctx, released.keys[0], hasty.clientID, time.Minute).Err())
-	found, err := released.releaseRedis(ctx, 0, true)
+	require.NoError(t, client.Set(ctx, released.keys.lock, hasty.clientID, time.Minute).Err())
+	found, err := released.releaseRedis(ctx, 0, true, "")
 	require.NoError(t, err)
-	require.Less(t, found, int64(0), "the release granted the key and marked its registry")
-	require.Equal(t, "first", client.Get(ctx, released.keys[0]).Val())
+	require.Equal(t, granted, found.outcome, "the release granted the key")
+	require.Positive(t, found.markToken, "and marked its registry")
+	require.Equal(t, "first", client.Get(ctx, released.keys.lock).Val())
 	require.Greater(t, client.PTTL(ctx, marker).Val(), 3*time.Second, "the short mark left the marker's TTL as it was")
 	require.Greater(t, client.PTTL(ctx, queue).Val(), 3*time.Second, "and the queue's")
 	require.NoError(t, client.ZScore(ctx, marker, "patient:1000").Err(), "and the longer mark with it")
@@ -685,14 +687,14 @@ func TestAGrantToAHolderIsGivenBack(t *testing.T) {
 	require.NoError(t, stale.subscribe(ctx))
 	held := stale.Obtain("g")
 	held.Lock()
-	require.NoError(t, client.Del(ctx, held.keys[0]).Err(), "Redis loses the key")
+	require.NoError(t, client.Del(ctx, held.keys.lock).Err(), "Redis loses the key")
 	taken := other.Obtain("g")
 	taken.Lock()
-	markWaiting(t, client, held, held.obtainArgs(true, true)[4].(string))
+	markWaiting(t, client, held, held.r.args.mark)
 	taken.Unlock()
 
 	require.Eventually(t, func() bool { return stale.Stats().Notifications > 0 }, time.Second, time.Millisecond, "the release granted the key to the holder's registry")
-	require.Eventually(t, func() bool { return client.Exists(ctx, held.keys[0]).Val() == 0 }, time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return client.Exists(ctx, held.keys.lock).Val() == 0 }, time.Second, time.Millisecond,
 		"which gave it back at once, not after its 2s grant lease")
 	require.ErrorIs(t, held.UnlockContext(ctx), ErrLockLost, "and the holder learns that its hold was broken")
 	require.Zero(t, stale.Stats().Grants)

@@ -2,7 +2,6 @@ package lockreg
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -60,7 +59,7 @@ func newHold(l *Lock, token int64, sent time.Time, lease time.Duration) *Hold {
 func (h *Hold) Key() string { return h.lock.key }
 
 // redisKey is the hold's key in Redis.
-func (h *Hold) redisKey() string { return h.lock.keys[0] }
+func (h *Hold) redisKey() string { return h.lock.keys.lock }
 
 // Lost returns a channel that is closed when the hold may have been lost:
 // renewal found the Redis key gone or owned by someone else, Redis came
@@ -121,7 +120,7 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 		return token, err
 	}
 	l := h.lock
-	token, err = l.runScript(ctx, drawScript, l.keys[:2], l.r.clientIDArg, l.r.leaseArg).Int64()
+	token, err = l.runScript(ctx, tokenScript, tokenKeys(l.keys), l.r.args.ownerAndLease...).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, l.key, err)
 	}
@@ -153,233 +152,6 @@ func (h *Hold) usableToken() (int64, error) {
 		return 0, fmt.Errorf("%w: key %q: %s", ErrLockLost, h.lock.key, lossExpired.explain())
 	}
 	return h.token, nil
-}
-
-// lossCause says why a hold may have been lost.
-type lossCause uint8
-
-const (
-	lossNone    lossCause = iota
-	lossExpired           // the lease ran out unrenewed
-	lossMaxHold           // renewal stopped at WithMaxHold, and the lease ran out
-	lossDeleted           // Redis said the key was gone or another owner's
-	lossRestart           // Redis came back from a restart or failover without the key
-	lossClosed            // the registry closed
-)
-
-// String names the cause as metrics and logs do.
-func (c lossCause) String() string {
-	return [...]string{"none", "expired", "max_hold", "deleted", "restart", "closed"}[c]
-}
-
-// explain says what the cause means to the holder.
-func (c lossCause) explain() string {
-	return [...]string{
-		"",
-		"its lease ran out unrenewed (a stall longer than the lease, or Redis unreachable)",
-		"it was held past WithMaxHold and its lease ran out",
-		"its Redis key was deleted or passed to another owner",
-		"Redis came back from a restart or failover without its key",
-		"the registry was closed",
-	}[c]
-}
-
-// lossUnknown is the cause of a loss that release.lua found: the key was
-// not this registry's any more, for a reason Redis does not tell.
-const lossUnknown = "its Redis key expired, was deleted, or Redis lost it"
-
-// lose signals the hold lost for cause, once, unless it was released
-// first (a release that found the key gone reports that itself).
-func (h *Hold) lose(cause lossCause) {
-	h.mu.Lock()
-	tell := h.loseLocked(cause)
-	h.mu.Unlock()
-	tell()
-}
-
-// loseLocked is lose, with h.mu held; the caller runs tell once it let go
-// of h.mu, to tell whoever asked to be told (see whenLost).
-func (h *Hold) loseLocked(cause lossCause) (tell func()) {
-	if h.cause != lossNone || h.released {
-		return func() {}
-	}
-	h.cause = cause
-	h.lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, h.lock.key, cause.explain())
-	close(h.lost)
-	onLoss, err := h.onLoss, h.lostErr
-	return func() {
-		if onLoss != nil {
-			onLoss(err)
-		}
-	}
-}
-
-// lossError is the error of a lost hold, or nil.
-func (h *Hold) lossError() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.lostErr
-}
-
-// whenLost arranges for fn to be told of the hold's loss: at once if it
-// is lost already.
-func (h *Hold) whenLost(fn func(error)) {
-	h.mu.Lock()
-	err := h.lostErr
-	if err == nil {
-		h.onLoss = fn
-	}
-	h.mu.Unlock()
-	if err != nil {
-		fn(err)
-	}
-}
-
-// endLease ends the lease now, for h and the holds handed on from it, and
-// signals h lost for cause: Redis said that the key was not this
-// registry's, or a renewal came too late to tell.
-func (h *Hold) endLease(cause lossCause) {
-	h.leaseEnd.Store(0)
-	h.lose(cause)
-}
-
-// extendLease moves the lease's end to end (unix ns), unless that would
-// shorten it, and reports true, if the lease was live at sent: a renewal
-// sent within the lease carries it on.
-func (h *Hold) extendLease(sent time.Time, end int64) bool {
-	for {
-		current := h.leaseEnd.Load()
-		if current <= sent.UnixNano() {
-			return false
-		}
-		if current >= end || h.leaseEnd.CompareAndSwap(current, end) {
-			return true
-		}
-	}
-}
-
-// leaseOver reports whether the lease ran out unrenewed, as the registry
-// counts it.
-func (h *Hold) leaseOver() bool { return time.Now().UnixNano() >= h.leaseEnd.Load() }
-
-func (h *Hold) isLost() bool { return isClosed(h.lost) }
-
-// release is Release, for Hold values and the last Unlock alike.
-func (h *Hold) release(ctx context.Context) error {
-	l, local := h.lock, h.local
-	r := l.r
-	h.mu.Lock()
-	if h.released {
-		h.mu.Unlock()
-		return fmt.Errorf("%w: key %q: released already", ErrNotHeld, l.key)
-	}
-	h.released = true
-	token, lostErr, keyReleased := h.token, h.lostErr, h.keyReleased
-	h.mu.Unlock()
-
-	local.hold.Store(nil)
-	r.holdEnded()
-	if keyReleased {
-		l.free(local)
-		return lostErr
-	}
-	if next := r.handoff(h, token, local); next != nil && local.unlock(handover{hold: next}) {
-		r.locals.leave(l.key)
-		return nil
-	}
-	if ctx.Err() != nil {
-		var cancel context.CancelFunc
-		ctx, cancel = r.releaseContext(ctx)
-		defer cancel()
-	}
-	// If a goroutine of this registry waits for the key and the release
-	// passes it to another registry, the release marks this one as waiting
-	// too, in the same call, for that goroutine: it then waits for its
-	// grant without a failing attempt of its own, one round trip less per
-	// hand-off between processes. Only a subscribed registry hears grants.
-	markNext := r.grantLease > 0 && r.subscribed.Load() && local.waited()
-	var sent time.Time // when the call that may mark was sent
-	if markNext {
-		sent = time.Now()
-	}
-	// A lease that ran out before the release, as the registry counts it,
-	// may have let another owner in, even if the key is this registry's
-	// again by the time the release runs.
-	leaseRanOut := h.leaseOver()
-	var handedOutToken int64
-	if h.handoffs > 0 {
-		handedOutToken = token
-	}
-	released, err := l.releaseRedis(ctx, handedOutToken, markNext)
-	var mark waitMark
-	if released < 0 {
-		mark = waitMark{sent: sent, token: -released}
-		released = granted
-	}
-	switch released {
-	case releasedWhileWaited:
-		// Another registry waits: let it take the key before our next
-		// acquisition tries, or that would nearly always win.
-		r.yields.Store(l.key, time.Now().Add(r.yield))
-		l.sawContention()
-	case granted:
-		l.sawContention()
-	}
-	if !local.unlock(handover{mark: mark}) && mark.token != 0 {
-		// The waiter gave up meanwhile. unlock kept the mutex, so that
-		// the withdrawal is on record before the next owner can attempt.
-		l.unmark()
-		local.unlock(handover{})
-	}
-	r.locals.leave(l.key)
-	switch {
-	case lostErr != nil:
-	case leaseRanOut:
-		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, lossExpired.explain())
-	case err == nil && released == notOurs:
-		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, lossUnknown)
-	}
-	if lostErr != nil && err != nil {
-		return errors.Join(lostErr, err)
-	}
-	if lostErr != nil {
-		return lostErr
-	}
-	return err
-}
-
-// releaseContext is the context of a release that must not be cut short
-// by ctx's end: ctx's values, bounded by the lease, after which the key
-// has expired anyway.
-func (r *Registry) releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), r.cfg.expireAfter)
-}
-
-// handoff returns the hold to pass, with the Redis key, to the next local
-// waiter, or nil when h must go back to Redis: hand-offs are off, h may be
-// lost, nobody waits, or the run of hand-offs reached its bound, after
-// which other registries get their turn. If h has a token, the next hold's
-// is one more: no other registry can draw a token meanwhile, as the key
-// stays held, and the release stores the last one handed out. Otherwise
-// the next hold draws its own if asked.
-func (r *Registry) handoff(h *Hold, token int64, local *localLock) *Hold {
-	if r.cfg.handoffMax == 0 || h.handoffs >= r.cfg.handoffMax || h.isLost() || h.leaseOver() ||
-		time.Since(h.redisTaken) >= r.cfg.handoffFor || !local.waited() {
-		return nil
-	}
-	next := &Hold{
-		lock:       h.lock,
-		local:      local,
-		taken:      time.Now(),
-		redisTaken: h.redisTaken,
-		handoffs:   h.handoffs + 1,
-		leaseEnd:   h.leaseEnd,
-		lost:       make(chan struct{}),
-	}
-	if token != 0 {
-		next.token = token + 1
-	}
-	return next
 }
 
 // closedSignal is what Lock.Lost returns to a goroutine that holds nothing.

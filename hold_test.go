@@ -39,7 +39,7 @@ func TestAHoldBelongsToNoGoroutine(t *testing.T) {
 	lock := r.Obtain("k")
 	h := acquireIn(t, ctx, lock)
 	require.Equal(t, "k", h.Key())
-	require.Equal(t, r.clientID, client.Get(ctx, lock.keys[0]).Val(), "held in Redis")
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.lock).Val(), "held in Redis")
 
 	var token int64
 	inGoroutine(func() {
@@ -54,7 +54,7 @@ func TestAHoldBelongsToNoGoroutine(t *testing.T) {
 	require.Equal(t, token, again, "one token per hold")
 
 	inGoroutine(func() { assert.NoError(t, h.Release(ctx)) })
-	require.Zero(t, client.Exists(ctx, lock.keys[0]).Val(), "released in Redis")
+	require.Zero(t, client.Exists(ctx, lock.keys.lock).Val(), "released in Redis")
 	requireOpen(t, h.Lost(), "a release is not a loss")
 	require.ErrorIs(t, h.Release(ctx), ErrNotHeld, "a hold is released once")
 	_, err = h.Token(ctx)
@@ -186,12 +186,12 @@ func TestAReleaseWithAnEndedContextStillReleases(t *testing.T) {
 	h, err := r.Obtain("hold").Acquire(context.Background())
 	require.NoError(t, err)
 	require.NoError(t, h.Release(ended))
-	require.Zero(t, client.Exists(context.Background(), h.lock.keys[0]).Val())
+	require.Zero(t, client.Exists(context.Background(), h.lock.keys.lock).Val())
 
 	lock := r.Obtain("lock")
 	lock.Lock()
 	require.NoError(t, lock.UnlockContext(ended))
-	require.Zero(t, client.Exists(context.Background(), lock.keys[0]).Val())
+	require.Zero(t, client.Exists(context.Background(), lock.keys.lock).Val())
 }
 
 // TestALostHoldsReleaseSparesTheNewOwner: after a loss, Release reports
@@ -202,13 +202,13 @@ func TestALostHoldsReleaseSparesTheNewOwner(t *testing.T) {
 	r := newRegistry(t, client)
 	h, err := r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
-	require.NoError(t, client.Set(ctx, h.lock.keys[0], "another owner", time.Minute).Err())
+	require.NoError(t, client.Set(ctx, h.lock.keys.lock, "another owner", time.Minute).Err())
 	r.renewHolds(ctx)
 	requireFires(t, h.Lost(), time.Second, "renewal found the key taken")
 	err = h.Release(ctx)
 	require.ErrorIs(t, err, ErrLockLost)
 	require.ErrorContains(t, err, "deleted or passed to another owner")
-	require.Equal(t, "another owner", client.Get(ctx, h.lock.keys[0]).Val())
+	require.Equal(t, "another owner", client.Get(ctx, h.lock.keys.lock).Val())
 	require.ErrorIs(t, h.Release(ctx), ErrNotHeld)
 }
 
@@ -263,7 +263,7 @@ func TestHoldersHearOfARedisRestartAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	lock := r.Obtain("facade")
 	lock.Lock()
-	require.Eventually(t, r.subscribed.Load, 5*time.Second, time.Millisecond, "a holder subscribes")
+	require.Eventually(t, r.notes.subscribed.Load, 5*time.Second, time.Millisecond, "a holder subscribes")
 	srv.Stop(t)
 	time.Sleep(time.Second) // down for a while: the subscription retries meanwhile
 	require.NoError(t, srv.Relaunch())
@@ -297,7 +297,7 @@ func TestHoldsWhoseKeysSurviveAReconnectStayHeld(t *testing.T) {
 	r := newRegistry(t, srv.Client(t, checked))
 	h, err := r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
-	require.Eventually(t, r.subscribed.Load, 5*time.Second, time.Millisecond)
+	require.Eventually(t, r.notes.subscribed.Load, 5*time.Second, time.Millisecond)
 	killed, err := srv.Client(t).ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
 	require.NoError(t, err)
 	require.Equal(t, int64(1), killed)

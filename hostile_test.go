@@ -34,7 +34,7 @@ func FuzzRedisKeys(f *testing.F) {
 		if checkRegistryKey(registry1) != nil || checkRegistryKey(registry2) != nil || key1 == "" || key2 == "" {
 			t.Skip("New refuses the registryKey, or Obtain the key")
 		}
-		keys1, keys2 := redisKeys(registry1, key1), redisKeys(registry2, key2)
+		keys1, keys2 := newLockKeys(registry1, key1).script, newLockKeys(registry2, key2).script
 		for _, keys := range [][]string{keys1, keys2} {
 			for _, k := range keys[1:] {
 				if clusterSlot(k) != clusterSlot(keys[0]) {
@@ -78,7 +78,7 @@ func TestHostileKeysWorkAgainstRedis(t *testing.T) {
 			require.NoError(t, lock.LockContext(ctx))
 			require.Equal(t, key, lock.Key())
 			require.False(t, b.Obtain(key).TryLock(), "excludes across registries")
-			require.Equal(t, a.clientID, client.Get(ctx, lock.keys[0]).Val())
+			require.Equal(t, a.clientID, client.Get(ctx, lock.keys.lock).Val())
 			require.NoError(t, lock.UnlockContext(ctx))
 			require.True(t, b.Obtain(key).TryLock())
 			b.Obtain(key).Unlock()
@@ -189,7 +189,7 @@ func TestASubscriptionThatRedisNeverConfirmsFailsInTime(t *testing.T) {
 	err = r.subscribe(context.Background())
 	require.ErrorIs(t, err, ErrRedis, "the subscription failed, and says so")
 	require.Less(t, time.Since(start), subscribeTimeout+2*time.Second)
-	require.False(t, r.subscribed.Load())
+	require.False(t, r.notes.subscribed.Load())
 	closed := make(chan struct{})
 	go func() {
 		defer close(closed)

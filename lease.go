@@ -1,209 +1,122 @@
 package lockreg
 
 import (
-	"context"
-	_ "embed"
-	"strings"
-	"sync"
-	"sync/atomic"
+	"fmt"
 	"time"
-
-	"github.com/puzpuzpuz/xsync/v3"
-	"github.com/redis/go-redis/v9"
 )
 
-var (
-	//go:embed renew.lua
-	renewLua    string
-	renewScript = redis.NewScript(renewLua)
+// A hold's lease is how long its key is this registry's at the least: the
+// registry counts it from when the call that took or last renewed the key
+// was sent, so it never overestimates the real lease. A hold is lost when
+// the registry can no longer tell that the key stayed its own: the lease
+// ran out unrenewed, Redis said the key was gone or another's, or the
+// registry closed. Renewal (renewal.go) extends leases and finds losses.
+
+// lossCause says why a hold may have been lost.
+type lossCause uint8
+
+const (
+	lossNone    lossCause = iota
+	lossExpired           // the lease ran out unrenewed
+	lossMaxHold           // renewal stopped at WithMaxHold, and the lease ran out
+	lossDeleted           // Redis said the key was gone or another owner's
+	lossRestart           // Redis came back from a restart or failover without the key
+	lossClosed            // the registry closed
 )
 
-// renewBatch is the most keys one renewal script call carries, so that a
-// registry holding many keys neither sends one call per key nor blocks
-// Redis for long with one huge script.
-const renewBatch = 100
+// String names the cause as metrics and logs do.
+func (c lossCause) String() string {
+	return [...]string{"none", "expired", "max_hold", "deleted", "restart", "closed"}[c]
+}
 
-// watch is the registry's one watchdog goroutine: every expireAfter/3 it
-// renews the leases of all held keys and signals the holds whose leases
-// ran out. A renewal round runs in a goroutine of its own, one at a time,
-// so that a round that Redis keeps waiting (a silent network, go-redis'
-// timeouts and retries) holds no signal back: the leases it would have
-// carried on run out as counted, and Lost fires on the next tick.
-func (r *Registry) watch(ctx context.Context) {
-	ticker := time.NewTicker(r.cfg.expireAfter / 3)
-	defer ticker.Stop()
-	var round sync.WaitGroup
-	defer round.Wait()
-	var renewing atomic.Bool
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
+// explain says what the cause means to the holder.
+func (c lossCause) explain() string {
+	return [...]string{
+		"",
+		"its lease ran out unrenewed (a stall longer than the lease, or Redis unreachable)",
+		"it was held past WithMaxHold and its lease ran out",
+		"its Redis key was deleted or passed to another owner",
+		"Redis came back from a restart or failover without its key",
+		"the registry was closed",
+	}[c]
+}
+
+// lossUnknown is the cause of a loss that release.lua found: the key was
+// not this registry's any more, for a reason Redis does not tell.
+const lossUnknown = "its Redis key expired, was deleted, or Redis lost it"
+
+// lose signals the hold lost for cause, once, unless it was released
+// first (a release that found the key gone reports that itself).
+func (h *Hold) lose(cause lossCause) {
+	h.mu.Lock()
+	tell := h.loseLocked(cause)
+	h.mu.Unlock()
+	tell()
+}
+
+// loseLocked is lose, with h.mu held; the caller runs tell once it let go
+// of h.mu, to tell whoever asked to be told (see whenLost).
+func (h *Hold) loseLocked(cause lossCause) (tell func()) {
+	if h.cause != lossNone || h.released {
+		return func() {}
+	}
+	h.cause = cause
+	h.lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, h.lock.key, cause.explain())
+	close(h.lost)
+	onLoss, err := h.onLoss, h.lostErr
+	return func() {
+		if onLoss != nil {
+			onLoss(err)
 		}
-		dropLapsed(r.yields)
-		dropLapsed(r.contended)
-		if due := r.dueForRenewal(); len(due) > 0 && renewing.CompareAndSwap(false, true) {
-			round.Add(1)
-			go func() {
-				defer round.Done()
-				defer renewing.Store(false)
-				r.renew(ctx, r.renewalBatches(due))
-			}()
-		}
-		r.loseLapsed()
 	}
 }
 
-// loseLapsed signals the holds whose leases ran out unrenewed (renewal
-// off, past WithMaxHold, or Redis unreachable): their keys may have passed
-// to another owner.
-func (r *Registry) loseLapsed() {
-	r.forEachHold(func(h *Hold) {
-		if h.leaseOver() {
-			h.lose(r.lapseCause(h))
-		}
-	})
+// lossError is the error of a lost hold, or nil.
+func (h *Hold) lossError() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lostErr
 }
 
-// lapseCause is why h's lease ran out unrenewed.
-func (r *Registry) lapseCause(h *Hold) lossCause {
-	if r.cfg.renewal && r.cfg.maxHold > 0 && time.Since(h.taken) >= r.cfg.maxHold {
-		return lossMaxHold
+// whenLost arranges for fn to be told of the hold's loss: at once if it
+// is lost already.
+func (h *Hold) whenLost(fn func(error)) {
+	h.mu.Lock()
+	err := h.lostErr
+	if err == nil {
+		h.onLoss = fn
 	}
-	return lossExpired
-}
-
-// dueForRenewal picks the holds to renew.
-func (r *Registry) dueForRenewal() []*Hold {
-	if !r.cfg.renewal {
-		return nil
-	}
-	var due []*Hold
-	now := time.Now()
-	r.forEachHold(func(h *Hold) {
-		// A hold whose lease ran out is not renewed: the key may have
-		// passed on and come back to this registry since (a grant, a new
-		// acquisition), and the owner check, by client id, cannot tell
-		// that from a key held all along.
-		if !h.isLost() && !h.leaseOver() && (r.cfg.maxHold == 0 || now.Sub(h.taken) < r.cfg.maxHold) {
-			due = append(due, h)
-		}
-	})
-	return due
-}
-
-// dropLapsed forgets the per-key deadlines of m that passed: yields nobody
-// came for, contention long over.
-func dropLapsed(m *xsync.MapOf[string, time.Time]) {
-	m.Range(func(key string, _ time.Time) bool {
-		m.Compute(key, func(until time.Time, loaded bool) (time.Time, bool) {
-			return until, !loaded || time.Now().After(until)
-		})
-		return true
-	})
-}
-
-// renewalBatches cuts holds into script calls of at most renewBatch keys;
-// on Redis Cluster each call's keys share a slot, as a script's must.
-func (r *Registry) renewalBatches(holds []*Hold) [][]*Hold {
-	_, cluster := r.client.(*redis.ClusterClient)
-	bySlot := make(map[int][]*Hold)
-	for _, h := range holds {
-		slot := 0
-		if cluster {
-			slot = clusterSlot(h.redisKey())
-		}
-		bySlot[slot] = append(bySlot[slot], h)
-	}
-	var batches [][]*Hold
-	for _, group := range bySlot {
-		for len(group) > 0 {
-			n := min(len(group), renewBatch)
-			batches = append(batches, group[:n])
-			group = group[n:]
-		}
-	}
-	return batches
-}
-
-// renew extends the leases of holds, one script call per batch, all in
-// one pipeline: one round trip per node. Errors are logged and the batch
-// is tried again on the next tick; a key found gone or taken is lost.
-// While a slot moves between Redis Cluster nodes, its keys may be split
-// between them: a batch Redis refuses for that is renewed key by key.
-func (r *Registry) renew(ctx context.Context, batches [][]*Hold) {
-	if len(batches) == 0 {
-		return
-	}
-	args := []any{r.clientIDArg, r.leaseArg}
-	calls := make([]*call, len(batches))
-	for i, batch := range batches {
-		keys := make([]string, len(batch))
-		for j, h := range batch {
-			keys[j] = h.redisKey()
-		}
-		calls[i] = &call{script: renewScript, keys: keys, args: args}
-	}
-	sent := time.Now()
-	r.stats.renewCalls.Add(int64(len(calls)))
-	runPipeline(ctx, r.client, calls)
-	var oneByOne [][]*Hold
-	for i, batch := range batches {
-		if len(batch) > 1 && slotMigrating(calls[i].cmd.Err()) {
-			for _, h := range batch {
-				oneByOne = append(oneByOne, []*Hold{h})
-			}
-			continue
-		}
-		r.renewed(ctx, batch, calls[i].cmd, sent)
-	}
-	r.renew(ctx, oneByOne)
-}
-
-// renewed applies renew.lua's reply for batch, sent at sent.
-func (r *Registry) renewed(ctx context.Context, batch []*Hold, cmd *redis.Cmd, sent time.Time) {
-	renewed, err := cmd.Int64Slice()
+	h.mu.Unlock()
 	if err != nil {
-		if ctx.Err() == nil {
-			r.cfg.logger.Warn("lockreg: lease renewal failed; retrying on the next tick", "keys", len(batch), "error", err)
-		}
-		return
+		fn(err)
 	}
-	leaseEnd := sent.Add(r.cfg.expireAfter).UnixNano()
-	for i, h := range batch {
-		// The holds were picked while their leases lived, but the process
-		// may have stood still before sending (a stop, a long pause). Once
-		// a lease has run out, the key may have passed through other owners
-		// and come back, which the owner check cannot tell: only a renewal
-		// sent within the lease carries the hold on.
-		switch {
-		case i >= len(renewed) || renewed[i] != 1:
-			h.endLease(lossDeleted)
-		case !h.extendLease(sent, leaseEnd):
-			h.endLease(r.lapseCause(h))
+}
+
+// endLease ends the lease now, for h and the holds handed on from it, and
+// signals h lost for cause: Redis said that the key was not this
+// registry's, or a renewal came too late to tell.
+func (h *Hold) endLease(cause lossCause) {
+	h.leaseEnd.Store(0)
+	h.lose(cause)
+}
+
+// extendLease moves the lease's end to end (unix ns), unless that would
+// shorten it, and reports true, if the lease was live at sent: a renewal
+// sent within the lease carries it on.
+func (h *Hold) extendLease(sent time.Time, end int64) bool {
+	for {
+		current := h.leaseEnd.Load()
+		if current <= sent.UnixNano() {
+			return false
+		}
+		if current >= end || h.leaseEnd.CompareAndSwap(current, end) {
+			return true
 		}
 	}
 }
 
-// clusterSlot is key's Redis Cluster hash slot: CRC16 (XMODEM) of its hash
-// tag, or of the whole key if it has none, modulo 16384.
-func clusterSlot(key string) int {
-	if open := strings.IndexByte(key, '{'); open >= 0 {
-		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
-			key = key[open+1 : open+1+n]
-		}
-	}
-	var crc uint16
-	for i := 0; i < len(key); i++ {
-		crc ^= uint16(key[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) % 16384
-}
+// leaseOver reports whether the lease ran out unrenewed, as the registry
+// counts it.
+func (h *Hold) leaseOver() bool { return time.Now().UnixNano() >= h.leaseEnd.Load() }
+
+func (h *Hold) isLost() bool { return isClosed(h.lost) }

@@ -11,71 +11,75 @@ import (
 	"github.com/puzpuzpuz/xsync/v3"
 )
 
-// errBusy is TryLock's answer when another goroutine holds the local mutex.
-var errBusy = errors.New("lockreg: held by another goroutine")
+// errBusy is TryLock's answer when another hold of this registry owns the local mutex.
+var errBusy = errors.New("lockreg: held in this registry")
 
-// localLock is the in-process side of one key: a reentrant mutex owned by a
-// goroutine, which waiters can abandon when their context ends. Only the
-// owner talks to Redis for the key, so in-process contention and reentrancy
-// cost no Redis traffic. Waiters are served in arrival order, and an unlock
-// passes the mutex straight to the longest waiter, so nobody can barge in.
+// localLock is the in-process side of one key: a mutex owned by a hold,
+// which waiters can abandon when their context ends. Only the owner talks
+// to Redis for the key, so in-process contention costs no Redis traffic.
+// Waiters are served in arrival order, and an unlock passes the mutex
+// straight to the longest waiter, so nobody can barge in. A hold of Lock
+// or LockContext also names its goroutine, which may lock again, at no
+// cost (owner, depth).
 type localLock struct {
 	mu     sync.Mutex
-	locked bool      // some goroutine owns the key or is acquiring it in Redis
-	queue  []*waiter // goroutines waiting for the mutex, oldest first
-	// owner is the goroutine id of the holder, 0 while none holds the key
-	// (also while the next owner is still acquiring it in Redis).
+	locked bool      // a hold owns the mutex, or an acquisition takes the key in Redis
+	queue  []*waiter // acquisitions waiting for the mutex, oldest first
+	// owner is the goroutine id of a goroutine-owned hold, 0 while there
+	// is none (a Hold value owns the mutex, or nothing does).
 	owner atomic.Int64
-	// depth counts the owner's unmatched locks. Only the owner touches it;
-	// the hand-over through mu orders one owner's writes before the next's.
+	// depth counts the owner goroutine's unmatched locks. Only it touches
+	// depth; the hand-off through mu orders one owner's writes before the
+	// next's.
 	depth int
-	// hold is the current acquisition while some goroutine owns the key in
-	// Redis; the watchdog reads it to renew the lease.
+	// hold is the current hold while the key is held in Redis; the
+	// watchdog reads it to renew the lease.
 	hold atomic.Pointer[Hold]
-	// wake carries release notifications to the goroutine acquiring the key
-	// in Redis (one per registry and key, as it holds the mutex).
+	// wake carries release notifications to the acquisition taking the key
+	// in Redis (one per registry and key, as it owns the mutex).
 	wake chan struct{}
-	// grantedToken is the token of a grant (see Lock.acceptGrant) that
-	// came with the last wake, or 0.
+	// grantedToken is the token of a grant (grant.go) that came with the
+	// last wake, or 0.
 	grantedToken atomic.Int64
-	// refs counts goroutines that hold or wait for the key. It is changed
+	// refs counts the holds and acquisitions of the key. It is changed
 	// only inside localLocks' Compute calls, which serialize per key.
 	refs int
 }
 
-// waiter is one goroutine queued for a localLock. It receives the mutex
-// through grant, with what the unlock hands over.
-type waiter struct{ grant chan handover }
+// waiter is one acquisition queued for a localLock. It receives the mutex
+// through passed, with what the unlock hands off.
+type waiter struct{ passed chan handoff }
 
-// handover is what an unlock passes to the next owner of the mutex: the
-// Redis hold it inherits, or nil if it must take the key in Redis itself;
-// then mark, if set, is the waiting mark its release left for it.
-type handover struct {
+// handoff is what an unlock passes to the next owner of the mutex: the
+// Redis hold it inherits (a local hand-off), or nil if it must take the
+// key in Redis itself; then mark, if set, is the waiting mark its release
+// left for it.
+type handoff struct {
 	hold *Hold
 	mark waitMark
 }
 
 // lock takes the mutex, waiting unless wait is false (then errBusy), until
 // ctx ends (ctx.Err()) or closed is closed (ErrClosed). It returns what was
-// handed over with the mutex, if anything.
-func (l *localLock) lock(ctx context.Context, closed <-chan struct{}, wait bool) (handover, error) {
+// handed off with the mutex, if anything.
+func (l *localLock) lock(ctx context.Context, closed <-chan struct{}, wait bool) (handoff, error) {
 	l.mu.Lock()
 	if !l.locked {
 		l.locked = true
 		l.mu.Unlock()
-		return handover{}, nil
+		return handoff{}, nil
 	}
 	if !wait {
 		l.mu.Unlock()
-		return handover{}, errBusy
+		return handoff{}, errBusy
 	}
-	w := &waiter{grant: make(chan handover, 1)}
+	w := &waiter{passed: make(chan handoff, 1)}
 	l.queue = append(l.queue, w)
 	l.mu.Unlock()
 
 	var reason error
 	select {
-	case got := <-w.grant:
+	case got := <-w.passed:
 		return got, nil
 	case <-ctx.Done():
 		reason = ctx.Err()
@@ -86,10 +90,10 @@ func (l *localLock) lock(ctx context.Context, closed <-chan struct{}, wait bool)
 	defer l.mu.Unlock()
 	if i := slices.Index(l.queue, w); i >= 0 {
 		l.queue = slices.Delete(l.queue, i, i+1)
-		return handover{}, reason
+		return handoff{}, reason
 	}
 	// The mutex was granted as we gave up: it is ours after all.
-	return <-w.grant, nil
+	return <-w.passed, nil
 }
 
 // wakeUp tells the goroutine acquiring the key in Redis, if any, to try
@@ -110,19 +114,19 @@ func (l *localLock) waited() bool {
 
 // unlock passes the mutex, with next, to the longest waiter and reports
 // true; with nobody waiting it frees the mutex, unless next has a hold or
-// a mark to hand over, in which case the caller keeps the mutex (and must
+// a mark to hand off, in which case the caller keeps the mutex (and must
 // release the hold, or withdraw the mark, itself).
-func (l *localLock) unlock(next handover) (handedOver bool) {
+func (l *localLock) unlock(next handoff) (handedOff bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.queue) > 0 {
 		w := l.queue[0]
 		l.queue[0] = nil
 		l.queue = l.queue[1:]
-		w.grant <- next
+		w.passed <- next
 		return true
 	}
-	if next.hold == nil && next.mark.token == 0 {
+	if next.hold == nil && !next.mark.isSet() {
 		l.locked = false
 	}
 	return false

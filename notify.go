@@ -5,12 +5,40 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
-	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
+
+// notifications is a registry's one subscription, shared by all its keys:
+// to the registryKey's release channel, where releases wake the waiters
+// of every registry, and to its own grant channel, where it receives the
+// grants to it alone, so that a grant wakes no other process (scripts.go
+// names them). It is opened on the first wait or hold, with pub/sub on.
+type notifications struct {
+	channel string   // the release channel, or "" with pub/sub off
+	names   []string // the channels subscribed to
+	mu      sync.Mutex
+	sub     *redis.PubSub // guarded by mu, which serializes opening it
+	// subscribed says that sub is open. subscribing, that subscribeSoon
+	// opens it; subscribeAfter (unix ns), when it may try again after a
+	// failure.
+	subscribed     atomic.Bool
+	subscribing    atomic.Bool
+	subscribeAfter atomic.Int64
+}
+
+func (n *notifications) init(channel, clientID string, takesGrants bool) {
+	n.channel = channel
+	if channel != "" {
+		n.names = []string{channel}
+	}
+	if takesGrants {
+		n.names = append(n.names, grantChannel(channel, clientID))
+	}
+}
 
 // subscribe opens the registry's one subscription, to the release
 // notifications of its registryKey and to its grants, unless it is open;
@@ -18,27 +46,28 @@ import (
 // shares it: a notification names its key, and route wakes that key's
 // waiter.
 func (r *Registry) subscribe(ctx context.Context) error {
-	r.subscribeMu.Lock()
-	defer r.subscribeMu.Unlock()
-	if r.subscribed.Load() {
+	n := &r.notes
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.subscribed.Load() {
 		return nil
 	}
-	sub := r.client.Subscribe(ctx, r.subscriptions...)
+	sub := r.client.Subscribe(ctx, n.names...)
 	// go-redis reads these with no deadline unless given one, whatever the
 	// client's ReadTimeout, and this waits holding subscribeMu, which Close
 	// takes too: a Redis that never confirms must not hold either for ever.
-	for range r.subscriptions { // one confirmation per channel
+	for range n.names { // one confirmation per channel
 		if _, err := sub.ReceiveTimeout(ctx, subscribeTimeout); err != nil {
 			_ = sub.Close()
-			return fmt.Errorf("%w: subscribe to %q: %w", ErrRedis, r.subscriptions, err)
+			return fmt.Errorf("%w: subscribe to %q: %w", ErrRedis, n.names, err)
 		}
 	}
 	if !r.goBackground(func(stop context.Context) { r.route(stop, sub) }) {
 		_ = sub.Close()
 		return ErrClosed
 	}
-	r.sub = sub
-	r.subscribed.Store(true)
+	n.sub = sub
+	n.subscribed.Store(true)
 	return nil
 }
 
@@ -48,27 +77,28 @@ func (r *Registry) subscribe(ctx context.Context) error {
 // restarted or failed over (see verifyHolds). A failed attempt is not
 // repeated for subscribeTimeout.
 func (r *Registry) subscribeSoon() {
-	if !r.cfg.pubSub || r.subscribed.Load() || time.Now().UnixNano() < r.subscribeAfter.Load() ||
-		!r.subscribing.CompareAndSwap(false, true) {
+	n := &r.notes
+	if !r.cfg.pubSub || n.subscribed.Load() || time.Now().UnixNano() < n.subscribeAfter.Load() ||
+		!n.subscribing.CompareAndSwap(false, true) {
 		return
 	}
 	if !r.goBackground(func(ctx context.Context) {
-		defer r.subscribing.Store(false)
+		defer n.subscribing.Store(false)
 		if err := r.subscribe(ctx); err != nil {
-			r.subscribeAfter.Store(time.Now().Add(subscribeTimeout).UnixNano())
+			n.subscribeAfter.Store(time.Now().Add(subscribeTimeout).UnixNano())
 			r.cfg.logger.Debug("lockreg: could not subscribe; holders hear of a Redis restart at the next renewal", "error", err)
 		}
 	}) {
-		r.subscribing.Store(false)
+		n.subscribing.Store(false)
 	}
 }
 
 // unsubscribe closes the subscription, which ends route's read.
 func (r *Registry) unsubscribe() {
-	r.subscribeMu.Lock()
-	defer r.subscribeMu.Unlock()
-	if r.sub != nil {
-		_ = r.sub.Close()
+	r.notes.mu.Lock()
+	defer r.notes.mu.Unlock()
+	if r.notes.sub != nil {
+		_ = r.notes.sub.Close()
 	}
 }
 
@@ -105,7 +135,7 @@ func (r *Registry) route(stop context.Context, sub *redis.PubSub) {
 			// make that attempt now rather than a retry interval later,
 			// once every channel is back. Redis may have restarted or
 			// failed over meanwhile: check that the holds' keys survived.
-			if msg.Kind == "subscribe" && msg.Count == len(r.subscriptions) {
+			if msg.Kind == "subscribe" && msg.Count == len(r.notes.names) {
 				r.wakeAll()
 				r.goBackground(r.verifyHolds)
 			}
@@ -134,42 +164,6 @@ func (r *Registry) route(stop context.Context, sub *redis.PubSub) {
 	}
 }
 
-// verifyHolds checks, in one pipeline, that Redis still has the key of
-// every hold, and signals the holds whose keys are gone lost: after the
-// subscription's connection broke, Redis may have restarted or failed over
-// without them, and their holders should hear it now, not at the next
-// renewal, while another process may already hold the key. Keys that
-// survived (persistence, a replica that had them) stay held. On Redis
-// Cluster it covers the restarts of the node the subscription is on; the
-// renewal covers the others.
-func (r *Registry) verifyHolds(ctx context.Context) {
-	var holds []*Hold
-	r.forEachHold(func(h *Hold) {
-		if !h.isLost() {
-			holds = append(holds, h)
-		}
-	})
-	if len(holds) == 0 {
-		return
-	}
-	calls := make([]*call, len(holds))
-	for i, h := range holds {
-		calls[i] = &call{args: []any{"get", h.redisKey()}}
-	}
-	runPipeline(ctx, r.client, calls)
-	for i, h := range holds {
-		owner, err := calls[i].cmd.Text()
-		switch {
-		case err == nil && owner == r.clientID:
-		case err == nil || errors.Is(err, redis.Nil):
-			h.endLease(lossRestart)
-		default:
-			r.cfg.logger.Debug("lockreg: could not check the held keys after a reconnect; the renewal will", "error", err)
-			return
-		}
-	}
-}
-
 // wakeAll wakes every waiter of the registry.
 func (r *Registry) wakeAll() {
 	r.locals.m.Range(func(_ string, local *localLock) bool {
@@ -178,80 +172,22 @@ func (r *Registry) wakeAll() {
 	})
 }
 
-// deliver acts on a notification from release.lua: 'w<key>' wakes this
-// registry's waiter for key, if any; 'g<token>:<client id>:<key>' grants
-// key to the registry with that client id, and wakes its waiter with the
-// token. A grant that finds no waiter (it gave up, or the mark outlived an
-// earlier acquisition) is given back, so that the key goes on to the next
-// waiter instead of blocking everyone until its lease ends. So is a grant
-// that finds the key held here: the holder's own attempt found the key
-// granted and took it with a newer token, which the give-back spares; or
-// the key went through another registry since the holder took it (its
-// lease ran out, or Redis lost the key), and keeping the grant would hide
-// that from the holder's renewals and unlock.
-func (r *Registry) deliver(note string) {
-	var key, tokenText string
-	var token int64
+// deliver acts on a notification (see note): a wake-up wakes this
+// registry's waiter for its key, if any; a grant to this registry goes to
+// receiveGrant (grant.go). Notifications of kinds this version does not
+// know (another version's) are ignored: their waiters fall back to
+// polling.
+func (r *Registry) deliver(payload string) {
+	n, known, err := parseNote(payload)
 	switch {
-	case strings.HasPrefix(note, "w"):
-		key = note[1:]
-	case strings.HasPrefix(note, "g"):
-		var rest string
-		tokenText, rest, _ = strings.Cut(note[1:], ":")
-		grantee, grantedKey, _ := strings.Cut(rest, ":")
-		if grantee != r.clientID {
-			return
-		}
-		var err error
-		if token, err = strconv.ParseInt(tokenText, 10, 64); err != nil || token <= 0 {
-			r.cfg.logger.Warn("lockreg: malformed grant ignored; the key expires after a short lease", "note", note)
-			return
-		}
-		key = grantedKey
+	case !known || (n.grantee != "" && n.grantee != r.clientID):
+	case err != nil:
+		r.cfg.logger.Warn("lockreg: malformed grant ignored; the key expires after a short lease", "note", payload)
+	case n.grantee != "":
+		r.receiveGrant(n.key, n.token)
 	default:
-		return // another version's notification: its waiters fall back to polling
-	}
-	if token == 0 {
-		if local, ok := r.locals.m.Load(key); ok {
+		if local, ok := r.locals.m.Load(n.key); ok {
 			local.wakeUp()
 		}
-		return
-	}
-	// Pending before the look for a waiter, so that an acquisition of this
-	// registry that comes after the look waits for the give-back before its
-	// first attempt (see giveBack).
-	finish := r.startPending(key)
-	if local, ok := r.locals.m.Load(key); ok && local.hold.Load() == nil {
-		finish()
-		local.grantedToken.Store(token)
-		local.wakeUp()
-		return
-	}
-	if !r.goBackground(func(ctx context.Context) {
-		defer finish()
-		r.giveBack(ctx, key, tokenText)
-	}) {
-		finish()
-	}
-}
-
-// giveBack releases a key granted to this registry that nobody here waited
-// for, unless an acquisition of this registry has taken the key since and
-// keeps it. An acquisition that begins once the grant came waits for the
-// give-back before its first attempt (deliver makes it pending), so that a
-// plain SET NX, which leaves the grant's token the key's last, cannot take
-// the key once the grant expired and then lose it to the give-back. For
-// one under way, or a holder, release.lua checks that the key's last token
-// is still the grant's (an attempt that found the key its own drew a newer
-// one) and that its time to live is within the grant's lease (a plain SET
-// NX sets a full lease; with a lease as short as the grant's, that check
-// cannot tell the two apart).
-func (r *Registry) giveBack(ctx context.Context, key, token string) {
-	l := &Lock{r: r, key: key, keys: redisKeys(r.registryKey, key)}
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.expireAfter)
-	defer cancel()
-	grant := token + ":" + strconv.FormatInt(r.grantLease.Milliseconds(), 10)
-	if _, err := l.releaseRedis(ctx, 0, false, grant); err != nil {
-		r.cfg.logger.Debug("lockreg: could not give a granted key back; it expires after its grant lease", "key", key, "error", err)
 	}
 }

@@ -181,7 +181,7 @@ func TestNewRejectsBadArguments(t *testing.T) {
 
 func TestObtainEmptyKeyPanics(t *testing.T) {
 	r := newRegistry(t, redistest.Shared(t).Client(t))
-	require.PanicsWithValue(t, "lockreg: Obtain with an empty key; name the resource to lock", func() { r.Obtain("") })
+	require.PanicsWithValue(t, "lockreg: Obtain with an empty key", func() { r.Obtain("") })
 }
 
 func TestRedisKeyHoldsClientIDWithLease(t *testing.T) {

@@ -1,79 +1,83 @@
--- Gives up the lock if this registry owns it, atomically: passes it to the
+-- Releases the lock if this registry owns it, atomically: grants it to the
 -- registry that has waited longest, or deletes it.
--- KEYS[1]: the lock's Redis key; KEYS[2]: its fence key; KEYS[3]: its
--- waiting marker; KEYS[4]: its queue (see mark.lua).
--- ARGV[1]: the registry's client id. The rest are sent only when the
--- registry expects them to be needed (see releaseRedis): ARGV[2]: the last
--- fencing token the registry handed out locally for this key, or 0;
--- ARGV[3]: the lease in milliseconds; ARGV[4]: the channel to notify
--- waiters on, or '' for none (a grant goes to ARGV[4]:<grantee's client
--- id>, which only the grantee subscribes to); ARGV[5]: the lock's key in its registry;
--- ARGV[6], only when giving back a grant nobody took: '<token>:<ms>', the
--- grant's token, which the key's last token must still be (an acquisition
--- of this registry that found the key its own drew a newer one, and keeps
--- the key), and the grant's lease, which the key's time to live must not
--- exceed (a hold this registry took with a plain SET NX once the grant had
--- expired leaves the grant's token the last, but has a full lease); else
--- ''. ARGV[7] and ARGV[8], only when a goroutine of this registry
--- waits for the key: the registry's mark and how long it lasts, in
--- milliseconds (obtain.lua's ARGV[5] and ARGV[3]); a grant then marks
--- this registry as waiting, as that goroutine's failed attempt would have.
+-- Uses drawToken (drawtoken.lua) and markWaiting (markwaiting.lua), which
+-- scripts.go puts before it; scripts.go builds the arguments below, by
+-- name (releaseArgs), and reads the reply (releaseReply).
+local lockKey, fenceKey, markerKey, queueKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- clientID alone is sent unless the registry expects the rest to be needed
+-- (see releaseRedis). handedOut: the last fencing token the registry
+-- handed out locally for this key, or '0'; leaseMs: the lease; channel:
+-- the channel to notify waiters on, or '' for none (a grant goes to
+-- <channel>:<grantee's client id>, which only the grantee subscribes to);
+-- key: the lock's key in its registry; giveBack, only for a grant nobody
+-- took: '<token>:<ms>', the grant's token, which the key's last token must
+-- still be (an acquisition of this registry that found the key its own
+-- drew a newer one, and keeps the key), and the grant's lease, which the
+-- key's time to live must not exceed (a hold this registry took with a
+-- plain SET NX once the grant had expired leaves the grant's token the
+-- last, but has a full lease), else ''; mark and markMs, only when a
+-- goroutine of this registry waits for the key: the registry's mark and
+-- how long it lasts (as obtain.lua's), so that a grant marks this registry
+-- as waiting, as that goroutine's failed attempt would have.
+local clientID, handedOut, leaseMs, channel, key, giveBack, mark, markMs =
+  ARGV[1], tonumber(ARGV[2] or '0'), ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local allArgs = #ARGV > 1
+-- Called with the lock's key alone while its slot migrates between Redis
+-- Cluster nodes: it only deletes the key; waiters find it free by polling.
+local migrating = #KEYS == 1
 -- Returns 0 when the key had expired or has another owner (which is left
 -- untouched), 1 when deleted, 2 when deleted while another registry waits
 -- (its mark, set by a failed attempt, has not lapsed), 3 when granted to a
--- waiting registry, or minus the grant's token if ARGV[7] marked this one,
--- and 4, changing nothing, when another registry waits and only ARGV[1]
+-- waiting registry, or minus the grant's token if mark marked this one,
+-- and 4, changing nothing, when another registry waits and only clientID
 -- was sent: call again with all the arguments.
 -- A grant sets the key to the waiter's client id with the lease its mark
 -- names, draws its token and publishes 'g<token>:<client id>:<key>'; a
 -- release others wait for publishes 'w<key>' to wake them.
--- Called with KEYS[1] alone while the slot migrates between Redis Cluster
--- nodes: it only deletes the key; waiters find it free by polling.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if redis.call('GET', lockKey) ~= clientID then
   return 0
 end
-if ARGV[6] and ARGV[6] ~= '' then
-  local token, lease = string.match(ARGV[6], '^(%d+):(%d+)$')
-  if #KEYS == 1 or redis.call('GET', KEYS[2]) ~= token or redis.call('PTTL', KEYS[1]) > tonumber(lease) then
+if giveBack and giveBack ~= '' then
+  local token, grantMs = string.match(giveBack, '^(%d+):(%d+)$')
+  if migrating or redis.call('GET', fenceKey) ~= token or redis.call('PTTL', lockKey) > tonumber(grantMs) then
     return 0
   end
 end
-if #KEYS == 1 then
-  redis.call('DEL', KEYS[1])
+if migrating then
+  redis.call('DEL', lockKey)
   return 1
 end
-local handedOut = tonumber(ARGV[2] or '0')
 local now, nowMs, waiter
-if #ARGV > 1 and ARGV[4] ~= '' then
+if allArgs and channel ~= '' then
   -- A release that may grant pops the first registry in the queue, and
   -- the next while the one popped has no live mark (it lapsed, or was
   -- withdrawn): fewer and cheaper calls than reading the queue and then
   -- removing from it, and a grant waits for this script to end.
-  local popped = redis.call('ZPOPMIN', KEYS[4])
+  local popped = redis.call('ZPOPMIN', queueKey)
   if popped[1] then
     now = redis.call('TIME')
     nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
     repeat
-      local lapses = tonumber(redis.call('ZSCORE', KEYS[3], popped[1]))
+      local lapses = tonumber(redis.call('ZSCORE', markerKey, popped[1]))
       if lapses and lapses >= nowMs then
         waiter = popped[1]
       else
         if lapses then
-          redis.call('ZREM', KEYS[3], popped[1])
+          redis.call('ZREM', markerKey, popped[1])
         end
-        popped = redis.call('ZPOPMIN', KEYS[4])
+        popped = redis.call('ZPOPMIN', queueKey)
       end
     until waiter or not popped[1]
   end
   if waiter then
-    local grantee, lease = string.match(waiter, '^(.*):(%d+)$')
+    local grantee, grantMs = string.match(waiter, '^(.*):(%d+)$')
     if grantee then
-      redis.call('ZREM', KEYS[3], waiter)
-      redis.call('SET', KEYS[1], grantee, 'PX', lease)
-      local token = drawToken(KEYS[2], now, ARGV[3], handedOut)
-      redis.call('PUBLISH', ARGV[4] .. ':' .. grantee, 'g' .. string.format('%.0f', token) .. ':' .. grantee .. ':' .. ARGV[5])
-      if ARGV[7] then
-        markWaiting(KEYS[3], KEYS[4], nowMs, tonumber(ARGV[8]), ARGV[7])
+      redis.call('ZREM', markerKey, waiter)
+      redis.call('SET', lockKey, grantee, 'PX', grantMs)
+      local token = drawToken(fenceKey, now, leaseMs, handedOut)
+      redis.call('PUBLISH', channel .. ':' .. grantee, 'g' .. string.format('%.0f', token) .. ':' .. grantee .. ':' .. key)
+      if mark then
+        markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark)
         return -token
       end
       return 3
@@ -83,37 +87,37 @@ if #ARGV > 1 and ARGV[4] ~= '' then
     -- that it cannot hold grants up for the registries behind it while it
     -- loses races; popping the queue's last member deleted the queue with
     -- its TTL.
-    redis.call('ZADD', KEYS[4], nowMs, waiter)
-    local ttl = redis.call('PTTL', KEYS[3])
+    redis.call('ZADD', queueKey, nowMs, waiter)
+    local ttl = redis.call('PTTL', markerKey)
     if ttl > 0 then
-      redis.call('PEXPIRE', KEYS[4], ttl)
+      redis.call('PEXPIRE', queueKey, ttl)
     end
   end
 end
--- With no grant to make (no channel, ARGV[1] alone, or no live mark in
+-- With no grant to make (no channel, clientID alone, or no live mark in
 -- the queue: an earlier version of the library marked in the marker
 -- alone), a live mark makes this a release others wait for.
-if not waiter and redis.call('EXISTS', KEYS[3]) == 1 then
+if not waiter and redis.call('EXISTS', markerKey) == 1 then
   now = redis.call('TIME')
   nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  waiter = redis.call('ZRANGEBYSCORE', KEYS[3], nowMs, '+inf', 'LIMIT', 0, 1)[1]
-  if waiter and #ARGV == 1 then
+  waiter = redis.call('ZRANGEBYSCORE', markerKey, nowMs, '+inf', 'LIMIT', 0, 1)[1]
+  if waiter and not allArgs then
     return 4
   end
 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', lockKey)
 -- Local hand-offs raise the token without a round trip; the stored token
 -- must not fall behind them.
 if handedOut > 0 then
-  local last = tonumber(redis.call('GET', KEYS[2]))
+  local last = tonumber(redis.call('GET', fenceKey))
   if not last or last < handedOut then
-    redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+    redis.call('SET', fenceKey, ARGV[2], 'PX', leaseMs)
   end
 end
 if not waiter then
   return 1
 end
-if ARGV[4] ~= '' then
-  redis.call('PUBLISH', ARGV[4], 'w' .. ARGV[5])
+if channel ~= '' then
+  redis.call('PUBLISH', channel, 'w' .. key)
 end
 return 2

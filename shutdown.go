@@ -5,6 +5,30 @@ import (
 	"sync"
 )
 
+// lifecycle is a registry's life: open; then refusing acquisitions, from
+// Shutdown or Close on; then stopped, its background work ended, by Close.
+type lifecycle struct {
+	// closed is closed once the registry refuses acquisitions. idle tells
+	// a Shutdown that waits for the holds that the last one was released.
+	closed chan struct{}
+	idle   chan struct{}
+	// stopCtx bounds background work; Close cancels it (stop). Background
+	// work goes on while Shutdown waits, as releases and renewals need it.
+	stopCtx context.Context
+	stop    context.CancelFunc
+
+	mu         sync.Mutex // guards refusing, stopped and background.Add
+	refusing   bool       // closed is closed
+	stopped    bool       // Close stopped the background work
+	background sync.WaitGroup
+}
+
+func (l *lifecycle) init() {
+	l.closed = make(chan struct{})
+	l.idle = make(chan struct{}, 1)
+	l.stopCtx, l.stop = context.WithCancel(context.Background())
+}
+
 // Close stops the registry at once. Acquisitions that are waiting or
 // under way, and any later ones, fail with ErrClosed (one that took its
 // key meanwhile gives it back), and renewal stops. Keys still held stay
@@ -17,14 +41,14 @@ import (
 // first, and releases what is left itself.
 func (r *Registry) Close() error {
 	r.refuse()
-	r.mu.Lock()
-	if !r.stopped {
-		r.stopped = true
-		r.stop()
+	r.life.mu.Lock()
+	if !r.life.stopped {
+		r.life.stopped = true
+		r.life.stop()
 	}
-	r.mu.Unlock()
+	r.life.mu.Unlock()
 	r.unsubscribe()
-	r.background.Wait()
+	r.life.background.Wait()
 	r.forEachHold(func(h *Hold) { h.lose(lossClosed) })
 	return nil
 }
@@ -50,11 +74,11 @@ func (r *Registry) Shutdown(ctx context.Context) error {
 
 // refuse makes the registry refuse acquisitions, and ends the waiting ones.
 func (r *Registry) refuse() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !r.refusing {
-		r.refusing = true
-		close(r.closed)
+	r.life.mu.Lock()
+	defer r.life.mu.Unlock()
+	if !r.life.refusing {
+		r.life.refusing = true
+		close(r.life.closed)
 	}
 }
 
@@ -62,7 +86,7 @@ func (r *Registry) refuse() {
 func (r *Registry) awaitReleases(ctx context.Context) error {
 	for r.stats.held.Load() > 0 {
 		select {
-		case <-r.idle:
+		case <-r.life.idle:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -75,7 +99,7 @@ func (r *Registry) awaitReleases(ctx context.Context) error {
 func (r *Registry) holdEnded() {
 	if r.stats.held.Add(-1) == 0 && r.closing() {
 		select {
-		case r.idle <- struct{}{}:
+		case r.life.idle <- struct{}{}:
 		default: // a word is on its way already
 		}
 	}
@@ -106,7 +130,7 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 		tell()
 		found = true
 		releases.Go(func() {
-			if _, err := h.lock.releaseRedis(ctx, handedOutToken, false); err != nil {
+			if _, err := h.lock.releaseRedis(ctx, handedOutToken, false, ""); err != nil {
 				r.cfg.logger.Warn("lockreg: Shutdown could not release a key; it expires after its lease", "key", h.Key(), "error", err)
 			}
 		})
@@ -118,21 +142,21 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 // goBackground runs fn in a goroutine that Close waits for, with a context
 // that Close cancels. It reports false, and runs nothing, once closed.
 func (r *Registry) goBackground(fn func(ctx context.Context)) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.stopped {
+	r.life.mu.Lock()
+	defer r.life.mu.Unlock()
+	if r.life.stopped {
 		return false
 	}
-	r.background.Add(1)
+	r.life.background.Add(1)
 	go func() {
-		defer r.background.Done()
-		fn(r.stopCtx)
+		defer r.life.background.Done()
+		fn(r.life.stopCtx)
 	}()
 	return true
 }
 
 // closing reports whether the registry refuses acquisitions.
-func (r *Registry) closing() bool { return isClosed(r.closed) }
+func (r *Registry) closing() bool { return isClosed(r.life.closed) }
 
 func isClosed(ch <-chan struct{}) bool {
 	select {

@@ -1,19 +1,16 @@
--- drawToken draws a key's next fencing token: the larger of the last one + 1
--- and the server clock in microseconds (now, from TIME), and above floor (a
--- token already handed out, or 0). The stored last token keeps tokens
--- strictly increasing while it lives (for lease ms); the clock keeps them
--- increasing after Redis lost it (a restart without persistence, a failover
--- to a lagging replica). Microseconds stay below 2^53, exact in Lua's
--- doubles. One call in the usual case: store the new token and read the
--- last; only if that was not lower (the same microsecond, or a clock that
--- stepped back) store last + 1 instead.
-local function drawToken(fence, now, lease, floor)
-  local token = math.max(tonumber(now[1]) * 1000000 + tonumber(now[2]), floor + 1)
-  local last = tonumber(redis.call('SET', fence, string.format('%.0f', token), 'PX', lease, 'GET'))
-  if last and last >= token then
-    token = last + 1
-    redis.call('SET', fence, string.format('%.0f', token), 'PX', lease)
-  end
-  return token
+-- Draws the fencing token of a hold (Hold.Token), if this registry still
+-- holds the lock. Uses drawToken (drawtoken.lua), which scripts.go puts
+-- before it; scripts.go builds the arguments (tokenArgs).
+local lockKey, fenceKey = KEYS[1], KEYS[2]
+local clientID, leaseMs = ARGV[1], ARGV[2]
+-- Returns the token, or 0 when the key expired or has another owner.
+-- Called with the lock's key alone while its slot migrates between Redis
+-- Cluster nodes: the token is then the clock's, in microseconds.
+if redis.call('GET', lockKey) ~= clientID then
+  return 0
 end
-
+local now = redis.call('TIME')
+if not fenceKey then
+  return tonumber(now[1]) * 1000000 + tonumber(now[2])
+end
+return drawToken(fenceKey, now, leaseMs, 0)

@@ -22,7 +22,7 @@ import (
 func waitUntilWaiting(t *testing.T, r *Registry) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		return r.Stats().FailedAttempts > 0 && (!r.cfg.pubSub || r.subscribed.Load())
+		return r.Stats().FailedAttempts > 0 && (!r.cfg.pubSub || r.notes.subscribed.Load())
 	}, 5*time.Second, time.Millisecond)
 }
 
@@ -110,7 +110,7 @@ func TestResubscribedWaiterTriesAtOnce(t *testing.T) {
 	taken := lockInBackground(ctx, waiter.Obtain("k"))
 	waitUntilWaiting(t, waiter)
 	// The grant, without its message.
-	require.NoError(t, admin.Set(ctx, held.keys[0], waiter.clientID, time.Minute).Err())
+	require.NoError(t, admin.Set(ctx, held.keys.lock, waiter.clientID, time.Minute).Err())
 	killed, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
 	require.NoError(t, err)
 	require.Equal(t, int64(2), killed, "the waiter's subscription, and the holder's")
@@ -148,12 +148,12 @@ func TestOneSubscriptionPerRegistryWhateverTheKeys(t *testing.T) {
 	// subscriptions too, or the count below can run before the second.
 	require.Eventually(t, func() bool {
 		return waiters[0].Stats().FailedAttempts >= keys && waiters[1].Stats().FailedAttempts >= keys &&
-			waiters[0].subscribed.Load() && waiters[1].subscribed.Load() && holder.subscribed.Load()
+			waiters[0].notes.subscribed.Load() && waiters[1].notes.subscribed.Load() && holder.notes.subscribed.Load()
 	}, 5*time.Second, time.Millisecond)
 
-	subs, err := admin.PubSubNumSub(ctx, waiters[0].channel).Result()
+	subs, err := admin.PubSubNumSub(ctx, waiters[0].notes.channel).Result()
 	require.NoError(t, err)
-	require.Equal(t, int64(3), subs[waiters[0].channel], "one subscription per registry, for 50 keys each: the waiters' and the holder's")
+	require.Equal(t, int64(3), subs[waiters[0].notes.channel], "one subscription per registry, for 50 keys each: the waiters' and the holder's")
 	list, err := admin.ClientList(ctx).Result()
 	require.NoError(t, err)
 	require.Equal(t, 3, strings.Count(list, "sub=2"), "one subscribed connection per registry, to the shared channel and its grant channel")
@@ -174,10 +174,10 @@ func TestWithoutPubSubWaitersOnlyPoll(t *testing.T) {
 	holder.Obtain("k").Unlock()
 	_, ok := <-taken
 	require.True(t, ok)
-	subs, err := admin.PubSubNumSub(ctx, waiter.channel).Result()
+	subs, err := admin.PubSubNumSub(ctx, holder.notes.channel).Result()
 	require.NoError(t, err)
-	require.Equal(t, int64(1), subs[waiter.channel], "the holder's subscription alone")
-	require.False(t, waiter.subscribed.Load())
+	require.Equal(t, int64(1), subs[holder.notes.channel], "the holder's subscription alone")
+	require.False(t, waiter.notes.subscribed.Load())
 	require.Zero(t, waiter.Stats().Notifications)
 }
 

@@ -1,3 +1,4 @@
+-- A library, put before the scripts that use it (see scripts.go).
 -- markWaiting marks a registry as waiting for a key: member, in the key's
 -- waiting marker (a sorted set scored by when its marks lapse), lapsing ms
 -- milliseconds after nowMs, and in its queue (scored by when each

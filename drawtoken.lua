@@ -1,0 +1,20 @@
+-- A library, put before the scripts that use it (see scripts.go).
+-- drawToken draws a key's next fencing token: the larger of the last one + 1
+-- and the server clock in microseconds (now, from TIME), and above floor (a
+-- token already handed out, or 0). The stored last token keeps tokens
+-- strictly increasing while it lives (for lease ms); the clock keeps them
+-- increasing after Redis lost it (a restart without persistence, a failover
+-- to a lagging replica). Microseconds stay below 2^53, exact in Lua's
+-- doubles. One call in the usual case: store the new token and read the
+-- last; only if that was not lower (the same microsecond, or a clock that
+-- stepped back) store last + 1 instead.
+local function drawToken(fence, now, lease, floor)
+  local token = math.max(tonumber(now[1]) * 1000000 + tonumber(now[2]), floor + 1)
+  local last = tonumber(redis.call('SET', fence, string.format('%.0f', token), 'PX', lease, 'GET'))
+  if last and last >= token then
+    token = last + 1
+    redis.call('SET', fence, string.format('%.0f', token), 'PX', lease)
+  end
+  return token
+end
+

@@ -1,0 +1,47 @@
+package lockreg
+
+import "errors"
+
+// Errors returned by the registry and its locks. Every error lockreg returns
+// is one of these or wraps one, so callers can test with errors.Is. The
+// wrapping error names the key and what happened; the advice is here.
+var (
+	// ErrNotObtained: an acquisition gave up because its context ended
+	// (the error also matches the context's error) while another owner
+	// held the key or Redis did not answer. Retry later, or allow a longer
+	// deadline.
+	ErrNotObtained = errors.New("lockreg: lock not obtained")
+	// ErrNotHeld: a release of what is not held: an Unlock by a goroutine
+	// that does not hold the lock, or a second Release of a Hold. Unlock
+	// from the goroutine that locked, once per successful lock; release a
+	// Hold once.
+	ErrNotHeld = errors.New("lockreg: lock not held")
+	// ErrLockLost: the hold may have been lost, so its critical section
+	// may have overlapped another holder's. The wrapping error names the
+	// cause when the registry knows it: a stall longer than the lease (a
+	// GC pause, a stopped process, Redis unreachable), Redis losing data (a
+	// restart without persistence, a failover to a lagging replica), or a
+	// deleted key; also a lease that WithMaxHold let run out, or a closed
+	// registry. Stop the protected work; use fencing tokens (Hold.Token)
+	// where a late write must be refused; for stalls, make the lease
+	// (WithExpireAfter) longer than the longest pause.
+	ErrLockLost = errors.New("lockreg: lock lost")
+	// ErrClosed: the registry was closed (Close, Shutdown). Obtain locks
+	// from an open registry made by New.
+	ErrClosed = errors.New("lockreg: registry closed")
+	// ErrInvalidOption: New was given an argument it cannot use; the
+	// message names it. Fix the named option.
+	ErrInvalidOption = errors.New("lockreg: invalid argument to New")
+	// ErrInvalidKey: an empty key, or a DoAll with no keys. Name the
+	// resource to lock: any non-empty string is a key.
+	ErrInvalidKey = errors.New("lockreg: invalid key")
+	// ErrRedis: a Redis call failed. While waiting, the lock retries; at
+	// release, the key is left to expire after its lease. Check that Redis
+	// is reachable and healthy, and that its ACL allows the commands the
+	// README lists.
+	ErrRedis = errors.New("lockreg: Redis call failed")
+	// ErrNotReplicated: with WithWaitReplicas, fewer replicas acknowledged
+	// an acquisition than required; the key was released and the attempt
+	// counts as failed. Check the replicas' health, or require fewer.
+	ErrNotReplicated = errors.New("lockreg: too few replicas acknowledged the lock")
+)

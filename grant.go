@@ -1,0 +1,242 @@
+package lockreg
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v3"
+	"github.com/redis/go-redis/v9"
+)
+
+// A grant passes a released key from one registry straight to another
+// that waits for it, inside the release's script call, so that a hand-off
+// between processes costs no acquisition call. For one waiting registry
+// and key, the grant goes through these states (docs/PROTOCOL.md has the
+// scripts' side):
+//
+//	unmarked ──failed attempt (obtain.lua), or a release of this
+//	   │       registry with goroutines behind it (markNext)
+//	   ▼
+//	marked ───the acquisition ends (withdrawMark)──────────▶ withdrawn
+//	   │   ───two retry intervals unrenewed─────────────────▶ lapsed
+//	   │ another registry's release (release.lua): the key set to this
+//	   │ registry's client id with the grant lease, a token drawn,
+//	   ▼ 'g<token>:<client id>:<key>' published
+//	granted ──its waiter takes it (takeGrant)──────────────▶ accepted
+//	   │    ──nobody here waits, or a hold has the key──────▶ given back
+//	   │      (giveBack: release.lua, owner- and token-checked)
+//	   ▼
+//	(a waiter that cannot trust it attempts: obtain.lua finds the key
+//	its own, and takes it with a newer token)
+//
+// The trust rule. A grant answers a mark, which the call that set it
+// (a failed attempt, or a release with markNext) reported with the key's
+// last token then (the mark's token; obtain.lua stores one from the clock
+// if none is stored). A grant whose token is larger came after that call,
+// so after it was sent; its lease (the grant lease, from the mark) runs
+// at least until then + the grant lease. Counted that way, the hold is as
+// safe as one obtained by a call sent at the mark's sending, and its
+// token keeps the fencing order. A grant that fails the rule only wakes
+// the waiter, whose next attempt finds the key its own.
+//
+// A grant is made only to a registry that takes grants: one with pub/sub
+// on (to hear them) and without WithWaitReplicas (a grant is not
+// acknowledged by replicas). Its lease, grants.lease, is two retry
+// intervals, at least 100ms: the grantee extends it to a full lease
+// halfway through (extendLater), if it still holds the key then.
+
+// waitMark is this registry's mark as waiting for a key, as the call that
+// set it saw it: when the call was sent, and the key's last token then (0
+// if unknown: no grant can be trusted against it). The zero waitMark is
+// no mark.
+type waitMark struct {
+	sent  time.Time
+	token int64
+}
+
+func (m waitMark) isSet() bool { return !m.sent.IsZero() }
+
+// grants is a registry's side of the grants it takes.
+type grants struct {
+	lease time.Duration // the lease of a granted key, or 0 if the registry takes no grants
+	// pending holds, by key, the calls on the key's state in Redis still
+	// on their way that an acquisition's first attempt must not overtake:
+	// withdrawals of this registry's mark, and give-backs. An attempt that
+	// marks again would have its new mark withdrawn by the late call; a
+	// plain SET NX that takes the key once a grant expired leaves the
+	// grant's token the last, and would lose the key to a late give-back.
+	pending *xsync.MapOf[string, *pendingCalls]
+}
+
+func newGrants(lease time.Duration) grants {
+	return grants{lease: lease, pending: xsync.NewMapOf[string, *pendingCalls]()}
+}
+
+// takeGrant returns the hold a grant that came gives, if the trust rule
+// holds; else, if a grant came, the key is this registry's but since when
+// is unknown, and an attempt is due to find out.
+func (a *acquisition) takeGrant() *Hold {
+	token := a.local.grantedToken.Swap(0)
+	if token == 0 {
+		return nil
+	}
+	if h := a.l.acceptGrant(a.local, token, a.mark); h != nil {
+		return h
+	}
+	a.state = attemptDue
+	return nil
+}
+
+// acceptGrant returns the hold a grant of token gives, or nil if the trust
+// rule fails for mark or the registry is closing.
+func (l *Lock) acceptGrant(local *localLock, token int64, mark waitMark) *Hold {
+	r := l.r
+	if mark.token <= 0 || token <= mark.token {
+		return nil
+	}
+	h := newHold(l, token, mark.sent, r.grants.lease)
+	if h.leaseOver() {
+		return nil
+	}
+	// The hold itself begins now, for WithMaxHold and the run of local
+	// hand-offs.
+	h.taken = time.Now()
+	h.redisTaken = h.taken
+	if !r.extendLater(local, h) {
+		return nil // closing: the grant expires unextended
+	}
+	r.stats.grants.Add(1)
+	return h
+}
+
+// extendLater extends a granted hold's short lease to the registry's own
+// halfway through what is left of it, if the hold, or a hold handed on
+// from it, still has the key then. Most holds end sooner and need no
+// extension, which would cost a round trip; a timer, rather than a
+// goroutine per grant, waits for that moment, so that short holds leave
+// nothing running behind them. It reports false, and extends nothing,
+// once the registry is closed.
+func (r *Registry) extendLater(local *localLock, h *Hold) bool {
+	if r.closing() {
+		return false
+	}
+	time.AfterFunc(time.Until(time.Unix(0, h.leaseEnd.Load()))/2, func() {
+		if current := local.hold.Load(); current != nil && current.leaseEnd == h.leaseEnd && !current.leaseOver() {
+			r.goBackground(func(ctx context.Context) { r.renew(ctx, [][]*Hold{{current}}) })
+		}
+	})
+	return true
+}
+
+// withdrawMark withdraws, in the background, this registry's mark on the
+// key, so that releases stop granting the key to this registry, which
+// would only give it back. The caller owns the key's local mutex: the
+// withdrawal is pending before the next owner can attempt, and that owner
+// waits for it (awaitPending), as its attempt marks the registry again,
+// with the same mark, which a withdrawal landing later would take away,
+// and with it the wake-up and the place in the queue.
+func (l *Lock) withdrawMark() {
+	r := l.r
+	finish := r.startPending(l.key)
+	if !r.goBackground(func(ctx context.Context) {
+		defer finish()
+		if _, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.ZRem(ctx, l.keys.marker, r.args.mark)
+			p.ZRem(ctx, l.keys.queue, r.args.mark)
+			return nil
+		}); err != nil {
+			r.cfg.logger.Debug("lockreg: could not withdraw a waiting mark; it lapses by itself", "key", l.key, "error", err)
+		}
+	}) {
+		finish() // closed: the mark lapses by itself
+	}
+}
+
+// receiveGrant acts on a grant of key to this registry: it wakes the
+// acquisition that waits for the key with the token, or, if none waits
+// (it gave up, or the mark outlived an earlier acquisition), gives the
+// key back at once, so that it goes on to the next waiter instead of
+// blocking everyone until the grant lease ends. So does a grant that
+// finds the key held here: the holder's own attempt found the key granted
+// and took it with a newer token, which the give-back spares; or the key
+// went through another registry since the holder took it (its lease ran
+// out, or Redis lost the key), and keeping the grant would hide that from
+// the holder's renewals and release.
+func (r *Registry) receiveGrant(key string, token int64) {
+	// Pending before the look for a waiter, so that an acquisition of this
+	// registry that comes after the look waits for the give-back before its
+	// first attempt.
+	finish := r.startPending(key)
+	if local, ok := r.locals.m.Load(key); ok && local.hold.Load() == nil {
+		finish()
+		local.grantedToken.Store(token)
+		local.wakeUp()
+		return
+	}
+	if !r.goBackground(func(ctx context.Context) {
+		defer finish()
+		r.giveBack(ctx, key, token)
+	}) {
+		finish()
+	}
+}
+
+// giveBack releases a key granted to this registry that nobody here waited
+// for, unless an acquisition of this registry has taken the key since and
+// keeps it. One that began once the grant came waits for the give-back
+// (receiveGrant makes it pending). For one under way, or a holder,
+// release.lua checks that the key's last token is still the grant's (an
+// attempt that found the key its own drew a newer one) and that its time
+// to live is within the grant lease (a plain SET NX sets a full lease;
+// with a lease as short as the grant's, that check cannot tell the two
+// apart).
+func (r *Registry) giveBack(ctx context.Context, key string, token int64) {
+	l := &Lock{r: r, key: key, keys: newLockKeys(r.registryKey, key)} // not Obtain: a malformed note may name no key
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.expireAfter)
+	defer cancel()
+	if _, err := l.releaseRedis(ctx, 0, false, giveBackArg(token, r.grants.lease)); err != nil {
+		r.cfg.logger.Debug("lockreg: could not give a granted key back; it expires after its grant lease", "key", key, "error", err)
+	}
+}
+
+// pendingCalls counts a key's pending calls (see grants.pending); done
+// closes when the count drops to zero.
+type pendingCalls struct {
+	n    int
+	done chan struct{}
+}
+
+// startPending records a call on key's state as pending; finish, which
+// may be called more than once, records it done.
+func (r *Registry) startPending(key string) (finish func()) {
+	var p *pendingCalls
+	r.grants.pending.Compute(key, func(calls *pendingCalls, loaded bool) (*pendingCalls, bool) {
+		if !loaded {
+			calls = &pendingCalls{done: make(chan struct{})}
+		}
+		calls.n++
+		p = calls
+		return calls, false
+	})
+	return sync.OnceFunc(func() {
+		r.grants.pending.Compute(key, func(_ *pendingCalls, _ bool) (*pendingCalls, bool) {
+			p.n--
+			if p.n > 0 {
+				return p, false
+			}
+			close(p.done)
+			return p, true
+		})
+	})
+}
+
+// awaitPending waits, before an acquisition's first attempt, for the
+// calls on the key's state that are pending.
+func (l *Lock) awaitPending(ctx context.Context) error {
+	p, ok := l.r.grants.pending.Load(l.key)
+	if !ok {
+		return nil
+	}
+	return waitFor(ctx, l.r.life.closed, p.done)
+}

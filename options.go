@@ -1,0 +1,193 @@
+package lockreg
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	defaultExpireAfter   = 30 * time.Second
+	defaultRetryInterval = 100 * time.Millisecond
+	defaultHandoffMax    = 16
+	defaultHandoffFor    = 10 * time.Millisecond
+	// pubSubYield is how long a registry leaves a key it just released to
+	// a waiting registry, which learns of the release by pub/sub within a
+	// round trip or two, before its own next local waiter tries.
+	pubSubYield = 2 * time.Millisecond
+	// minGrantLease is the shortest lease of a granted key (grantLease).
+	minGrantLease = 100 * time.Millisecond
+)
+
+// Option configures a Registry; pass options to New. An invalid option
+// makes New fail with an ErrInvalidOption error that names it.
+type Option func(*config)
+
+// config is a registry's settings, from its options.
+type config struct {
+	expireAfter   time.Duration
+	retryInterval time.Duration
+	logger        *slog.Logger
+	renewal       bool
+	maxHold       time.Duration // 0: renew for as long as the lock is held
+	waitReplicas  int           // 0: no WAIT
+	waitTimeout   time.Duration
+	pubSub        bool
+	handoffMax    int // 0: no local hand-offs
+	handoffFor    time.Duration
+	errs          []error // option errors, reported together by New
+}
+
+// WithExpireAfter sets the lease of a lock's Redis key: if the holder's
+// process dies, other processes can take the lock this long after its last
+// acquisition. Default 30s; at least 1ms, in whole milliseconds.
+func WithExpireAfter(d time.Duration) Option {
+	return func(c *config) {
+		if d < time.Millisecond {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithExpireAfter(%v): below 1ms", ErrInvalidOption, d))
+		}
+		c.expireAfter = d.Truncate(time.Millisecond)
+	}
+}
+
+// WithRetryInterval sets the pause between Redis attempts while a lock is
+// held by another process. Default 100ms; it must be shorter than the lease.
+func WithRetryInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithRetryInterval(%v): not positive", ErrInvalidOption, d))
+		}
+		c.retryInterval = d
+	}
+}
+
+// WithLogger sets where the registry reports what it cannot return: Redis
+// errors while waiting, and failed releases from Unlock. Default
+// slog.Default(); it must not be nil.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l == nil {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithLogger(nil)", ErrInvalidOption))
+		}
+		c.logger = l
+	}
+}
+
+// WithRenewal turns the lease watchdog on (the default) or off. While on,
+// the registry extends the lease of every key it holds each expireAfter/3,
+// in batched, owner-checked script calls, so work may outlast the lease.
+// Off, the lease is fixed: a hold that outlasts it is lost (see Lock.Lost).
+func WithRenewal(on bool) Option {
+	return func(c *config) { c.renewal = on }
+}
+
+// WithMaxHold stops renewing a hold d after it was taken, so a forgotten
+// unlock cannot keep a key alive for ever: the lease then runs out and the
+// holder is told through Lost. Default: no limit. It needs renewal on, and
+// d must be positive.
+func WithMaxHold(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithMaxHold(%v): not positive", ErrInvalidOption, d))
+		}
+		c.maxHold = d
+	}
+}
+
+// WithWaitReplicas makes every acquisition wait, in the same round trip,
+// until n replicas acknowledged it (Redis WAIT), for at most timeout. With
+// fewer acknowledgements the registry releases the key and counts the
+// attempt as failed (ErrNotReplicated), retrying while the deadline allows.
+// This narrows, but does not close, the window in which a failover to a
+// replica loses a lock: WAIT does not make Redis strongly consistent. n
+// must be at least 1, and timeout at least 1ms (WAIT 0 blocks for ever).
+// A redis.Ring cannot wait for replicas.
+func WithWaitReplicas(n int, timeout time.Duration) Option {
+	return func(c *config) {
+		if n < 1 {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithWaitReplicas(%d, …): n below 1", ErrInvalidOption, n))
+		}
+		if timeout < time.Millisecond {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithWaitReplicas(…, %v): timeout below 1ms", ErrInvalidOption, timeout))
+		}
+		c.waitReplicas, c.waitTimeout = n, timeout
+	}
+}
+
+// WithPubSub turns release notifications on (the default) or off. On, a
+// release that another registry waits for grants it the key, or wakes its
+// waiters, by a message on one subscription per registry, at once instead
+// of at their next retry; the retry stays as the safety net for lost
+// messages. Off, the registry takes no grants and its waiters poll every
+// retry interval (Spring's SPIN_LOCK).
+func WithPubSub(on bool) Option {
+	return func(c *config) { c.pubSub = on }
+}
+
+// WithLocalHandoff bounds local hand-offs: when the owner unlocks while
+// another goroutine of this registry waits for the key, the registry passes
+// the hold to it without a Redis round trip (the key stays held, the
+// fencing token rises by one), at most n times in a row and for at most d
+// since the key was taken in Redis; then it releases the key in Redis so
+// that other registries get their turn. Default 16 and 10ms; n = 0 turns
+// hand-offs off, and d must be positive when n is not.
+func WithLocalHandoff(n int, d time.Duration) Option {
+	return func(c *config) {
+		if n < 0 || (n > 0 && d <= 0) {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithLocalHandoff(%d, %v): n below 0, or d not positive", ErrInvalidOption, n, d))
+		}
+		c.handoffMax, c.handoffFor = n, d
+	}
+}
+
+// newConfig applies opts to the defaults, and checks the result against
+// client and registryKey, returning every problem at once.
+func newConfig(client redis.UniversalClient, registryKey string, opts []Option) (config, error) {
+	cfg := config{
+		expireAfter: defaultExpireAfter, retryInterval: defaultRetryInterval, logger: slog.Default(),
+		renewal: true, pubSub: true, handoffMax: defaultHandoffMax, handoffFor: defaultHandoffFor,
+	}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	errs, optionsValid := cfg.errs, len(cfg.errs) == 0
+	cfg.errs = nil
+	if client == nil {
+		errs = append(errs, fmt.Errorf("%w: client is nil", ErrInvalidOption))
+	}
+	if err := checkRegistryKey(registryKey); err != nil {
+		errs = append(errs, err)
+	}
+	if optionsValid && cfg.retryInterval >= cfg.expireAfter {
+		errs = append(errs, fmt.Errorf("%w: the retry interval (WithRetryInterval, %v) must be shorter than the lease (WithExpireAfter, %v)", ErrInvalidOption, cfg.retryInterval, cfg.expireAfter))
+	}
+	if cfg.maxHold > 0 && !cfg.renewal {
+		errs = append(errs, fmt.Errorf("%w: WithMaxHold needs renewal, which WithRenewal(false) turned off", ErrInvalidOption))
+	}
+	if ring, isRing := client.(*redis.Ring); isRing {
+		if cfg.waitReplicas > 0 {
+			errs = append(errs, fmt.Errorf("%w: WithWaitReplicas with a redis.Ring", ErrInvalidOption))
+		}
+		// A Ring sends a renewal of many keys, and a subscription, to one
+		// shard, and a script's notification goes out on its key's shard:
+		// held keys on the others would expire, and waiters go unwoken.
+		if shards := len(ring.Options().Addrs); shards > 1 {
+			errs = append(errs, fmt.Errorf("%w: a redis.Ring with %d shards would split a registry's keys and notifications; use a ClusterClient, or a Ring of one shard", ErrInvalidOption, shards))
+		}
+	}
+	return cfg, errors.Join(errs...)
+}
+
+// grantLease is the lease of a key another registry's release grants to
+// this one (see grant.go), or 0 if this registry takes no grants: the
+// grantee must hear of the grant and extend the lease within it, and a
+// grantee that died while waiting keeps the key from others as long.
+func (c *config) grantLease() time.Duration {
+	if !c.pubSub || c.waitReplicas > 0 {
+		return 0 // no subscription to hear grants by; a grant is not acknowledged by replicas
+	}
+	return min(max(2*c.retryInterval, minGrantLease), c.expireAfter)
+}

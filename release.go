@@ -1,0 +1,160 @@
+package lockreg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// release is Release, for Hold values and the last Unlock alike.
+func (h *Hold) release(ctx context.Context) error {
+	l, local := h.lock, h.local
+	r := l.r
+	h.mu.Lock()
+	if h.released {
+		h.mu.Unlock()
+		return fmt.Errorf("%w: key %q: released already", ErrNotHeld, l.key)
+	}
+	h.released = true
+	token, lostErr, keyReleased := h.token, h.lostErr, h.keyReleased
+	h.mu.Unlock()
+
+	local.hold.Store(nil)
+	r.holdEnded()
+	if keyReleased {
+		l.unlockLocal(local)
+		return lostErr
+	}
+	if next := r.nextLocalHold(h, token, local); next != nil && local.unlock(handoff{hold: next}) {
+		r.locals.leave(l.key)
+		return nil
+	}
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = r.releaseContext(ctx)
+		defer cancel()
+	}
+	// If a goroutine of this registry waits for the key and the release
+	// passes it to another registry, the release marks this one as waiting
+	// too, in the same call, for that goroutine: it then waits for its
+	// grant without a failing attempt of its own, one round trip less per
+	// hand-off between processes. Only a subscribed registry hears grants.
+	markNext := r.grants.lease > 0 && r.notes.subscribed.Load() && local.waited()
+	var sent time.Time // when the call that may mark was sent
+	if markNext {
+		sent = time.Now()
+	}
+	// A lease that ran out before the release, as the registry counts it,
+	// may have let another owner in, even if the key is this registry's
+	// again by the time the release runs.
+	leaseRanOut := h.leaseOver()
+	var handedOutToken int64
+	if h.handoffs > 0 {
+		handedOutToken = token
+	}
+	found, err := l.releaseRedis(ctx, handedOutToken, markNext, "")
+	var mark waitMark
+	if found.markToken != 0 {
+		mark = waitMark{sent: sent, token: found.markToken}
+	}
+	switch found.outcome {
+	case deletedWaited:
+		r.contention.yieldAfter(l.key)
+		r.contention.saw(l.key)
+	case granted:
+		r.contention.saw(l.key)
+	}
+	if !local.unlock(handoff{mark: mark}) && mark.isSet() {
+		// The waiter gave up meanwhile. unlock kept the mutex, so that
+		// the withdrawal is on record before the next owner can attempt.
+		l.withdrawMark()
+		local.unlock(handoff{})
+	}
+	r.locals.leave(l.key)
+	switch {
+	case lostErr != nil:
+	case leaseRanOut:
+		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, lossExpired.explain())
+	case err == nil && found.outcome == notOurs:
+		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, lossUnknown)
+	}
+	if lostErr != nil && err != nil {
+		return errors.Join(lostErr, err)
+	}
+	if lostErr != nil {
+		return lostErr
+	}
+	return err
+}
+
+// releaseContext is the context of a release that must not be cut short
+// by ctx's end: ctx's values, bounded by the lease, after which the key
+// has expired anyway.
+func (r *Registry) releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), r.cfg.expireAfter)
+}
+
+// nextLocalHold returns the hold to hand off, with the Redis key, to the
+// next local waiter, or nil when h must go back to Redis: hand-offs are off, h may be
+// lost, nobody waits, or the run of hand-offs reached its bound, after
+// which other registries get their turn. If h has a token, the next hold's
+// is one more: no other registry can draw a token meanwhile, as the key
+// stays held, and the release stores the last one handed out. Otherwise
+// the next hold draws its own if asked.
+func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
+	if r.cfg.handoffMax == 0 || h.handoffs >= r.cfg.handoffMax || h.isLost() || h.leaseOver() ||
+		time.Since(h.redisTaken) >= r.cfg.handoffFor || !local.waited() {
+		return nil
+	}
+	next := &Hold{
+		lock:       h.lock,
+		local:      local,
+		taken:      time.Now(),
+		redisTaken: h.redisTaken,
+		handoffs:   h.handoffs + 1,
+		leaseEnd:   h.leaseEnd,
+		lost:       make(chan struct{}),
+	}
+	if token != 0 {
+		next.token = token + 1
+	}
+	return next
+}
+
+// releaseRedis runs release.lua, for a hold that handed out tokens up to
+// handedOutToken locally (or 0), or for an attempt that may have taken
+// the key, or, with giveBack (see giveBackArg), for a grant nobody here
+// took. With markNext, a release that grants the key to another registry
+// marks this one as waiting.
+//
+// release.lua gets the client id alone unless the registry expects the
+// rest of its arguments to be needed: a local hand-off raised the token, a
+// grant goes back, or the key looks contended. Four arguments fewer make an
+// uncontended release about as cheap for Redis as the minimal owner-checked
+// GET and DEL (BenchmarkServerTime). A release that finds a waiter without
+// them changes nothing and is sent again with them, one more round trip
+// the first time a key turns contended.
+func (l *Lock) releaseRedis(ctx context.Context, handedOutToken int64, markNext bool, giveBack string) (releaseReply, error) {
+	r := l.r
+	args := r.args.ownerOnly
+	if handedOutToken != 0 || giveBack != "" || markNext || r.contention.looksContended(l.key) {
+		args = r.args.releaseArgs(handedOutToken, l.key, giveBack, markNext)
+	}
+	for {
+		r.stats.releaseCalls.Add(1)
+		n, err := l.runScript(ctx, releaseScript, l.keys.script, args...).Int64()
+		if err != nil {
+			return releaseReply{}, fmt.Errorf("%w: release %q: %w", ErrRedis, l.key, err)
+		}
+		found, err := parseReleaseReply(n)
+		if err != nil {
+			return releaseReply{}, fmt.Errorf("%w: release %q: %w", ErrRedis, l.key, err)
+		}
+		if found.outcome != needsArguments {
+			return found, nil
+		}
+		r.contention.saw(l.key)
+		args = r.args.releaseArgs(handedOutToken, l.key, giveBack, markNext)
+	}
+}

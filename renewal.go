@@ -1,0 +1,202 @@
+package lockreg
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// renewBatch is the most keys one renewal script call carries, so that a
+// registry holding many keys neither sends one call per key nor blocks
+// Redis for long with one huge script.
+const renewBatch = 100
+
+// watch is the registry's one watchdog goroutine: every expireAfter/3 it
+// renews the leases of all held keys and signals the holds whose leases
+// ran out. A renewal round runs in a goroutine of its own, one at a time,
+// so that a round that Redis keeps waiting (a silent network, go-redis'
+// timeouts and retries) holds no signal back: the leases it would have
+// carried on run out as counted, and Lost fires on the next tick.
+func (r *Registry) watch(ctx context.Context) {
+	ticker := time.NewTicker(r.cfg.expireAfter / 3)
+	defer ticker.Stop()
+	var round sync.WaitGroup
+	defer round.Wait()
+	var renewing atomic.Bool
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		r.contention.forgetLapsed()
+		if due := r.dueForRenewal(); len(due) > 0 && renewing.CompareAndSwap(false, true) {
+			round.Add(1)
+			go func() {
+				defer round.Done()
+				defer renewing.Store(false)
+				r.renew(ctx, r.renewalBatches(due))
+			}()
+		}
+		r.loseLapsed()
+	}
+}
+
+// loseLapsed signals the holds whose leases ran out unrenewed (renewal
+// off, past WithMaxHold, or Redis unreachable): their keys may have passed
+// to another owner.
+func (r *Registry) loseLapsed() {
+	r.forEachHold(func(h *Hold) {
+		if h.leaseOver() {
+			h.lose(r.lapseCause(h))
+		}
+	})
+}
+
+// lapseCause is why h's lease ran out unrenewed.
+func (r *Registry) lapseCause(h *Hold) lossCause {
+	if r.cfg.renewal && r.cfg.maxHold > 0 && time.Since(h.taken) >= r.cfg.maxHold {
+		return lossMaxHold
+	}
+	return lossExpired
+}
+
+// dueForRenewal picks the holds to renew.
+func (r *Registry) dueForRenewal() []*Hold {
+	if !r.cfg.renewal {
+		return nil
+	}
+	var due []*Hold
+	now := time.Now()
+	r.forEachHold(func(h *Hold) {
+		// A hold whose lease ran out is not renewed: the key may have
+		// passed on and come back to this registry since (a grant, a new
+		// acquisition), and the owner check, by client id, cannot tell
+		// that from a key held all along.
+		if !h.isLost() && !h.leaseOver() && (r.cfg.maxHold == 0 || now.Sub(h.taken) < r.cfg.maxHold) {
+			due = append(due, h)
+		}
+	})
+	return due
+}
+
+// renewalBatches cuts holds into script calls of at most renewBatch keys;
+// on Redis Cluster each call's keys share a slot, as a script's must.
+func (r *Registry) renewalBatches(holds []*Hold) [][]*Hold {
+	_, cluster := r.client.(*redis.ClusterClient)
+	bySlot := make(map[int][]*Hold)
+	for _, h := range holds {
+		slot := 0
+		if cluster {
+			slot = clusterSlot(h.redisKey())
+		}
+		bySlot[slot] = append(bySlot[slot], h)
+	}
+	var batches [][]*Hold
+	for _, group := range bySlot {
+		for len(group) > 0 {
+			n := min(len(group), renewBatch)
+			batches = append(batches, group[:n])
+			group = group[n:]
+		}
+	}
+	return batches
+}
+
+// renew extends the leases of holds, one script call per batch, all in
+// one pipeline: one round trip per node. Errors are logged and the batch
+// is tried again on the next tick; a key found gone or taken is lost.
+// While a slot moves between Redis Cluster nodes, its keys may be split
+// between them: a batch Redis refuses for that is renewed key by key.
+func (r *Registry) renew(ctx context.Context, batches [][]*Hold) {
+	if len(batches) == 0 {
+		return
+	}
+	calls := make([]*call, len(batches))
+	for i, batch := range batches {
+		keys := make([]string, len(batch))
+		for j, h := range batch {
+			keys[j] = h.redisKey()
+		}
+		calls[i] = &call{script: renewScript, keys: keys, args: r.args.ownerAndLease}
+	}
+	sent := time.Now()
+	r.stats.renewCalls.Add(int64(len(calls)))
+	runPipeline(ctx, r.client, calls)
+	var oneByOne [][]*Hold
+	for i, batch := range batches {
+		if len(batch) > 1 && slotMigrating(calls[i].cmd.Err()) {
+			for _, h := range batch {
+				oneByOne = append(oneByOne, []*Hold{h})
+			}
+			continue
+		}
+		r.applyRenewal(ctx, batch, calls[i].cmd, sent)
+	}
+	r.renew(ctx, oneByOne)
+}
+
+// applyRenewal applies renew.lua's reply for batch, sent at sent.
+func (r *Registry) applyRenewal(ctx context.Context, batch []*Hold, cmd *redis.Cmd, sent time.Time) {
+	ok, err := renewed(cmd)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.cfg.logger.Warn("lockreg: lease renewal failed; retrying on the next tick", "keys", len(batch), "error", err)
+		}
+		return
+	}
+	leaseEnd := sent.Add(r.cfg.expireAfter).UnixNano()
+	for i, h := range batch {
+		// The holds were picked while their leases lived, but the process
+		// may have stood still before sending (a stop, a long pause). Once
+		// a lease has run out, the key may have passed through other owners
+		// and come back, which the owner check cannot tell: only a renewal
+		// sent within the lease carries the hold on.
+		switch {
+		case i >= len(ok) || !ok[i]:
+			h.endLease(lossDeleted)
+		case !h.extendLease(sent, leaseEnd):
+			h.endLease(r.lapseCause(h))
+		}
+	}
+}
+
+// verifyHolds checks, in one pipeline, that Redis still has the key of
+// every hold, and signals the holds whose keys are gone lost: after the
+// subscription's connection broke, Redis may have restarted or failed over
+// without them, and their holders should hear it now, not at the next
+// renewal, while another process may already hold the key. Keys that
+// survived (persistence, a replica that had them) stay held. On Redis
+// Cluster it covers the restarts of the node the subscription is on; the
+// renewal covers the others.
+func (r *Registry) verifyHolds(ctx context.Context) {
+	var holds []*Hold
+	r.forEachHold(func(h *Hold) {
+		if !h.isLost() {
+			holds = append(holds, h)
+		}
+	})
+	if len(holds) == 0 {
+		return
+	}
+	calls := make([]*call, len(holds))
+	for i, h := range holds {
+		calls[i] = &call{args: []any{"get", h.redisKey()}}
+	}
+	runPipeline(ctx, r.client, calls)
+	for i, h := range holds {
+		owner, err := calls[i].cmd.Text()
+		switch {
+		case err == nil && owner == r.clientID:
+		case err == nil || errors.Is(err, redis.Nil):
+			h.endLease(lossRestart)
+		default:
+			r.cfg.logger.Debug("lockreg: could not check the held keys after a reconnect; the renewal will", "error", err)
+			return
+		}
+	}
+}
