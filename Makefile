@@ -10,6 +10,10 @@
 # make chaos - cmd/lockcheck for 10 minutes: locks under injected faults,
 #              checked for overlaps, stale writes and lost increments
 #              (docs/RELIABILITY.md); make test runs it for 30s.
+# make compat - a registry of the previous release (COMPAT_REV, from git
+#              history) and one of this tree take turns on the same keys,
+#              in two processes: no overlap, rising tokens, grants both
+#              ways (docs/PROTOCOL.md, Compatibility).
 # make bench - lockreg beside Redisson-style locks and the Go peers, all in
 #              one run (bench/): writes bench/RESULTS.md, bench/results/
 #              and bench/charts/. BENCH_QUICK=1 for a smoke run.
@@ -20,7 +24,11 @@
 GO ?= go
 BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 
-.PHONY: test demo bench bench-lib fuzz chaos redis-server
+# COMPAT_REV is the release that make compat runs beside this tree: the one
+# deployed before it.
+COMPAT_REV ?= efa7dd6
+
+.PHONY: test demo bench bench-lib fuzz chaos compat redis-server
 
 test: redis-server
 	$(GO) vet ./...
@@ -34,6 +42,9 @@ test: redis-server
 
 chaos: redis-server
 	$(GO) run ./cmd/lockcheck -d 10m
+
+compat: redis-server
+	COMPAT_REV=$(COMPAT_REV) $(GO) test -tags compat -run '^TestRollingDeploy$$' -count=1 -v .
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 4000000x .
