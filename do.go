@@ -166,7 +166,7 @@ func runNested(ctx context.Context, scopes []*scope, fn func(ctx context.Context
 	}
 	defer exitAll(scopes)
 	if ctx.Err() != nil {
-		// The outer hold was lost, or the caller gave up: fn would run
+		// The outer hold was lost, or the caller stopped waiting: fn would run
 		// unprotected, or for nobody.
 		return errors.Join(fmt.Errorf("%w: the outer call's context ended", ErrNotObtained), context.Cause(ctx))
 	}

@@ -6,7 +6,7 @@ import "errors"
 // is one of these or wraps one, so callers can test with errors.Is. The
 // wrapping error names the key and what happened; the advice is here.
 var (
-	// ErrNotObtained: an acquisition gave up because its context ended
+	// ErrNotObtained: an acquisition was abandoned because its context ended
 	// (the error also matches the context's error) while another owner
 	// held the key or Redis did not answer. Retry later, or allow a longer
 	// deadline.

@@ -155,7 +155,7 @@ func (l *Lock) withdrawMark() {
 
 // receiveGrant acts on a grant of key to this registry: it wakes the
 // acquisition that waits for the key with the token, or, if none waits
-// (it gave up, or the mark outlived an earlier acquisition), gives the
+// (it was abandoned, or the mark outlived an earlier acquisition), gives the
 // key back at once, so that it goes on to the next waiter instead of
 // blocking everyone until the grant lease ends. So does a grant that
 // finds the key held here: the holder's own attempt found the key granted

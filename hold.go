@@ -45,7 +45,7 @@ type Hold struct {
 	onLoss func(error)
 	// released says that Release (or the last Unlock) has begun: a hold
 	// is released once. keyReleased says that Shutdown released its key
-	// in Redis already, so the owner's Release only frees it locally.
+	// in Redis already, so the owner's Release only unlocks it locally.
 	released, keyReleased bool
 }
 
@@ -79,7 +79,7 @@ func (h *Hold) Lost() <-chan struct{} { return h.lost }
 // registry that waits for it, within the WithLocalHandoff bounds, or
 // deletes the Redis key if this registry still owns it (owner-checked: a
 // key another owner took since is left alone). Either way the lock is
-// freed locally.
+// unlocked locally.
 //
 // It returns ErrNotHeld, changing nothing, if the hold was released
 // already. It returns ErrLockLost, naming the cause, if the hold may have

@@ -92,7 +92,7 @@ func (l *localLock) lock(ctx context.Context, closed <-chan struct{}, wait bool)
 		l.queue = slices.Delete(l.queue, i, i+1)
 		return handoff{}, reason
 	}
-	// The mutex was granted as we gave up: it is ours after all.
+	// The mutex was passed to us as we left: it is ours after all.
 	return <-w.passed, nil
 }
 
@@ -113,7 +113,7 @@ func (l *localLock) waited() bool {
 }
 
 // unlock passes the mutex, with next, to the longest waiter and reports
-// true; with nobody waiting it frees the mutex, unless next has a hold or
+// true; with nobody waiting it unlocks the mutex, unless next has a hold or
 // a mark to hand off, in which case the caller keeps the mutex (and must
 // release the hold, or withdraw the mark, itself).
 func (l *localLock) unlock(next handoff) (handedOff bool) {

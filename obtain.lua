@@ -32,7 +32,7 @@ if not redis.call('SET', lockKey, clientID, 'NX', 'PX', leaseMs) then
     markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark)
     return -(tonumber(redis.call('GET', fenceKey)) or drawToken(fenceKey, now, leaseMs, 0))
   end
-  -- The key is this registry's already: a grant its waiter gave up on,
+  -- The key is this registry's already: a grant whose waiter was abandoned,
   -- being given back (see release.lua's giveBack). Drawing a token moves
   -- the key's last token past the grant's, so that the give-back spares
   -- the key this acquisition now holds.

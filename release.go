@@ -66,7 +66,7 @@ func (h *Hold) release(ctx context.Context) error {
 		r.contention.saw(l.key)
 	}
 	if !local.unlock(handoff{mark: mark}) && mark.isSet() {
-		// The waiter gave up meanwhile. unlock kept the mutex, so that
+		// The waiter was abandoned meanwhile. unlock kept the mutex, so that
 		// the withdrawal is on record before the next owner can attempt.
 		l.withdrawMark()
 		local.unlock(handoff{})

@@ -59,7 +59,7 @@ func (r *Registry) Close() error {
 // the holds of Lock and LockContext, Do's), renewing them meanwhile, or
 // until ctx ends. Then it releases in Redis the keys still held
 // (owner-checked), which signals their holds lost (their owners' releases
-// report ErrLockLost and only free them locally), and closes the
+// report ErrLockLost and only unlock them locally), and closes the
 // registry. It returns ctx's error if it had to release any key, else nil.
 // Close after Shutdown does nothing.
 func (r *Registry) Shutdown(ctx context.Context) error {
