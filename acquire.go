@@ -215,6 +215,9 @@ func (a *acquisition) firstAttemptHere() (*Hold, error) {
 	}
 	sent := time.Now()
 	found, wentOut, err := l.setIfFree(a.ctx, false)
+	if wentOut {
+		l.r.attempting(a.ctx, l.key)
+	}
 	switch {
 	case !wentOut:
 		return nil, nil

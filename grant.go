@@ -96,6 +96,7 @@ func (l *Lock) acceptGrant(local *localLock, token int64, mark waitMark) *Hold {
 		return nil
 	}
 	h := newHold(l, token, mark.sent, r.grants.lease)
+	h.path = PathGrant
 	if h.leaseOver() {
 		return nil
 	}
@@ -141,6 +142,7 @@ func (l *Lock) withdrawMark() {
 	finish := r.startPending(l.key)
 	if !r.goBackground(func(ctx context.Context) {
 		defer finish()
+		r.called(OpWithdraw, 1)
 		if _, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			p.ZRem(ctx, l.keys.marker, r.args.mark)
 			p.ZRem(ctx, l.keys.queue, r.args.mark)

@@ -20,6 +20,7 @@ import (
 type Hold struct {
 	lock  *Lock
 	local *localLock
+	path  Path      // how it was taken
 	taken time.Time // when this hold began (for WithMaxHold)
 	// redisTaken is when the registry took the key in Redis; handoffs
 	// counts the local hand-offs since. Both bound the run of hand-offs.
@@ -37,7 +38,7 @@ type Hold struct {
 	drawMu sync.Mutex
 	mu     sync.Mutex // guards what follows: short sections only
 	token  int64      // the fencing token, 0 until drawn (see Token)
-	cause  lossCause  // why the hold may be lost; lossNone while it is not
+	cause  LossCause  // why the hold may be lost; lossNone while it is not
 	// lostErr is the error a lost hold reports, made once at loss, so that
 	// Do can tell it apart from the same news arriving by fn's error.
 	lostErr error
@@ -50,7 +51,7 @@ type Hold struct {
 }
 
 func newHold(l *Lock, token int64, sent time.Time, lease time.Duration) *Hold {
-	h := &Hold{lock: l, token: token, taken: sent, redisTaken: sent, leaseEnd: new(atomic.Int64), lost: make(chan struct{})}
+	h := &Hold{lock: l, path: PathRedis, token: token, taken: sent, redisTaken: sent, leaseEnd: new(atomic.Int64), lost: make(chan struct{})}
 	h.leaseEnd.Store(sent.Add(lease).UnixNano())
 	return h
 }
@@ -120,12 +121,13 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 		return token, err
 	}
 	l := h.lock
+	l.r.called(OpToken, 1)
 	token, err = l.runScript(ctx, tokenScript, tokenKeys(l.keys), l.r.args.ownerAndLease...).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, l.key, err)
 	}
 	if token == 0 {
-		h.endLease(lossDeleted)
+		h.endLease(LossDeleted)
 		return 0, h.lossError()
 	}
 	h.mu.Lock()
@@ -149,7 +151,7 @@ func (h *Hold) usableToken() (int64, error) {
 	case h.cause != lossNone:
 		return 0, h.lostErr
 	case h.leaseOver():
-		return 0, fmt.Errorf("%w: key %q: %s", ErrLockLost, h.lock.key, lossExpired.explain())
+		return 0, fmt.Errorf("%w: key %q: %s", ErrLockLost, h.lock.key, LossExpired.explain())
 	}
 	return h.token, nil
 }

@@ -12,25 +12,25 @@ import (
 // ran out unrenewed, Redis said the key was gone or another's, or the
 // registry closed. Renewal (renewal.go) extends leases and finds losses.
 
-// lossCause says why a hold may have been lost.
-type lossCause uint8
+// LossCause says why a hold may have been lost.
+type LossCause uint8
 
 const (
-	lossNone    lossCause = iota
-	lossExpired           // the lease ran out unrenewed
-	lossMaxHold           // renewal stopped at WithMaxHold, and the lease ran out
-	lossDeleted           // Redis said the key was gone or another owner's
-	lossRestart           // Redis came back from a restart or failover without the key
-	lossClosed            // the registry closed
+	lossNone    LossCause = iota
+	LossExpired           // the lease ran out unrenewed
+	LossMaxHold           // renewal stopped at WithMaxHold, and the lease ran out
+	LossDeleted           // Redis said the key was gone or another owner's
+	LossRestart           // Redis came back from a restart or failover without the key
+	LossClosed            // the registry closed
 )
 
 // String names the cause as metrics and logs do.
-func (c lossCause) String() string {
+func (c LossCause) String() string {
 	return [...]string{"none", "expired", "max_hold", "deleted", "restart", "closed"}[c]
 }
 
 // explain says what the cause means to the holder.
-func (c lossCause) explain() string {
+func (c LossCause) explain() string {
 	return [...]string{
 		"",
 		"its lease ran out unrenewed (a stall longer than the lease, or Redis unreachable)",
@@ -47,7 +47,7 @@ const lossUnknown = "its Redis key expired, was deleted, or Redis lost it"
 
 // lose signals the hold lost for cause, once, unless it was released
 // first (a release that found the key gone reports that itself).
-func (h *Hold) lose(cause lossCause) {
+func (h *Hold) lose(cause LossCause) {
 	h.mu.Lock()
 	tell := h.loseLocked(cause)
 	h.mu.Unlock()
@@ -56,7 +56,7 @@ func (h *Hold) lose(cause lossCause) {
 
 // loseLocked is lose, with h.mu held; the caller runs tell once it let go
 // of h.mu, to tell whoever asked to be told (see whenLost).
-func (h *Hold) loseLocked(cause lossCause) (tell func()) {
+func (h *Hold) loseLocked(cause LossCause) (tell func()) {
 	if h.cause != lossNone || h.released {
 		return func() {}
 	}
@@ -67,6 +67,12 @@ func (h *Hold) loseLocked(cause lossCause) (tell func()) {
 	return func() {
 		if onLoss != nil {
 			onLoss(err)
+		}
+		e := LossEvent{Key: h.lock.key, Cause: cause, Held: time.Since(h.taken)}
+		for _, hk := range h.lock.r.hooks.all() {
+			if hk.Lost != nil {
+				hk.Lost(e)
+			}
 		}
 	}
 }
@@ -95,7 +101,7 @@ func (h *Hold) whenLost(fn func(error)) {
 // endLease ends the lease now, for h and the holds handed on from it, and
 // signals h lost for cause: Redis said that the key was not this
 // registry's, or a renewal came too late to tell.
-func (h *Hold) endLease(cause lossCause) {
+func (h *Hold) endLease(cause LossCause) {
 	h.leaseEnd.Store(0)
 	h.lose(cause)
 }

@@ -24,6 +24,7 @@ import (
 // waiting, or finds the key its own already.
 func (l *Lock) tryObtain(ctx context.Context, wait, marked bool) (h *Hold, found obtainReply, err error) {
 	r := l.r
+	r.attempting(ctx, l.key)
 	sent := time.Now()
 	switch {
 	case r.cfg.waitReplicas > 0:
@@ -57,7 +58,7 @@ func (l *Lock) took(sent time.Time) *Hold {
 	if h.leaseOver() {
 		// The reply came a lease or more after the call was sent (Redis or
 		// this process stalled): the key may have expired and passed on.
-		h.lose(lossExpired)
+		h.lose(LossExpired)
 	}
 	return h
 }
@@ -71,7 +72,7 @@ func (l *Lock) setIfFree(ctx context.Context, queue bool) (found obtainReply, we
 	if !wentOut {
 		return obtainReply{}, false, nil
 	}
-	r.stats.acquireCalls.Add(1)
+	r.called(OpAcquire, 1)
 	switch err := cmd.Err(); {
 	case err == nil:
 		return obtainReply{held: true}, true, nil
@@ -84,7 +85,7 @@ func (l *Lock) setIfFree(ctx context.Context, queue bool) (found obtainReply, we
 
 // obtainScripted runs obtain.lua once.
 func (l *Lock) obtainScripted(ctx context.Context, wait, marked bool) (obtainReply, error) {
-	l.r.stats.acquireCalls.Add(1)
+	l.r.called(OpAcquire, 1)
 	n, err := l.runScript(ctx, obtainScript, l.keys.script, l.r.args.obtainArgs(wait, marked)...).Int64()
 	if err != nil {
 		return obtainReply{}, fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
@@ -105,7 +106,7 @@ func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (obtainR
 		}
 		node = primary
 	}
-	r.stats.acquireCalls.Add(1)
+	r.called(OpAcquire, 1)
 	var obtained, acks *redis.Cmd
 	run := func() {
 		// Each command's own error is read below; Pipelined's is the first.

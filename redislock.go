@@ -141,34 +141,65 @@ func (l *Lock) acquire(ctx context.Context, wait bool) error {
 }
 
 // acquireHold takes the local mutex, then the key in Redis unless the
-// mutex came with a hold, and returns the new hold.
+// mutex came with a hold, and returns the new hold. It tells the hooks.
 func (l *Lock) acquireHold(ctx context.Context, wait bool) (*Hold, error) {
 	r := l.r
 	if r.closing() {
 		return nil, fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
 	}
 	start := time.Now()
+	hooks := r.hooks.all()
+	for _, hk := range hooks {
+		if hk.AcquireStart != nil {
+			ctx = hk.AcquireStart(ctx, l.key)
+		}
+	}
+	h, err := l.takeHold(ctx, wait, start)
+	if hooks != nil {
+		e := AcquireEvent{Key: l.key, Wait: time.Since(start), Outcome: OutcomeAcquired, Err: err}
+		switch {
+		case err == nil:
+			e.Path = h.path
+		case errors.Is(err, ErrClosed):
+			e.Outcome = OutcomeClosed
+		case errors.Is(err, ErrNotObtained) || err == errBusy:
+			e.Outcome = OutcomeNotObtained
+		default:
+			e.Outcome = OutcomeError
+		}
+		for _, hk := range hooks {
+			if hk.AcquireDone != nil {
+				hk.AcquireDone(ctx, e)
+			}
+		}
+	}
+	return h, err
+}
+
+// takeHold is acquireHold's work, begun at start.
+func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold, error) {
+	r := l.r
 	local := r.locals.join(l.key)
 	got, err := local.lock(ctx, r.life.closed, wait)
 	if err != nil {
 		r.locals.leave(l.key)
 		return nil, l.notAcquired(ctx, err, nil)
 	}
-	h, handedOver := got.hold, got.hold != nil
-	if !handedOver {
+	h, handedOff := got.hold, got.hold != nil
+	if !handedOff {
 		if h, err = l.obtainRedis(ctx, wait, local, got.mark); err != nil {
 			return nil, err
 		}
 		h.local = local
 	}
 	local.hold.Store(h)
-	r.stats.acquired(time.Since(start), handedOver)
+	r.stats.acquired(time.Since(start), handedOff)
 	// Close signals the holds it finds, after closing: a hold stored once
 	// it looked would never be signalled, nor renewed. Such an
 	// acquisition, which Close (or Shutdown) overtook, fails as the
 	// waiting ones do, and gives the key back.
 	if r.closing() {
-		_ = h.release(context.WithoutCancel(ctx))
+		_ = h.releaseKey(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
 	}
 	r.subscribeSoon()

@@ -25,6 +25,7 @@ type Registry struct {
 	grants             grants        // the grants it takes and gives back (grant.go)
 	contention         contention    // keys seen contended, releases to yield after (contention.go)
 	life               lifecycle     // from New to Close (shutdown.go)
+	hooks              hookList      // what AddHooks added (hooks.go)
 }
 
 // New creates a registry whose locks live in Redis under registryKey. The

@@ -7,8 +7,30 @@ import (
 	"time"
 )
 
-// release is Release, for Hold values and the last Unlock alike.
+// release is Release, for Hold values and the last Unlock alike. It tells
+// the hooks.
 func (h *Hold) release(ctx context.Context) error {
+	hooks := h.lock.r.hooks.all()
+	if hooks == nil {
+		return h.releaseKey(ctx)
+	}
+	for _, hk := range hooks {
+		if hk.ReleaseStart != nil {
+			ctx = hk.ReleaseStart(ctx, h.lock.key)
+		}
+	}
+	err := h.releaseKey(ctx)
+	e := ReleaseEvent{Key: h.lock.key, Held: time.Since(h.taken), WasLost: h.isLost(), Err: err}
+	for _, hk := range hooks {
+		if hk.ReleaseDone != nil {
+			hk.ReleaseDone(ctx, e)
+		}
+	}
+	return err
+}
+
+// releaseKey is release's work.
+func (h *Hold) releaseKey(ctx context.Context) error {
 	l, local := h.lock, h.local
 	r := l.r
 	h.mu.Lock()
@@ -75,7 +97,7 @@ func (h *Hold) release(ctx context.Context) error {
 	switch {
 	case lostErr != nil:
 	case leaseRanOut:
-		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, lossExpired.explain())
+		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, LossExpired.explain())
 	case err == nil && found.outcome == notOurs:
 		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, lossUnknown)
 	}
@@ -109,6 +131,7 @@ func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 	}
 	next := &Hold{
 		lock:       h.lock,
+		path:       PathHandoff,
 		local:      local,
 		taken:      time.Now(),
 		redisTaken: h.redisTaken,
@@ -126,7 +149,9 @@ func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 // handedOutToken locally (or 0), or for an attempt that may have taken
 // the key, or, with giveBack (see giveBackArg), for a grant nobody here
 // took. With markNext, a release that grants the key to another registry
-// marks this one as waiting.
+// marks this one as waiting; it is sent only with all the arguments, when
+// another registry is expected to wait or found waiting, as marking costs
+// release.lua a look at the queue.
 //
 // release.lua gets the client id alone unless the registry expects the
 // rest of its arguments to be needed: a local hand-off raised the token, a
@@ -138,11 +163,11 @@ func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 func (l *Lock) releaseRedis(ctx context.Context, handedOutToken int64, markNext bool, giveBack string) (releaseReply, error) {
 	r := l.r
 	args := r.args.ownerOnly
-	if handedOutToken != 0 || giveBack != "" || markNext || r.contention.looksContended(l.key) {
+	if handedOutToken != 0 || giveBack != "" || r.contention.looksContended(l.key) {
 		args = r.args.releaseArgs(handedOutToken, l.key, giveBack, markNext)
 	}
 	for {
-		r.stats.releaseCalls.Add(1)
+		r.called(OpRelease, 1)
 		n, err := l.runScript(ctx, releaseScript, l.keys.script, args...).Int64()
 		if err != nil {
 			return releaseReply{}, fmt.Errorf("%w: release %q: %w", ErrRedis, l.key, err)

@@ -58,11 +58,11 @@ func (r *Registry) loseLapsed() {
 }
 
 // lapseCause is why h's lease ran out unrenewed.
-func (r *Registry) lapseCause(h *Hold) lossCause {
+func (r *Registry) lapseCause(h *Hold) LossCause {
 	if r.cfg.renewal && r.cfg.maxHold > 0 && time.Since(h.taken) >= r.cfg.maxHold {
-		return lossMaxHold
+		return LossMaxHold
 	}
-	return lossExpired
+	return LossExpired
 }
 
 // dueForRenewal picks the holds to renew.
@@ -125,7 +125,7 @@ func (r *Registry) renew(ctx context.Context, batches [][]*Hold) {
 		calls[i] = &call{script: renewScript, keys: keys, args: r.args.ownerAndLease}
 	}
 	sent := time.Now()
-	r.stats.renewCalls.Add(int64(len(calls)))
+	r.called(OpRenew, len(calls))
 	runPipeline(ctx, r.client, calls)
 	var oneByOne [][]*Hold
 	for i, batch := range batches {
@@ -158,7 +158,7 @@ func (r *Registry) applyRenewal(ctx context.Context, batch []*Hold, cmd *redis.C
 		// sent within the lease carries the hold on.
 		switch {
 		case i >= len(ok) || !ok[i]:
-			h.endLease(lossDeleted)
+			h.endLease(LossDeleted)
 		case !h.extendLease(sent, leaseEnd):
 			h.endLease(r.lapseCause(h))
 		}
@@ -187,13 +187,14 @@ func (r *Registry) verifyHolds(ctx context.Context) {
 	for i, h := range holds {
 		calls[i] = &call{args: []any{"get", h.redisKey()}}
 	}
+	r.called(OpCheck, len(calls))
 	runPipeline(ctx, r.client, calls)
 	for i, h := range holds {
 		owner, err := calls[i].cmd.Text()
 		switch {
 		case err == nil && owner == r.clientID:
 		case err == nil || errors.Is(err, redis.Nil):
-			h.endLease(lossRestart)
+			h.endLease(LossRestart)
 		default:
 			r.cfg.logger.Debug("lockreg: could not check the held keys after a reconnect; the renewal will", "error", err)
 			return

@@ -49,7 +49,7 @@ func (r *Registry) Close() error {
 	r.life.mu.Unlock()
 	r.unsubscribe()
 	r.life.background.Wait()
-	r.forEachHold(func(h *Hold) { h.lose(lossClosed) })
+	r.forEachHold(func(h *Hold) { h.lose(LossClosed) })
 	return nil
 }
 
@@ -121,7 +121,7 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 		// Lost with the key taken from it, in one step: its owner's
 		// release must not find the one without the other.
 		h.keyReleased = true
-		tell := h.loseLocked(lossClosed)
+		tell := h.loseLocked(LossClosed)
 		var handedOutToken int64
 		if h.handoffs > 0 {
 			handedOutToken = h.token

@@ -1,0 +1,151 @@
+package lockreg
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Hooks are told what a registry does, for metrics and traces: see
+// extra/lockregotel, which builds OpenTelemetry instruments and spans on
+// them. Every field is optional. The registry calls them synchronously,
+// on the goroutine where the event happens, so they must be quick, must
+// not block, and must not call the registry. A registry with no hooks
+// pays one atomic load per event, and allocates nothing for them.
+type Hooks struct {
+	// AcquireStart is called when an acquisition begins, unless it is a
+	// reentrant one (a goroutine taking its own hold again, a Do nested in
+	// a Do of the key), which costs nothing and is not reported. The
+	// context it returns (a span's, say) is the acquisition's from then
+	// on, and AcquireAttempt's and AcquireDone's.
+	AcquireStart func(ctx context.Context, key string) context.Context
+	// AcquireAttempt is called for each attempt to take the key in Redis.
+	AcquireAttempt func(ctx context.Context, key string)
+	// AcquireDone is called when the acquisition ends.
+	AcquireDone func(ctx context.Context, e AcquireEvent)
+	// ReleaseStart and ReleaseDone frame the release of a hold (Release,
+	// the last Unlock, Do's), as AcquireStart and AcquireDone frame an
+	// acquisition.
+	ReleaseStart func(ctx context.Context, key string) context.Context
+	ReleaseDone  func(ctx context.Context, e ReleaseEvent)
+	// Lost is called when a hold is signalled lost (its Lost channel
+	// closes), from the goroutine that found out: often the watchdog's.
+	Lost func(e LossEvent)
+	// RedisCalls is called as the registry sends Redis n calls for op;
+	// calls that share a pipeline are counted each.
+	RedisCalls func(op RedisOp, n int)
+}
+
+// AcquireEvent is an acquisition's end.
+type AcquireEvent struct {
+	Key string
+	// Wait is how long the acquisition took, local waiting included.
+	Wait    time.Duration
+	Outcome Outcome
+	Path    Path  // how the key was taken, when Outcome is OutcomeAcquired
+	Err     error // why it was not, otherwise
+}
+
+// ReleaseEvent is a release's end.
+type ReleaseEvent struct {
+	Key string
+	// Held is how long the hold lasted, from its acquisition.
+	Held time.Duration
+	// WasLost says that the hold was signalled lost before its release
+	// (a LossEvent reported it).
+	WasLost bool
+	Err     error
+}
+
+// LossEvent is a hold signalled lost.
+type LossEvent struct {
+	Key   string
+	Cause LossCause
+	Held  time.Duration // from the hold's acquisition to the loss
+}
+
+// Outcome is how an acquisition ended.
+type Outcome string
+
+const (
+	OutcomeAcquired    Outcome = "acquired"
+	OutcomeNotObtained Outcome = "not_obtained" // its context ended first, or TryLock found the key held
+	OutcomeClosed      Outcome = "closed"       // the registry closed
+	OutcomeError       Outcome = "error"        // anything else
+)
+
+// Path is how an acquisition took its key.
+type Path string
+
+const (
+	PathRedis   Path = "redis"   // its own call took the key in Redis
+	PathHandoff Path = "handoff" // a release of this registry handed the hold off to it
+	PathGrant   Path = "grant"   // another registry's release granted it the key
+)
+
+// RedisOp is what a call to Redis is for.
+type RedisOp string
+
+const (
+	OpAcquire  RedisOp = "acquire"  // an attempt: a plain SET or obtain.lua
+	OpRelease  RedisOp = "release"  // release.lua, a give-back included
+	OpRenew    RedisOp = "renew"    // renew.lua, one batch of keys
+	OpToken    RedisOp = "token"    // token.lua
+	OpWithdraw RedisOp = "withdraw" // the withdrawal of a waiting mark
+	OpCheck    RedisOp = "check"    // a held key checked after a reconnect
+)
+
+// AddHooks adds hooks to the registry, after those it has; they apply to
+// what happens from then on. It is safe to call at any time.
+func (r *Registry) AddHooks(h Hooks) {
+	r.hooks.mu.Lock()
+	defer r.hooks.mu.Unlock()
+	var hooks []Hooks
+	if current := r.hooks.list.Load(); current != nil {
+		hooks = append(hooks, *current...)
+	}
+	hooks = append(hooks, h)
+	r.hooks.list.Store(&hooks)
+}
+
+// hookList is a registry's hooks: a list swapped whole, so that reading it
+// takes no lock.
+type hookList struct {
+	mu   sync.Mutex // serializes AddHooks
+	list atomic.Pointer[[]Hooks]
+}
+
+// all returns the hooks, or nil: the one check an event costs without any.
+func (l *hookList) all() []Hooks {
+	if hs := l.list.Load(); hs != nil {
+		return *hs
+	}
+	return nil
+}
+
+// called counts n calls to Redis for op, in Stats and to the hooks.
+func (r *Registry) called(op RedisOp, n int) {
+	switch op {
+	case OpAcquire:
+		r.stats.acquireCalls.Add(int64(n))
+	case OpRelease:
+		r.stats.releaseCalls.Add(int64(n))
+	case OpRenew:
+		r.stats.renewCalls.Add(int64(n))
+	}
+	for _, hk := range r.hooks.all() {
+		if hk.RedisCalls != nil {
+			hk.RedisCalls(op, n)
+		}
+	}
+}
+
+// attempting tells the hooks of an attempt to take key in Redis.
+func (r *Registry) attempting(ctx context.Context, key string) {
+	for _, hk := range r.hooks.all() {
+		if hk.AcquireAttempt != nil {
+			hk.AcquireAttempt(ctx, key)
+		}
+	}
+}

@@ -1,0 +1,192 @@
+package lockreg
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// recorder is a Hooks that writes down what it is told.
+type recorder struct {
+	mu       sync.Mutex
+	events   []string
+	acquired []AcquireEvent
+	released []ReleaseEvent
+	lost     []LossEvent
+	calls    map[RedisOp]int
+}
+
+type recorderKey struct{}
+
+func (rec *recorder) hooks() Hooks {
+	note := func(format string, a ...any) {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		rec.events = append(rec.events, fmt.Sprintf(format, a...))
+	}
+	return Hooks{
+		AcquireStart: func(ctx context.Context, key string) context.Context {
+			note("acquire %s", key)
+			return context.WithValue(ctx, recorderKey{}, "acquire "+key)
+		},
+		AcquireAttempt: func(ctx context.Context, key string) {
+			note("attempt %s in %v", key, ctx.Value(recorderKey{}))
+		},
+		AcquireDone: func(ctx context.Context, e AcquireEvent) {
+			note("acquired %s in %v", e.Key, ctx.Value(recorderKey{}))
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			rec.acquired = append(rec.acquired, e)
+		},
+		ReleaseStart: func(ctx context.Context, key string) context.Context {
+			note("release %s", key)
+			return context.WithValue(ctx, recorderKey{}, "release "+key)
+		},
+		ReleaseDone: func(ctx context.Context, e ReleaseEvent) {
+			note("released %s in %v", e.Key, ctx.Value(recorderKey{}))
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			rec.released = append(rec.released, e)
+		},
+		Lost: func(e LossEvent) {
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			rec.lost = append(rec.lost, e)
+		},
+		RedisCalls: func(op RedisOp, n int) {
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if rec.calls == nil {
+				rec.calls = map[RedisOp]int{}
+			}
+			rec.calls[op] += n
+		},
+	}
+}
+
+func (rec *recorder) snapshot() ([]string, []AcquireEvent, []ReleaseEvent, []LossEvent, map[RedisOp]int) {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	calls := map[RedisOp]int{}
+	for op, n := range rec.calls {
+		calls[op] = n
+	}
+	return append([]string(nil), rec.events...), append([]AcquireEvent(nil), rec.acquired...),
+		append([]ReleaseEvent(nil), rec.released...), append([]LossEvent(nil), rec.lost...), calls
+}
+
+// TestHooksSeeAcquisitionsReleasesAndCalls: one uncontended cycle, a
+// reentrant one (unreported), a hand-off and a Do, in order.
+func TestHooksSeeAcquisitionsReleasesAndCalls(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t), WithLocalHandoff(16, time.Hour))
+	rec := &recorder{}
+	r.AddHooks(rec.hooks())
+
+	lock := r.Obtain("k")
+	require.NoError(t, lock.LockContext(ctx))
+	require.NoError(t, lock.LockContext(ctx)) // reentrant: not reported
+	require.NoError(t, lock.UnlockContext(ctx))
+	token, err := lock.Token(ctx)
+	require.NoError(t, err)
+	next := make(chan error)
+	go func() { next <- r.Do(ctx, "k", func(context.Context) error { return nil }) }()
+	require.Eventually(t, func() bool { return refsOf(r, "k") == 2 }, time.Second, time.Millisecond)
+	require.NoError(t, lock.UnlockContext(ctx))
+	require.NoError(t, <-next)
+	require.Positive(t, token)
+
+	events, acquired, released, lost, calls := rec.snapshot()
+	require.Equal(t, []string{
+		"acquire k", "attempt k in acquire k", "acquired k in acquire k",
+		"acquire k", // the Do, waiting for the hand-off
+		"release k", "released k in release k",
+		"acquired k in acquire k",
+		"release k", "released k in release k",
+	}, events)
+	require.Len(t, acquired, 2)
+	require.Equal(t, OutcomeAcquired, acquired[0].Outcome)
+	require.Equal(t, PathRedis, acquired[0].Path)
+	require.Equal(t, PathHandoff, acquired[1].Path)
+	require.Len(t, released, 2)
+	for _, e := range released {
+		require.NoError(t, e.Err)
+		require.False(t, e.WasLost)
+		require.Positive(t, e.Held)
+	}
+	require.Empty(t, lost)
+	require.Equal(t, map[RedisOp]int{OpAcquire: 1, OpToken: 1, OpRelease: 1}, calls)
+}
+
+func TestHooksSeeFailuresGrantsAndLosses(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	r := newRegistry(t, client, WithExpireAfter(300*time.Millisecond), WithRetryInterval(20*time.Millisecond))
+	rec := &recorder{}
+	r.AddHooks(rec.hooks())
+
+	held, err := holder.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_, err = r.Obtain("k").Acquire(short)
+	require.ErrorIs(t, err, ErrNotObtained)
+
+	failed := r.Stats().FailedAttempts
+	granted := make(chan *Hold)
+	go func() {
+		h, err := r.Obtain("k").Acquire(ctx)
+		assert.NoError(t, err)
+		granted <- h
+	}()
+	require.Eventually(t, func() bool { return r.Stats().FailedAttempts > failed }, 5*time.Second, time.Millisecond, "the second acquisition waits")
+	require.NoError(t, held.Release(ctx))
+	h := <-granted
+	require.NoError(t, client.Del(ctx, h.lock.keys.lock).Err())
+	requireFires(t, h.Lost(), 2*time.Second, "renewal found the key deleted")
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+
+	require.NoError(t, r.Close())
+	_, err = r.Obtain("k").Acquire(ctx)
+	require.ErrorIs(t, err, ErrClosed)
+
+	_, acquired, released, lost, calls := rec.snapshot()
+	require.GreaterOrEqual(t, len(acquired), 2)
+	require.Equal(t, OutcomeNotObtained, acquired[0].Outcome)
+	require.ErrorIs(t, acquired[0].Err, ErrNotObtained)
+	require.GreaterOrEqual(t, acquired[0].Wait, 100*time.Millisecond)
+	require.Equal(t, OutcomeAcquired, acquired[1].Outcome)
+	require.Equal(t, PathGrant, acquired[1].Path)
+	require.Len(t, acquired, 2, "a closed registry refuses at once, unreported")
+	require.Len(t, lost, 1)
+	require.Equal(t, LossDeleted, lost[0].Cause)
+	require.Equal(t, "deleted", lost[0].Cause.String())
+	require.Len(t, released, 1)
+	require.True(t, released[0].WasLost)
+	require.ErrorIs(t, released[0].Err, ErrLockLost)
+	require.Positive(t, calls[OpRenew], "the renewal that found the key gone")
+	require.Positive(t, calls[OpWithdraw], "the abandoned acquisition withdrew its mark")
+}
+
+// TestNoHooksNoAllocations: the hook sites cost an atomic load and
+// allocate nothing while no one listens.
+func TestNoHooksNoAllocations(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(1000, func() {
+		r.attempting(ctx, "k")
+		r.called(OpAcquire, 1)
+		for range r.hooks.all() {
+			t.Fatal("no hooks were added")
+		}
+	})
+	require.Zero(t, allocs)
+}
