@@ -192,6 +192,7 @@ func (a *acquisition) attempt() (*Hold, error) {
 		a.failedWith(err)
 	case a.wait: // another owner held it: obtain.lua marked this registry
 		a.mark = waitMark{sent: sent, token: found.lastToken}
+		a.l.r.publishSoon() // a long wait outlives the owner name's time to live
 	}
 	if !a.wait {
 		return nil, a.abandon(errBusy)

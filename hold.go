@@ -122,7 +122,7 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 	}
 	l := h.lock
 	l.r.called(OpToken, 1)
-	token, err = l.runScript(ctx, tokenScript, tokenKeys(l.keys), l.r.args.ownerAndLease...).Int64()
+	token, err = l.runScript(ctx, tokenScript, lockAndFence(l.keys), l.r.args.ownerAndLease...).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, l.key, err)
 	}

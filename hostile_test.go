@@ -212,7 +212,7 @@ func TestRegistryWorksWithAMinimalACL(t *testing.T) {
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "on", ">secret", "resetkeys", "resetchannels",
 		"~"+prefix+":*", "&"+prefix+":*", "-@all",
 		"+evalsha", "+eval", "+get", "+set", "+pexpire", "+del", "+exists", "+time",
-		"+zadd", "+zrem", "+zscore", "+zrangebyscore", "+zpopmin", "+pttl", "+publish", "+subscribe", "+ping", "+hello").Err())
+		"+zadd", "+zrem", "+zscore", "+zrangebyscore", "+zpopmin", "+pttl", "+publish", "+subscribe", "+ping", "+hello", "+hset").Err())
 	restricted := func() *redis.Client {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "locker", Password: "secret"})
 		t.Cleanup(func() { _ = c.Close() })
@@ -240,4 +240,13 @@ func TestRegistryWorksWithAMinimalACL(t *testing.T) {
 	verdict, err := admin.Do(ctx, "ACL", "DRYRUN", "locker", "GET", "payments:{x}").Text()
 	require.NoError(t, err)
 	require.Contains(t, verdict, "no permissions", "and it can touch nothing outside its prefix")
+	require.Eventually(t, func() bool { return admin.HGet(ctx, holder.owner.key, "name").Val() == holder.cfg.owner }, 5*time.Second, 10*time.Millisecond, "the owner name is published under the ACL")
+
+	// The ACL documented before owner names, without HSET: the registry
+	// works all the same, unnamed.
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "-hset").Err())
+	older, err := New(restricted(), prefix)
+	require.NoError(t, err)
+	defer older.Close()
+	require.NoError(t, older.Do(ctx, "o-2", func(context.Context) error { return nil }))
 }

@@ -22,11 +22,12 @@ const (
 	LossDeleted           // Redis said the key was gone or another owner's
 	LossRestart           // Redis came back from a restart or failover without the key
 	LossClosed            // the registry closed
+	LossForced            // an operator forced the key open (Registry.ForceUnlock)
 )
 
 // String names the cause as metrics and logs do.
 func (c LossCause) String() string {
-	return [...]string{"none", "expired", "max_hold", "deleted", "restart", "closed"}[c]
+	return [...]string{"none", "expired", "max_hold", "deleted", "restart", "closed", "forced"}[c]
 }
 
 // explain says what the cause means to the holder.
@@ -38,6 +39,7 @@ func (c LossCause) explain() string {
 		"its Redis key was deleted or passed to another owner",
 		"Redis came back from a restart or failover without its key",
 		"the registry was closed",
+		"an operator forced its key open (ForceUnlock)",
 	}[c]
 }
 

@@ -174,17 +174,20 @@ func (r *Registry) wakeAll() {
 
 // deliver acts on a notification (see note): a wake-up wakes this
 // registry's waiter for its key, if any; a grant to this registry goes to
-// receiveGrant (grant.go). Notifications of kinds this version does not
-// know (another version's) are ignored: their waiters fall back to
+// receiveGrant (grant.go), and news of a forced unlock of its hold to
+// receiveForced (forceunlock.go). Notifications of kinds this version does
+// not know (another version's) are ignored: their waiters fall back to
 // polling.
 func (r *Registry) deliver(payload string) {
 	n, known, err := parseNote(payload)
 	switch {
-	case !known || (n.grantee != "" && n.grantee != r.clientID):
+	case !known || (n.kind != wakeNote && n.grantee != r.clientID):
 	case err != nil:
 		r.cfg.logger.Warn("lockreg: malformed grant ignored; the key expires after a short lease", "note", payload)
-	case n.grantee != "":
+	case n.kind == grantNote:
 		r.receiveGrant(n.key, n.token)
+	case n.kind == forcedNote:
+		r.receiveForced(n.key)
 	default:
 		if local, ok := r.locals.m.Load(n.key); ok {
 			local.wakeUp()

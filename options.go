@@ -14,6 +14,9 @@ const (
 	defaultRetryInterval = 100 * time.Millisecond
 	defaultHandoffMax    = 16
 	defaultHandoffFor    = 10 * time.Millisecond
+	// maxHandoffs bounds WithLocalHandoff's n: the tokens a run of local
+	// hand-offs raises without Redis (see ForceUnlock).
+	maxHandoffs = 1000
 	// pubSubYield is how long a registry leaves a key it just released to
 	// a waiting registry, which learns of the release by pub/sub within a
 	// round trip or two, before its own next local waiter tries.
@@ -38,6 +41,7 @@ type config struct {
 	pubSub        bool
 	handoffMax    int // 0: no local hand-offs
 	handoffFor    time.Duration
+	owner         string  // the name inspectors see for this registry
 	errs          []error // option errors, reported together by New
 }
 
@@ -133,13 +137,28 @@ func WithPubSub(on bool) Option {
 // fencing token rises by one), at most n times in a row and for at most d
 // since the key was taken in Redis; then it releases the key in Redis so
 // that other registries get their turn. Default 16 and 10ms; n = 0 turns
-// hand-offs off, and d must be positive when n is not.
+// hand-offs off, and d must be positive when n is not. n is at most 1,000:
+// ForceUnlock keeps fencing tokens rising past those handed off locally by
+// that bound.
 func WithLocalHandoff(n int, d time.Duration) Option {
 	return func(c *config) {
-		if n < 0 || (n > 0 && d <= 0) {
-			c.errs = append(c.errs, fmt.Errorf("%w: WithLocalHandoff(%d, %v): n below 0, or d not positive", ErrInvalidOption, n, d))
+		if n < 0 || n > maxHandoffs || (n > 0 && d <= 0) {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithLocalHandoff(%d, %v): n outside 0 to %d, or d not positive", ErrInvalidOption, n, d, maxHandoffs))
 		}
 		c.handoffMax, c.handoffFor = n, d
+	}
+}
+
+// WithOwner names the registry to operators: Inspect, Locks and lockctl
+// show it beside the locks it holds, for example "billing/pod-7". The
+// default names the program, the host and the process id
+// ("billing@pod-7:4242"). It must not be empty.
+func WithOwner(name string) Option {
+	return func(c *config) {
+		if name == "" {
+			c.errs = append(c.errs, fmt.Errorf("%w: WithOwner(\"\")", ErrInvalidOption))
+		}
+		c.owner = name
 	}
 }
 
@@ -149,6 +168,7 @@ func newConfig(client redis.UniversalClient, registryKey string, opts []Option) 
 	cfg := config{
 		expireAfter: defaultExpireAfter, retryInterval: defaultRetryInterval, logger: slog.Default(),
 		renewal: true, pubSub: true, handoffMax: defaultHandoffMax, handoffFor: defaultHandoffFor,
+		owner: defaultOwner(),
 	}
 	for _, opt := range opts {
 		opt(&cfg)

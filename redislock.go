@@ -179,6 +179,7 @@ func (l *Lock) acquireHold(ctx context.Context, wait bool) (*Hold, error) {
 // takeHold is acquireHold's work, begun at start.
 func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold, error) {
 	r := l.r
+	r.publishSoon() // waiters are named to inspectors too
 	local := r.locals.join(l.key)
 	got, err := local.lock(ctx, r.life.closed, wait)
 	if err != nil {

@@ -26,6 +26,7 @@ type Registry struct {
 	contention         contention    // keys seen contended, releases to yield after (contention.go)
 	life               lifecycle     // from New to Close (shutdown.go)
 	hooks              hookList      // what AddHooks added (hooks.go)
+	owner              ownerRecord   // the name inspectors see (owner.go)
 }
 
 // New creates a registry whose locks live in Redis under registryKey. The
@@ -55,6 +56,7 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 		contention:         newContention(&cfg),
 	}
 	r.notes.init(channel, clientID, cfg.grantLease() > 0)
+	r.owner.init(registryKey, clientID, cfg.owner)
 	r.life.init()
 	r.goBackground(r.watch)
 	return r, nil

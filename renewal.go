@@ -39,7 +39,7 @@ func (r *Registry) watch(ctx context.Context) {
 			go func() {
 				defer round.Done()
 				defer renewing.Store(false)
-				r.renew(ctx, r.renewalBatches(due))
+				r.renew(ctx, r.renewalBatches(due), r.refreshCalls()...)
 			}()
 		}
 		r.loseLapsed()
@@ -112,11 +112,13 @@ func (r *Registry) renewalBatches(holds []*Hold) [][]*Hold {
 // is tried again on the next tick; a key found gone or taken is lost.
 // While a slot moves between Redis Cluster nodes, its keys may be split
 // between them: a batch Redis refuses for that is renewed key by key.
-func (r *Registry) renew(ctx context.Context, batches [][]*Hold) {
+// refresh, if any, are calls the round sends in the same pipeline: the
+// owner key's refresh (owner.go).
+func (r *Registry) renew(ctx context.Context, batches [][]*Hold, refresh ...*call) {
 	if len(batches) == 0 {
 		return
 	}
-	calls := make([]*call, len(batches))
+	calls := make([]*call, len(batches), len(batches)+len(refresh))
 	for i, batch := range batches {
 		keys := make([]string, len(batch))
 		for j, h := range batch {
@@ -126,7 +128,10 @@ func (r *Registry) renew(ctx context.Context, batches [][]*Hold) {
 	}
 	sent := time.Now()
 	r.called(OpRenew, len(calls))
-	runPipeline(ctx, r.client, calls)
+	runPipeline(ctx, r.client, append(calls, refresh...))
+	if len(refresh) > 0 {
+		r.refreshed(refresh, sent)
+	}
 	var oneByOne [][]*Hold
 	for i, batch := range batches {
 		if len(batch) > 1 && slotMigrating(calls[i].cmd.Err()) {

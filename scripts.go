@@ -29,6 +29,8 @@ var (
 	tokenLua string
 	//go:embed renew.lua
 	renewLua string
+	//go:embed forceunlock.lua
+	forceUnlockLua string
 
 	// Script.Run sends EVALSHA and falls back to EVAL on NOSCRIPT, so a
 	// restarted Redis costs one extra round trip, once. The libraries go
@@ -37,13 +39,15 @@ var (
 	releaseScript = redis.NewScript(drawTokenLua + markWaitingLua + releaseLua)
 	tokenScript   = redis.NewScript(drawTokenLua + tokenLua)
 	renewScript   = redis.NewScript(renewLua)
+	// forceUnlockScript is the operators' (Registry.ForceUnlock).
+	forceUnlockScript = redis.NewScript(forceUnlockLua)
 )
 
 // scriptKeys are a lock's keys as obtain.lua and release.lua take them.
 func scriptKeys(k lockKeys) []string { return []string{k.lock, k.fence, k.marker, k.queue} }
 
-// tokenKeys are token.lua's keys: the lock and its fence.
-func tokenKeys(k lockKeys) []string { return k.script[:2] }
+// lockAndFence are token.lua's and forceunlock.lua's keys.
+func lockAndFence(k lockKeys) []string { return k.script[:2] }
 
 // lockKeyOnly are the keys of a script run on the lock's key alone, as the
 // scripts are while its slot migrates between Cluster nodes.
@@ -123,6 +127,13 @@ func (a *scriptArgs) releaseArgs(handedOutToken int64, key, giveBack string, mar
 	return args
 }
 
+// forceUnlockArgs are forceunlock.lua's arguments: margin is how far past
+// the last token and the clock the fence goes, fenceTTL the least time to
+// live of the raised fence.
+func forceUnlockArgs(channel, key string, margin int64, fenceTTL time.Duration) []any {
+	return []any{channel, key, margin, fenceTTL.Milliseconds()}
+}
+
 // giveBackArg is release.lua's giveBack: the grant's token and lease.
 func giveBackArg(token int64, grantLease time.Duration) string {
 	return strconv.FormatInt(token, 10) + ":" + strconv.FormatInt(grantLease.Milliseconds(), 10)
@@ -189,31 +200,57 @@ func renewed(cmd *redis.Cmd) ([]bool, error) {
 	return ok, err
 }
 
+// markOwner is the client id of the registry a mark names.
+func markOwner(mark string) string {
+	id, _, _ := strings.Cut(mark, ":")
+	return id
+}
+
+// ownerKey is a registry's owner key, a hash of its name and since when it
+// lives (owner.go).
+func ownerKey(registryKey, clientID string) string { return registryKey + ":owner:" + clientID }
+
 // Channels: a registryKey's waiters all listen to <registryKey>:released;
 // a registry alone to <registryKey>:released:<client id>, its grants.
 func releaseChannel(registryKey string) string     { return registryKey + ":released" }
 func grantChannel(channel, clientID string) string { return channel + ":" + clientID }
 
-// note is a notification of release.lua's: a wake-up, 'w<key>', for every
-// registry's waiter of key; or a grant, 'g<token>:<client id>:<key>', of
-// key to the registry of that client id.
+// note is a notification: release.lua's wake-up, 'w<key>', for every
+// registry's waiter of key, or grant, 'g<token>:<client id>:<key>', of key
+// to the registry of that client id; or forceunlock.lua's
+// 'f<client id>:<key>', telling that registry that its hold of key was
+// forced open.
 type note struct {
+	kind    noteKind
 	key     string
-	grantee string // the client id a grant is for; "" for a wake-up
+	grantee string // the client id a grant or a forced unlock is for
 	token   int64  // a grant's token
 }
+
+type noteKind uint8
+
+const (
+	wakeNote noteKind = iota
+	grantNote
+	forcedNote
+)
 
 // parseNote reads a notification; ok is false for a kind it does not
 // know (another version's), and err set for a grant it cannot read.
 func parseNote(payload string) (n note, ok bool, err error) {
 	switch {
 	case strings.HasPrefix(payload, "w"):
-		return note{key: payload[1:]}, true, nil
+		return note{kind: wakeNote, key: payload[1:]}, true, nil
+	case strings.HasPrefix(payload, "f"):
+		n.kind = forcedNote
+		n.grantee, n.key, _ = strings.Cut(payload[1:], ":")
+		return n, true, nil
 	case strings.HasPrefix(payload, "g"):
+		n.kind = grantNote
 		tokenText, rest, _ := strings.Cut(payload[1:], ":")
 		n.grantee, n.key, _ = strings.Cut(rest, ":")
 		if n.token, err = strconv.ParseInt(tokenText, 10, 64); err != nil || n.token <= 0 {
-			return note{key: n.key, grantee: n.grantee}, true, fmt.Errorf("malformed grant %q", payload)
+			return note{kind: grantNote, key: n.key, grantee: n.grantee}, true, fmt.Errorf("malformed grant %q", payload)
 		}
 		return n, true, nil
 	}

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/lockreg/lockreg"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(redistest.M(m))
+}
+
+// lockctl builds the command once per test binary.
+var lockctl = func() func(t *testing.T) string {
+	var bin string
+	var err error
+	return func(t *testing.T) string {
+		t.Helper()
+		if bin == "" && err == nil {
+			dir, mkErr := os.MkdirTemp("", "lockctl")
+			require.NoError(t, mkErr)
+			bin = filepath.Join(dir, "lockctl")
+			out, buildErr := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+			if buildErr != nil {
+				err = errors.New(string(out))
+			}
+		}
+		require.NoError(t, err, "go build")
+		return bin
+	}
+}()
+
+// result is one run of the built lockctl.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func runLockctl(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(lockctl(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		code = exit.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return result{code, stdout.String(), stderr.String()}
+}
+
+// TestLockctlAgainstALiveRegistry runs the built binary: list, show, JSON,
+// unlock, and the exit codes that tell "not found" from errors.
+func TestLockctlAgainstALiveRegistry(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr()
+	const ns = "orders"
+	service, err := lockreg.New(srv.Client(t), ns, lockreg.WithOwner("billing/pod-7"))
+	require.NoError(t, err)
+	defer service.Close()
+	held, err := service.Obtain("order-42").Acquire(ctx)
+	require.NoError(t, err)
+	token, err := held.Token(ctx)
+	require.NoError(t, err)
+	other, err := service.Obtain("order-7").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err := service.Inspect(ctx, "order-42")
+		return err == nil && info.Owner != ""
+	}, 5*time.Second, 10*time.Millisecond, "the service published its name")
+
+	res := runLockctl(t, nil, "-redis", url, "-namespace", ns, "list")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	require.Contains(t, res.stdout, "KEY")
+	require.Contains(t, res.stdout, `"order-42"`)
+	require.Contains(t, res.stdout, `"order-7"`)
+	require.Contains(t, res.stdout, "billing/pod-7")
+
+	res = runLockctl(t, []string{"REDIS_URL=" + url}, "-namespace", ns, "-json", "show", "order-42")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	var shown lockJSON
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &shown))
+	require.Equal(t, "order-42", shown.Key)
+	require.Equal(t, "billing/pod-7", shown.Owner)
+	require.Equal(t, token, shown.Token)
+	require.Positive(t, shown.TTLms)
+
+	res = runLockctl(t, nil, "-redis", url, "-namespace", ns, "show", "order-1")
+	require.Equal(t, exitNotFound, res.code)
+	require.Contains(t, res.stderr, `"order-1" is not held`)
+
+	res = runLockctl(t, nil, "-redis", url, "-namespace", ns, "unlock", "order-42")
+	require.Equal(t, exitUsage, res.code, "no terminal to ask on")
+	require.Contains(t, res.stderr, "-yes")
+	requireOpen(t, held.Lost())
+
+	res = runLockctl(t, nil, "-redis", url, "-namespace", ns, "unlock", "-yes", "order-42")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	require.Contains(t, res.stdout, `unlocked "order-42", held by billing/pod-7`)
+	select {
+	case <-held.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the holder did not hear of the forced unlock")
+	}
+	require.ErrorIs(t, held.Release(ctx), lockreg.ErrLockLost)
+
+	res = runLockctl(t, nil, "-redis", url, "-namespace", ns, "-json", "list")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	var listed []lockJSON
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &listed))
+	require.Len(t, listed, 1)
+	require.Equal(t, "order-7", listed[0].Key)
+	require.NoError(t, other.Release(ctx))
+
+	res = runLockctl(t, nil, "-redis", url, "-namespace", "nobody", "list")
+	require.Equal(t, exitNotFound, res.code)
+	require.Contains(t, res.stderr, `no lock held in namespace "nobody"`)
+}
+
+func TestLockctlRefusesBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		says string
+	}{
+		{"no command", []string{"-namespace", "ns"}, exitUsage, "name a command"},
+		{"no namespace", []string{"list"}, exitUsage, "-namespace is required"},
+		{"unknown command", []string{"-namespace", "ns", "drop"}, exitUsage, "drop"},
+		{"empty key", []string{"-namespace", "ns", "show", ""}, exitUsage, "the key is empty"},
+		{"bad URL", []string{"-redis", "http://x:y:z", "-namespace", "ns", "list"}, exitUsage, `-redis "http://x:y:z"`},
+		{"Redis down", []string{"-redis", "redis://127.0.0.1:1", "-timeout", "2s", "-namespace", "ns", "list"}, exitError, "Redis call failed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := runLockctl(t, nil, tc.args...)
+			require.Equal(t, tc.code, res.code, res.stderr)
+			require.Contains(t, res.stderr, tc.says)
+		})
+	}
+}
+
+// TestLockctlNamesTheCommandAnACLForbids: an inspector's user may list,
+// but not force a lock open.
+func TestLockctlNamesTheCommandAnACLForbids(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "inspector", "on", ">secret", "resetkeys", "resetchannels",
+		"%R~orders:*", "-@all", "+get", "+pttl", "+zrange", "+hget", "+time", "+scan", "+ping", "+hello").Err())
+	service, err := lockreg.New(srv.Client(t), "orders")
+	require.NoError(t, err)
+	defer service.Close()
+	h, err := service.Obtain("o-1").Acquire(ctx)
+	require.NoError(t, err)
+	url := "redis://inspector:secret@" + srv.Addr()
+	res := runLockctl(t, nil, "-redis", url, "-namespace", "orders", "list")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	res = runLockctl(t, nil, "-redis", url, "-namespace", "orders", "unlock", "-yes", "o-1")
+	require.Equal(t, exitError, res.code)
+	require.True(t, strings.Contains(res.stderr, "'evalsha'") || strings.Contains(res.stderr, "'eval'"), res.stderr)
+	requireOpen(t, h.Lost())
+	require.NoError(t, h.Release(ctx))
+}
+
+func TestLockctlListsACluster(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer client.Close()
+	service, err := lockreg.New(client, "orders")
+	require.NoError(t, err)
+	defer service.Close()
+	var keys []string
+	for _, key := range []string{"a", "b", "c", "d", "e", "f"} {
+		_, err := service.Obtain(key).Acquire(ctx)
+		require.NoError(t, err)
+		keys = append(keys, key)
+	}
+	res := runLockctl(t, nil, "-redis", strings.Join(addrs, ","), "-namespace", "orders", "-json", "list")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	var listed []lockJSON
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &listed))
+	var got []string
+	for _, l := range listed {
+		got = append(got, l.Key)
+	}
+	require.ElementsMatch(t, keys, got)
+}
+
+func TestConfirmAsksForYes(t *testing.T) {
+	info := lockreg.LockInfo{Key: "k", Owner: "billing", TTL: time.Second}
+	for answer, want := range map[string]bool{"y\n": true, "YES\n": true, "n\n": false, "\n": false, "": false} {
+		var prompt bytes.Buffer
+		require.Equal(t, want, confirm(strings.NewReader(answer), &prompt, info), "%q", answer)
+		require.Contains(t, prompt.String(), `Force "k" open? billing holds it`)
+	}
+}
+
+func requireOpen(t *testing.T, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatal("signalled lost")
+	default:
+	}
+}

@@ -1,0 +1,31 @@
+-- Unlocks the lock whoever holds it (Registry.ForceUnlock), atomically:
+-- raises the fence, deletes the key, tells the holder and wakes waiters.
+-- scripts.go builds the arguments below, by name (forceUnlockArgs).
+local lockKey, fenceKey = KEYS[1], KEYS[2]
+-- channel: the registryKey's release channel; key: the lock's key in its
+-- registry; margin: how far past the last token and the clock the fence
+-- goes (microseconds), above any token the holder's registry may still
+-- hand off locally; fenceMs: the least time to live of the raised fence,
+-- longer than the clock takes to pass it.
+local channel, key, margin, fenceMs = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+-- Returns the holder's client id, or false when nobody held the key.
+-- Called with the lock's key alone while its slot migrates between Redis
+-- Cluster nodes: the fence then stays as it is, and tokens rest on the
+-- clock alone, as every token drawn then does.
+local holder = redis.call('GET', lockKey)
+if not holder then
+  return false
+end
+if fenceKey then
+  local now = redis.call('TIME')
+  local last = tonumber(redis.call('GET', fenceKey)) or 0
+  local floor = math.max(last, tonumber(now[1]) * 1000000 + tonumber(now[2])) + margin
+  redis.call('SET', fenceKey, string.format('%.0f', floor), 'PX', math.max(redis.call('PTTL', fenceKey), fenceMs))
+end
+redis.call('DEL', lockKey)
+-- 'f<client id>:<key>' tells the holder's registry, which then signals the
+-- hold lost; 'w<key>' wakes the waiters of every registry, as a release
+-- does.
+redis.call('PUBLISH', channel, 'f' .. holder .. ':' .. key)
+redis.call('PUBLISH', channel, 'w' .. key)
+return holder

@@ -1,0 +1,313 @@
+package lockreg
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redisstat"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+func TestInspectSaysWhoHoldsAndWhoWaits(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Shared(t)
+	holder := newRegistry(t, srv.Client(t), WithOwner("billing/pod-7"))
+	waiter := newRegistry(t, srv.Client(t), WithOwner("reports/pod-1"), WithRetryInterval(time.Second))
+	var counter redisstat.Counter
+	inspector := newRegistry(t, srv.Client(t, &counter))
+
+	h, err := holder.Obtain("order-42").Acquire(ctx)
+	require.NoError(t, err)
+	token := mustHoldToken(t, h)
+	taken := lockInBackground(ctx, waiter.Obtain("order-42"))
+	waitUntilWaiting(t, waiter)
+	require.Eventually(t, func() bool { return holder.owner.freshUntil.Load() > 0 }, 5*time.Second, time.Millisecond, "the holder published its name")
+
+	before := counter.RoundTrips()
+	info, err := inspector.Inspect(ctx, "order-42")
+	require.NoError(t, err)
+	require.LessOrEqual(t, counter.RoundTrips()-before, int64(2), "at most two round trips")
+	require.Equal(t, "order-42", info.Key)
+	require.True(t, info.Held)
+	require.Equal(t, "billing/pod-7", info.Owner)
+	require.Equal(t, holder.clientID, info.OwnerID)
+	require.Equal(t, token, info.Token)
+	require.Greater(t, info.TTL, time.Duration(0))
+	require.LessOrEqual(t, info.TTL, holder.cfg.expireAfter)
+	require.Equal(t, []Waiter{{OwnerID: waiter.clientID, Owner: "reports/pod-1"}}, info.Waiting)
+
+	require.NoError(t, h.Release(ctx))
+	requireTaken(t, taken)
+	free, err := inspector.Inspect(ctx, "order-42")
+	require.NoError(t, err)
+	require.False(t, free.Held)
+	require.Empty(t, free.Owner)
+
+	_, err = inspector.Inspect(ctx, "")
+	require.ErrorIs(t, err, ErrInvalidKey)
+}
+
+// TestInspectNamesNoOneForADeadRegistry: a holder that died (its owner
+// name gone with its key's TTL) or predates owner names still shows as
+// holding, by client id.
+func TestInspectNamesNoOneForADeadRegistry(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	require.NoError(t, client.Set(ctx, r.Obtain("k").keys.lock, "a-dead-registry", time.Minute).Err())
+	info, err := r.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, info.Held)
+	require.Equal(t, "a-dead-registry", info.OwnerID)
+	require.Empty(t, info.Owner)
+}
+
+func TestTheDefaultOwnerNamesTheProcess(t *testing.T) {
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	require.Contains(t, r.cfg.owner, "@"+host+":"+strconv.Itoa(os.Getpid()))
+	_, err = New(redistest.Shared(t).Client(t), "k", WithOwner(""))
+	require.ErrorIs(t, err, ErrInvalidOption)
+}
+
+// TestTheOwnerNameLivesWhileItsRegistryHolds: written at the first hold,
+// refreshed in the renewal round's pipeline (one round trip, two commands
+// more), gone two leases after the registry stops.
+func TestTheOwnerNameLivesWhileItsRegistryHolds(t *testing.T) {
+	ctx := context.Background()
+	const lease = 300 * time.Millisecond
+	var counter redisstat.Counter
+	srv := redistest.Shared(t)
+	admin := srv.Client(t)
+	r, err := New(srv.Client(t, &counter), "lockreg-test:"+t.Name(), WithExpireAfter(lease), WithRetryInterval(20*time.Millisecond), WithOwner("worker-3"))
+	require.NoError(t, err)
+	defer r.Close()
+	lock := r.Obtain("k")
+	lock.Lock()
+	require.Eventually(t, func() bool { return admin.HGet(ctx, r.owner.key, "name").Val() == "worker-3" }, 5*time.Second, time.Millisecond)
+	time.Sleep(3 * lease) // renewal rounds keep it
+	require.Equal(t, "worker-3", admin.HGet(ctx, r.owner.key, "name").Val())
+	require.Greater(t, admin.PTTL(ctx, r.owner.key).Val(), lease, "refreshed by the renewal rounds")
+
+	before, rounds := counter.Commands(), r.Stats().RenewCalls
+	r.renew(ctx, r.renewalBatches(r.dueForRenewal()), r.refreshCalls()...)
+	after := counter.Commands()
+	require.Equal(t, rounds+1, r.Stats().RenewCalls)
+	require.Equal(t, before["hset"]+1, after["hset"], "one HSET per round")
+	require.Equal(t, before["pexpire"]+1, after["pexpire"], "and one PEXPIRE")
+
+	lock.Unlock()
+	require.NoError(t, r.Close())
+	require.Eventually(t, func() bool { return admin.Exists(ctx, r.owner.key).Val() == 0 }, 10*lease, 10*time.Millisecond, "gone after two leases")
+}
+
+func TestLocksListsTheNamespacesHeldLocksOnce(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithOwner("lister"))
+	held := []string{"a", "b{1}", "c%7D", "d}:{e", "f:fence"}
+	for _, key := range held {
+		h, err := r.Obtain(key).Acquire(ctx)
+		require.NoError(t, err)
+		mustHoldToken(t, h) // a fence key beside each
+	}
+	h, err := r.Obtain("released").Acquire(ctx)
+	require.NoError(t, err)
+	mustHoldToken(t, h)
+	require.NoError(t, h.Release(ctx))
+	// A waiting mark and queue, and another namespace that shares a prefix.
+	waiter := newRegistry(t, client, WithRetryInterval(time.Second))
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, _ = waiter.Obtain("a").Acquire(short)
+	other, err := New(client, r.registryKey+":{x}")
+	require.NoError(t, err)
+	defer other.Close()
+	_, err = other.Obtain("z").Acquire(ctx)
+	require.NoError(t, err)
+
+	var listed []string
+	for info, err := range r.Locks(ctx) {
+		require.NoError(t, err)
+		require.True(t, info.Held)
+		require.Equal(t, "lister", info.Owner)
+		listed = append(listed, info.Key)
+	}
+	slices.Sort(listed)
+	slices.Sort(held)
+	require.Equal(t, held, listed)
+
+	// A caller may stop early.
+	n := 0
+	for range r.Locks(ctx) {
+		n++
+		break
+	}
+	require.Equal(t, 1, n)
+}
+
+func TestLocksAcrossClusterPrimaries(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	client := clusterClient(t, addrs)
+	r := newRegistry(t, client)
+	primaries := map[string]bool{}
+	var held []string
+	for i := range 30 {
+		key := "order-" + strconv.Itoa(i)
+		_, err := r.Obtain(key).Acquire(ctx)
+		require.NoError(t, err)
+		held = append(held, key)
+		node, err := client.MasterForKey(ctx, r.Obtain(key).keys.lock)
+		require.NoError(t, err)
+		primaries[node.String()] = true
+	}
+	require.Len(t, primaries, 3, "the locks live on all three primaries")
+	var listed []string
+	for info, err := range r.Locks(ctx) {
+		require.NoError(t, err)
+		listed = append(listed, info.Key)
+	}
+	slices.Sort(listed)
+	slices.Sort(held)
+	require.Equal(t, held, listed)
+}
+
+// TestForceUnlockFreesTheKeyAndTellsTheHolder: the key goes, the holder
+// hears within a second (not at its renewal, 10s away), the next holder's
+// token is above the old one's local hand-offs, waiters wake at once, and
+// the old holder's release spares the new owner.
+func TestForceUnlockFreesTheKeyAndTellsTheHolder(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	stuck := newRegistry(t, client, WithOwner("stuck-worker"), WithLocalHandoff(maxHandoffs, time.Hour))
+	waiter := newRegistry(t, client, WithRetryInterval(10*time.Second))
+	var logs syncBuffer
+	operator := newRegistry(t, client, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+
+	// A run of local hand-offs raises the token without Redis.
+	lock := stuck.Obtain("k")
+	h, err := lock.Acquire(ctx)
+	require.NoError(t, err)
+	token := mustHoldToken(t, h)
+	for range 20 {
+		next := make(chan *Hold)
+		go func() {
+			h, err := lock.Acquire(ctx)
+			require.NoError(t, err)
+			next <- h
+		}()
+		require.Eventually(t, func() bool { return refsOf(stuck, "k") == 2 }, time.Second, time.Millisecond)
+		require.NoError(t, h.Release(ctx))
+		h = <-next
+		token++
+		require.Equal(t, token, mustHoldToken(t, h), "handed off locally")
+	}
+	require.Eventually(t, stuck.notes.subscribed.Load, 5*time.Second, time.Millisecond)
+	taken := lockInBackground(ctx, waiter.Obtain("k"))
+	waitUntilWaiting(t, waiter)
+
+	forced := time.Now()
+	found, err := operator.ForceUnlock(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, found)
+	took := requireFires(t, h.Lost(), 5*time.Second, "the holder heard")
+	t.Logf("the holder heard %v after the forced unlock", took)
+	select {
+	case _, ok := <-taken:
+		require.True(t, ok)
+	case <-time.After(2 * time.Second):
+		t.Fatal("the waiter was not woken (its retry interval is 10s)")
+	}
+	require.Less(t, time.Since(forced), 5*time.Second)
+	next, err := operator.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.Greater(t, mustHoldToken(t, next), token, "above every token handed out")
+	err = h.Release(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	require.ErrorContains(t, err, "forced")
+	require.Equal(t, operator.clientID, client.Get(ctx, lock.keys.lock).Val(), "the old holder's release spared the new owner")
+	require.NoError(t, next.Release(ctx))
+
+	require.Contains(t, logs.String(), "lock forced open")
+	require.Contains(t, logs.String(), "key=k")
+	require.Contains(t, logs.String(), "owner=stuck-worker")
+
+	found, err = operator.ForceUnlock(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, found, "nobody held it")
+	_, err = operator.ForceUnlock(ctx, "")
+	require.ErrorIs(t, err, ErrInvalidKey)
+}
+
+// TestForceUnlockDuringASlotMigration: while the lock's slot is half way
+// between two primaries, the forced unlock runs on the lock's key alone.
+func TestForceUnlockDuringASlotMigration(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	r := newRegistry(t, clusterClient(t, addrs))
+	operator := newRegistry(t, clusterClient(t, addrs))
+	h, err := r.Obtain("migrating").Acquire(ctx)
+	require.NoError(t, err)
+	mustHoldToken(t, h) // a fence to split from its lock
+	require.Eventually(t, r.notes.subscribed.Load, 5*time.Second, time.Millisecond)
+	m := redistest.BeginSlotMigration(t, addrs, clusterSlot(h.redisKey()))
+	_, moved := m.MoveKey(t) // one of the lock and its fence moved: a split slot
+	require.True(t, moved)
+	found, err := operator.ForceUnlock(ctx, "migrating")
+	require.NoError(t, err)
+	require.True(t, found)
+	requireFires(t, h.Lost(), 5*time.Second, "the holder heard")
+	m.Finish(t)
+	next, err := operator.Obtain("migrating").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, next.Release(ctx))
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+}
+
+// TestAReadOnlyInspector: a Redis user that may only read the namespace
+// inspects and lists, and is refused a forced unlock, by name.
+func TestAReadOnlyInspector(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const ns = "orders"
+	// The README's inspector ACL.
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "inspector", "on", ">secret", "resetkeys", "resetchannels",
+		"%R~"+ns+":*", "-@all", "+get", "+pttl", "+zrange", "+hget", "+time", "+scan", "+ping", "+hello").Err())
+	holder, err := New(srv.Client(t), ns, WithOwner("writer"))
+	require.NoError(t, err)
+	defer holder.Close()
+	_, err = holder.Obtain("o-1").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return holder.owner.freshUntil.Load() > 0 }, 5*time.Second, time.Millisecond)
+
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "inspector", Password: "secret"})
+	t.Cleanup(func() { _ = c.Close() })
+	inspector, err := New(c, ns)
+	require.NoError(t, err)
+	defer inspector.Close()
+	info, err := inspector.Inspect(ctx, "o-1")
+	require.NoError(t, err)
+	require.Equal(t, "writer", info.Owner)
+	var listed []string
+	for info, err := range inspector.Locks(ctx) {
+		require.NoError(t, err)
+		listed = append(listed, info.Key)
+	}
+	require.Equal(t, []string{"o-1"}, listed)
+	_, err = inspector.ForceUnlock(ctx, "o-1")
+	require.ErrorIs(t, err, ErrRedis)
+	require.True(t, strings.Contains(err.Error(), "evalsha") || strings.Contains(err.Error(), "eval"), "it names the command: %v", err)
+	require.Equal(t, holder.clientID, admin.Get(ctx, holder.Obtain("o-1").keys.lock).Val(), "and changed nothing")
+}
