@@ -14,6 +14,7 @@
 #              history) and one of this tree take turns on the same keys,
 #              in two processes: no overlap, rising tokens, grants both
 #              ways (docs/PROTOCOL.md, Compatibility).
+# make lockctl - builds bin/lockctl, the operators' tool (list, show, unlock).
 # make bench - lockreg beside Redisson-style locks and the Go peers, all in
 #              one run (bench/): writes bench/RESULTS.md, bench/results/
 #              and bench/charts/. BENCH_QUICK=1 for a smoke run.
@@ -28,7 +29,7 @@ BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9
 # deployed before it.
 COMPAT_REV ?= efa7dd6
 
-.PHONY: test demo bench bench-lib fuzz chaos compat redis-server
+.PHONY: test demo bench bench-lib fuzz chaos compat lockctl redis-server
 
 test: redis-server
 	$(GO) vet ./...
@@ -42,6 +43,9 @@ test: redis-server
 
 chaos: redis-server
 	$(GO) run ./cmd/lockcheck -d 10m
+
+lockctl:
+	$(GO) build -o bin/lockctl ./cmd/lockctl
 
 compat: redis-server
 	COMPAT_REV=$(COMPAT_REV) $(GO) test -tags compat -run '^TestRollingDeploy$$' -count=1 -v .
@@ -58,7 +62,7 @@ bench: redis-server
 bench-lib: redis-server
 	@# One benchmark run at a time, ten times over, so that noise on this
 	@# shared machine hits every variant alike.
-	for i in 1 2 3 4 5 6 7 8 9 10; do $(GO) test -run '^$$' -bench '^Benchmark(GoroutineID|Reentrant|ReentrantDo|Uncontended|UncontendedWithContext|HoldStyles|ServerTime|HotKey|DistinctKeys)$$' -count 1 . || exit 1; done | tee bench.txt
+	for i in 1 2 3 4 5 6 7 8 9 10; do $(GO) test -run '^$$' -bench '^Benchmark(GoroutineID|Reentrant|ReentrantDo|Uncontended|UncontendedWithContext|HoldStyles|ServerTime|HotKey|DistinctKeys|RenewalRound)$$' -count 1 . || exit 1; done | tee bench.txt
 	for i in 1 2 3 4 5 6; do $(GO) test -run '^$$' -bench '^BenchmarkContention$$' -benchtime 1x -count 1 . || exit 1; done | tee bench-contention.txt
 	$(BENCHSTAT) bench.txt
 	$(BENCHSTAT) bench-contention.txt

@@ -461,3 +461,51 @@ func BenchmarkReentrantDo(b *testing.B) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkRenewalRound times one watchdog renewal round for a registry
+// holding 100 keys, with the owner name's refresh in its pipeline (as the
+// watchdog sends it) and without, interleaved: x-without is the ratio of
+// their times, extra-servercmds what the refresh adds inside Redis.
+func BenchmarkRenewalRound(b *testing.B) {
+	ctx := context.Background()
+	srv := redistest.Shared(b)
+	admin := srv.Client(b)
+	r := newRegistry(b, srv.Client(b))
+	for i := range 100 {
+		if _, err := r.Obtain("renewed-" + strconv.Itoa(i)).Acquire(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	batches := r.renewalBatches(r.dueForRenewal())
+	rounds := map[string]func(){
+		"with":    func() { r.renew(ctx, batches, r.refreshCalls()...) },
+		"without": func() { r.renew(ctx, batches) },
+	}
+	var with, without time.Duration
+	var cmdsWith, cmdsWithout int64
+	count := func() int64 {
+		var n int64
+		for _, c := range commandStats(b, admin) {
+			n += c
+		}
+		return n
+	}
+	for b.Loop() {
+		for _, name := range []string{"with", "without"} {
+			before := count()
+			start := time.Now()
+			rounds[name]()
+			took := time.Since(start)
+			cmds := count() - before - 1 // the INFO that counted
+			if name == "with" {
+				with, cmdsWith = with+took, cmdsWith+cmds
+			} else {
+				without, cmdsWithout = without+took, cmdsWithout+cmds
+			}
+		}
+	}
+	b.ReportMetric(float64(with.Nanoseconds())/float64(b.N), "with-ns/op")
+	b.ReportMetric(float64(without.Nanoseconds())/float64(b.N), "without-ns/op")
+	b.ReportMetric(float64(with)/float64(without), "x-without")
+	b.ReportMetric(float64(cmdsWith-cmdsWithout)/float64(b.N), "extra-servercmds")
+}

@@ -96,6 +96,22 @@ func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context
 	return r.runHolding(ctx, outer, holds, fn)
 }
 
+// HoldFor returns the hold under which a Do or DoAll of this registry
+// holding key runs ctx (its fn's context, or one derived from it), or nil:
+// fn asks it for its fencing token, say.
+func (r *Registry) HoldFor(ctx context.Context, key string) *Hold {
+	s := scopeOf(ctx).holding(r, key)
+	if s == nil {
+		return nil
+	}
+	for _, h := range s.holds {
+		if h.lock.key == key {
+			return h
+		}
+	}
+	return nil
+}
+
 // scope is what a Do or DoAll holds while its fn runs, found through fn's
 // context by the calls nested in it.
 type scope struct {

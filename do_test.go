@@ -33,6 +33,27 @@ func TestDoHoldsTheKeyWhileFnRuns(t *testing.T) {
 	requireNoLocalState(t, r)
 }
 
+// TestHoldForFindsDosHold: fn reaches its hold through its context, for
+// its fencing token; nothing else does.
+func TestHoldForFindsDosHold(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	other := newRegistry(t, redistest.Shared(t).Client(t))
+	require.Nil(t, r.HoldFor(ctx, "k"))
+	require.NoError(t, r.DoAll(ctx, []string{"k", "j"}, func(ctx context.Context) error {
+		h := r.HoldFor(ctx, "k")
+		require.NotNil(t, h)
+		require.Equal(t, "k", h.Key())
+		token, err := h.Token(ctx)
+		require.NoError(t, err)
+		require.Positive(t, token)
+		require.Equal(t, "j", r.HoldFor(ctx, "j").Key())
+		require.Nil(t, r.HoldFor(ctx, "x"), "a key it does not hold")
+		require.Nil(t, other.HoldFor(ctx, "k"), "another registry's")
+		return nil
+	}))
+}
+
 func TestDoRejectsAnEmptyKey(t *testing.T) {
 	r := newRegistry(t, redistest.Shared(t).Client(t))
 	ran := false

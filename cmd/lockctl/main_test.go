@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -222,4 +223,75 @@ func requireOpen(t *testing.T, ch <-chan struct{}) {
 		t.Fatal("signalled lost")
 	default:
 	}
+}
+
+// holderEnv makes the test binary a holder process: it takes the keys
+// named in the variable, says so, and waits to be killed.
+const holderEnv = "LOCKCTL_TEST_HOLDER"
+
+func init() {
+	spec, ok := os.LookupEnv(holderEnv)
+	if !ok {
+		return
+	}
+	addr, keys, _ := strings.Cut(spec, "|")
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	registry, err := lockreg.New(client, "orders", lockreg.WithOwner("doomed-worker"))
+	if err != nil {
+		panic(err)
+	}
+	for _, key := range strings.Split(keys, ",") {
+		if _, err := registry.Obtain(key).Acquire(context.Background()); err != nil {
+			panic(err)
+		}
+	}
+	os.Stdout.WriteString("holding\n")
+	select {}
+}
+
+// TestLockctlFreesACrashedHoldersKeys: a holder killed with SIGKILL keeps
+// its keys for its whole lease (30s by default); lockctl unlock frees
+// them at once.
+func TestLockctlFreesACrashedHoldersKeys(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	keys := []string{"order-1", "order-2", "order-3", "order-4"}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	holder := exec.Command(self, "-test.run", "^$")
+	holder.Env = append(os.Environ(), holderEnv+"="+srv.Addr()+"|"+strings.Join(keys, ","))
+	out, err := holder.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, holder.Start())
+	line := make([]byte, len("holding\n"))
+	_, err = io.ReadFull(out, line)
+	require.NoError(t, err, "the holder took its keys")
+	require.NoError(t, holder.Process.Kill())
+	_ = holder.Wait()
+
+	waiter, err := lockreg.New(srv.Client(t), "orders")
+	require.NoError(t, err)
+	defer waiter.Close()
+	for _, key := range keys {
+		info, err := waiter.Inspect(ctx, key)
+		require.NoError(t, err)
+		require.Greater(t, info.TTL, 20*time.Second, "the dead holder's lease runs on")
+	}
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	_, err = waiter.Obtain(keys[0]).Acquire(short)
+	require.ErrorIs(t, err, lockreg.ErrNotObtained, "blocked by the dead holder")
+
+	start := time.Now()
+	for _, key := range keys {
+		res := runLockctl(t, nil, "-redis", "redis://"+srv.Addr(), "-namespace", "orders", "unlock", "-yes", key)
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Contains(t, res.stdout, "doomed-worker")
+	}
+	for _, key := range keys {
+		h, err := waiter.Obtain(key).Acquire(ctx)
+		require.NoError(t, err)
+		require.NoError(t, h.Release(ctx))
+	}
+	t.Logf("4 keys of a killed holder freed by lockctl and taken in %v (its lease had 20s+ left)", time.Since(start))
 }
