@@ -295,3 +295,17 @@ func TestLockctlFreesACrashedHoldersKeys(t *testing.T) {
 	}
 	t.Logf("4 keys of a killed holder freed by lockctl and taken in %v (its lease had 20s+ left)", time.Since(start))
 }
+
+func TestLockctlFollowsSentinels(t *testing.T) {
+	ctx := context.Background()
+	g := redistest.StartSentinelGroup(t)
+	service, err := lockreg.New(g.FailoverClient(t), "orders", lockreg.WithOwner("behind-sentinels"))
+	require.NoError(t, err)
+	defer service.Close()
+	h, err := service.Obtain("o-1").Acquire(ctx)
+	require.NoError(t, err)
+	res := runLockctl(t, nil, "-redis", strings.Join(g.SentinelAddrs(), ","), "-sentinel", redistest.SentinelMaster, "-namespace", "orders", "show", "o-1")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	require.Contains(t, res.stdout, "o-1")
+	require.NoError(t, h.Release(ctx))
+}
