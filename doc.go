@@ -14,9 +14,9 @@
 // Its error tells "not obtained" (ErrNotObtained: ctx ended first) from
 // "lost while working" (ErrLockLost: fn's context was cancelled with that
 // cause, and the work may have overlapped another holder's). Do releases
-// the key however fn ends, and is reentrant through fn's context. DoAll
-// holds several keys, taken in one canonical order so that overlapping
-// calls never deadlock.
+// the key however fn ends, and is reentrant through fn's context; fn finds
+// its hold, for its fencing token, with HoldFor. DoAll holds several keys,
+// taken in one canonical order so that overlapping calls never deadlock.
 //
 // The other ways to hold a key:
 //
@@ -60,6 +60,14 @@
 //     per registry renews every held key each lease/3, in batches.
 //
 // docs/PROTOCOL.md has the keys, scripts, messages and waiting rules.
+//
+// # Operating
+//
+// WithOwner names a registry to operators. Inspect says who holds a key,
+// for how long, and who waits; Locks lists a namespace's held locks;
+// ForceUnlock frees a stuck key whoever holds it, keeping fencing tokens
+// sound and telling the holder. cmd/lockctl does all three from a shell.
+// AddHooks reports what a registry does, for metrics and traces.
 //
 // # Guarantees
 //
