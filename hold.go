@@ -64,11 +64,12 @@ func (h *Hold) redisKey() string { return h.lock.keys.lock }
 
 // Lost returns a channel that is closed when the hold may have been lost:
 // renewal found the Redis key gone or owned by someone else, Redis came
-// back from a restart or failover without it, the lease ran out unrenewed
-// (renewal off, past WithMaxHold, Redis unreachable), or the registry
-// closed. It fires within one renewal interval (expireAfter/3) of the
-// loss, within about a second of Redis answering again after a restart
-// or failover (with WithPubSub on), and is closed already when the
+// back from a restart or failover without it, an operator forced it open
+// (ForceUnlock), the lease ran out unrenewed (renewal off, past
+// WithMaxHold, Redis unreachable), or the registry closed. It fires
+// within one renewal interval (expireAfter/3) of the loss; within about a
+// second of Redis answering again after a restart or failover, and of a
+// forced unlock (with WithPubSub on); and is closed already when the
 // acquisition's reply came a lease or more after it was sent. Stop the
 // protected work when it fires; Release then reports ErrLockLost.
 //
