@@ -365,3 +365,50 @@ func TestRedisClusterWaitsForReplicas(t *testing.T) {
 	require.Len(t, primaries, 3, "the keys spread over every primary")
 	require.Zero(t, r.Stats().FailedAttempts, "every acquisition was acknowledged")
 }
+
+// TestWaitReplicasRecoversAfterASlotMove: with WithWaitReplicas on a
+// Redis Cluster, an acquisition runs obtain.lua and WAIT in one pipeline on
+// the node client that ClusterClient.MasterForKey names from its cached
+// slot map (obtainReplicated). Once the key's slot has moved to another
+// primary, that node answers MOVED, which a pipeline on a node client
+// neither follows nor reports to the cluster client: the slot map stayed
+// stale, and every acquisition of the key failed with ErrRedis until other
+// traffic through the cluster client, or its reload every 60s, refreshed
+// it (lockcheck -topology cluster -wait-replicas 1 found it). The failed
+// attempt now reloads the map, and the next one takes the key, as a
+// registry without WithWaitReplicas does at once.
+func TestWaitReplicasRecoversAfterASlotMove(t *testing.T) {
+	addrs := redistest.StartClusterWithReplicas(t, 3)
+	replicated := newRegistry(t, clusterClient(t, addrs), WithWaitReplicas(1, 100*time.Millisecond), WithRetryInterval(50*time.Millisecond))
+	plain := newRegistry(t, clusterClient(t, addrs))
+	lock := lockAndUnlock(t, replicated, plain)
+
+	primaries := addrs[:3] // redis-cli --cluster create makes the first three primaries
+	m := redistest.BeginSlotMigration(t, primaries, clusterSlot(lock.keys.lock))
+	m.Finish(t)
+	t.Logf("slot %d moved from %s to %s", m.Slot, m.From, m.To)
+	requireTakenWithin(t, plain, 3*time.Second, "without WithWaitReplicas")
+	requireTakenWithin(t, replicated, 3*time.Second, "WithWaitReplicas")
+}
+
+// lockAndUnlock takes and gives back k with each registry, so that their
+// clients know k's slot, and returns the first registry's lock.
+func lockAndUnlock(t *testing.T, registries ...*Registry) *Lock {
+	t.Helper()
+	for _, r := range registries {
+		lock := r.Obtain("k")
+		require.NoError(t, lock.LockContext(context.Background()))
+		require.NoError(t, lock.UnlockContext(context.Background()))
+	}
+	return registries[0].Obtain("k")
+}
+
+// requireTakenWithin checks that r takes k, which is free, within limit.
+func requireTakenWithin(t *testing.T, r *Registry, limit time.Duration, msg string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	lock := r.Obtain("k")
+	require.NoError(t, lock.LockContext(ctx), "%s: the key, free, is not taken within %v", msg, limit)
+	require.NoError(t, lock.UnlockContext(context.Background()))
+}

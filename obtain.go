@@ -99,7 +99,8 @@ func (l *Lock) obtainScripted(ctx context.Context, wait, marked bool) (obtainRep
 func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (obtainReply, error) {
 	r := l.r
 	node := redis.Cmdable(r.client)
-	if cluster, ok := r.client.(*redis.ClusterClient); ok {
+	cluster, _ := r.client.(*redis.ClusterClient)
+	if cluster != nil {
 		primary, err := cluster.MasterForKey(ctx, l.keys.lock)
 		if err != nil {
 			return obtainReply{}, fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
@@ -125,6 +126,13 @@ func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (obtainR
 	}
 	n, err := obtained.Int64()
 	if err != nil {
+		if cluster != nil && staleSlotMap(err) {
+			// A pipeline on a node client neither follows a redirection nor
+			// tells the cluster client, whose slot map would stay stale, and
+			// every attempt fail, until its next reload (up to a minute):
+			// reload it now, for the next attempt.
+			cluster.ReloadState(ctx)
+		}
 		return obtainReply{}, fmt.Errorf("%w: obtain %q: %w", ErrRedis, l.key, err)
 	}
 	found := parseObtainReply(n)
@@ -138,6 +146,15 @@ func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (obtainR
 		return obtainReply{}, err
 	}
 	return obtainReply{}, errors.Join(fmt.Errorf("%w: %d of %d replicas acknowledged %q within %v", ErrNotReplicated, acked, r.cfg.waitReplicas, l.key, r.cfg.waitTimeout), err)
+}
+
+// staleSlotMap reports whether a call to the node a cluster client named
+// for a key failed in a way that says the client's slot map may be stale:
+// the slot moved (MOVED), is moving (ASK, TRYAGAIN), or the node does not
+// answer (a failover took its place).
+func staleSlotMap(err error) bool {
+	var reply redis.Error
+	return redis.HasErrorPrefix(err, "MOVED") || slotMigrating(err) || !errors.As(err, &reply)
 }
 
 // mayHaveRun reports whether a failed call may have run its script after
