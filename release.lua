@@ -19,9 +19,15 @@ local lockKey, fenceKey, markerKey, queueKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4
 -- goroutine of this registry waits for the key: the registry's mark and
 -- how long it lasts (as obtain.lua's), so that a grant marks this registry
 -- as waiting, as that goroutine's failed attempt would have.
-local clientID, handedOut, leaseMs, channel, key, giveBack, mark, markMs =
-  ARGV[1], tonumber(ARGV[2] or '0'), ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+-- (An uncontended release sends clientID alone: the rest are read only
+-- when sent, which keeps its time in Redis at the minimal lock's.)
+local clientID = ARGV[1]
 local allArgs = #ARGV > 1
+local handedOut, leaseMs, channel, key, giveBack, mark, markMs = 0
+if allArgs then
+  handedOut, leaseMs, channel, key, giveBack, mark, markMs =
+    tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+end
 -- Called with the lock's key alone while its slot migrates between Redis
 -- Cluster nodes: it only deletes the key; waiters find it free by polling.
 local migrating = #KEYS == 1
