@@ -205,7 +205,7 @@ func (c *Cluster) node(addr string) *Server {
 func (c *Cluster) AwaitFailover(slot int, replica *Server, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		if replica.role() == "master" && c.agree(slot, replica.addr) {
+		if replica.Role() == "master" && c.agree(slot, replica.addr) {
 			return nil
 		}
 		if time.Now().After(deadline) {

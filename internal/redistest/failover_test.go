@@ -28,7 +28,7 @@ func TestSentinelGroupFailsOverAndRejoins(t *testing.T) {
 		require.Same(t, replica, promoted)
 		t.Logf("round %d: promoted %v after the crash", round, time.Since(crashed).Round(time.Millisecond))
 		require.NoError(t, g.Rejoin(primary, promoted, 20*time.Second))
-		require.Equal(t, "slave", primary.role())
+		require.Equal(t, "slave", primary.Role())
 		require.Equal(t, int64(round), mustInt(t, primary.Client(t).Get(ctx, "k")), "the rejoined server synced the new primary's data")
 		primary, replica = promoted, primary
 	}
@@ -59,7 +59,7 @@ func TestClusterFailsOverAndRejoins(t *testing.T) {
 	require.Same(t, replica, now)
 
 	require.NoError(t, c.Rejoin(primary, 30*time.Second))
-	require.Equal(t, "slave", primary.role())
+	require.Equal(t, "slave", primary.Role())
 	_, again, err := c.Shard(slot)
 	require.NoError(t, err)
 	require.Same(t, primary, again, "the crashed node is the new primary's replica")

@@ -188,7 +188,7 @@ func (g *SentinelGroup) AwaitFailover(old *Server, timeout time.Duration) (*Serv
 				continue
 			}
 			for _, s := range []*Server{g.Primary, g.Replica} {
-				if s.addr == addr && s.role() == "master" {
+				if s.addr == addr && s.Role() == "master" {
 					return s, nil
 				}
 			}
@@ -227,9 +227,9 @@ func (g *SentinelGroup) Rejoin(old, primary *Server, timeout time.Duration) erro
 	})
 }
 
-// role is what ROLE says the server is ("master", "slave"), or "" if it
+// Role is what ROLE says the server is ("master", "slave"), or "" if it
 // does not answer.
-func (s *Server) role() string {
+func (s *Server) Role() string {
 	c := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
