@@ -69,10 +69,10 @@ func (a *analysis) acrossFailover(key string, earlier, later *Hold) (Switch, boo
 }
 
 // atFailovers counts the holds whose lease was live when a replica of
-// their key's primary took over, and of those the ones lost: they were
-// told so (Lost, ErrLockLost), or another hold overlapped them across the
-// failover. With -wait-replicas, each such hold had been acknowledged by a
-// replica.
+// their key's primary took over (at the watcher's last look before it saw
+// the promotion), and of those the ones lost: they were told so (Lost,
+// ErrLockLost), or another hold overlapped them across the failover. With
+// -wait-replicas, each such hold had been acknowledged by a replica.
 func (a *analysis) atFailovers() {
 	r := a.res
 	for _, s := range a.h.Switches {
@@ -87,7 +87,7 @@ func (a *analysis) atFailovers() {
 			continue
 		}
 		for _, s := range a.h.Switches {
-			if slices.Contains(s.Keys, hd.Key) && hd.Root < s.At && hd.Enter <= s.At && a.live[i] > s.Since {
+			if slices.Contains(s.Keys, hd.Key) && hd.Enter <= s.Since && a.live[i] > s.Since {
 				r.AtFailover++
 				if a.lostAtFailover[i] || hd.Lost > 0 || hd.Unlock == UnlockLost {
 					r.LostAtFailover++

@@ -33,7 +33,8 @@ type phase struct {
 	col       *collector
 	// routed: each worker reaches Redis through a router of its own, for
 	// the network faults.
-	routed bool
+	routed  bool
+	servers []string // the addresses of the lock Redis's servers
 
 	mu     sync.Mutex
 	procs  map[int]*workerProc // running
@@ -125,10 +126,10 @@ func (ph *phase) startWorker() (int, error) {
 	ph.mu.Unlock()
 	w := &workerProc{id: id, done: make(chan struct{})}
 	wc := workerConfig{
-		ID: id, Topology: ph.cfg.topology, LockAddrs: ph.topo.addrs(), WaitReplicas: ph.cfg.waitReplica,
+		ID: id, Topology: ph.cfg.topology, LockAddrs: ph.topo.addrs(), Servers: ph.servers, WaitReplicas: ph.cfg.waitReplica,
 		StoreAddr: ph.storeAddr, Registry: ph.registry, Keys: ph.keys,
 		Goroutines: ph.cfg.g, Until: ph.until, Lease: ph.cfg.lease, Retry: ph.cfg.retry,
-		Wait: ph.cfg.wait, Work: ph.cfg.work, Seed: ph.cfg.seed,
+		Wait: ph.cfg.wait, Work: ph.cfg.work, Long: ph.cfg.long, Seed: ph.cfg.seed,
 	}
 	if ph.routed {
 		router, err := faultproxy.StartRouter()

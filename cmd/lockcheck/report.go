@@ -169,7 +169,7 @@ func writeJSON(w io.Writer, cfg config, phases []*Result, total *Result) error {
 			"topology": cfg.topology, "wait_replicas": cfg.waitReplica,
 			"seconds": cfg.d.Seconds(), "keys": cfg.keys, "workers": cfg.p, "goroutines": cfg.g,
 			"lease_ms": cfg.lease.Milliseconds(), "retry_ms": cfg.retry.Milliseconds(),
-			"work_ms": cfg.work.Seconds() * 1000, "wait_ms": cfg.wait.Milliseconds(),
+			"work_ms": cfg.work.Seconds() * 1000, "long": cfg.long, "wait_ms": cfg.wait.Milliseconds(),
 			"every_ms": cfg.every.Milliseconds(), "faults": cfg.faults, "seed": cfg.seed, "cpus": runtime.NumCPU(),
 		},
 		Phases: phases, Total: total, OK: total.ViolationCount == 0,

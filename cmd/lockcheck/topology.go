@@ -61,6 +61,19 @@ type topology interface {
 	close()
 }
 
+// serverAddrs are the addresses of topo's Redis servers.
+func serverAddrs(topo topology) []string {
+	servers := topo.servers()
+	if len(servers) == 0 {
+		return topo.addrs() // a single server
+	}
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		addrs[i] = s.Addr()
+	}
+	return addrs
+}
+
 func startTopology(name string) (topology, error) {
 	switch name {
 	case topoSentinel:

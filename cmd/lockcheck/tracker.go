@@ -169,32 +169,54 @@ func (w *runningWait) over(now time.Time) bool {
 }
 
 // watchGrants subscribes to the grant channels of registry's registries
-// (<registry>:released:<client id>) and credits the grants they carry
-// until stop is called. It returns once the subscription is open,
-// so that it is open before the registry's first attempt.
-func (t *leaseTracker) watchGrants(client redis.UniversalClient, registry string) (stop func(), err error) {
-	sub := client.PSubscribe(context.Background(), registry+":released:*")
-	if _, err := sub.Receive(context.Background()); err != nil {
-		_ = sub.Close()
-		return nil, err
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		// The first subscription was confirmed above: any later one is
-		// go-redis resubscribing on a new connection.
-		for msg := range sub.ChannelWithSubscriptions() {
-			switch msg := msg.(type) {
-			case *redis.Message:
-				t.grant(msg.Payload)
-			case *redis.Subscription:
-				t.mu.Lock()
-				t.resubscribed = time.Now().UnixNano()
-				t.mu.Unlock()
-			}
+// (<registry>:released:<client id>) on each of the lock Redis's servers,
+// addrs, and credits the grants they carry until stop is called. Every
+// server gets every message (a replica by replication, a cluster node by
+// the cluster bus), so that a grant is missed only if every subscription
+// misses it: one alone could sit on a replica that a failover fault
+// freezes while the primary publishes. It returns once a subscription is
+// open, so that one is open before the registry's first attempt; any
+// server that answers later counts as a resubscription.
+func (t *leaseTracker) watchGrants(addrs []string, registry string) (stop func(), err error) {
+	var subs []*redis.PubSub
+	var wg sync.WaitGroup
+	stop = func() {
+		for _, sub := range subs {
+			_ = sub.Close()
 		}
-	}()
-	return func() { _ = sub.Close(); <-done }, nil
+		wg.Wait()
+	}
+	open := 0
+	for _, addr := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		sub := c.PSubscribe(context.Background(), registry+":released:*")
+		subs = append(subs, sub)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if _, err := sub.Receive(ctx); err == nil {
+			open++
+		}
+		cancel()
+		wg.Go(func() {
+			defer c.Close()
+			// Any subscription after the one confirmed above is go-redis
+			// resubscribing on a new connection.
+			for msg := range sub.ChannelWithSubscriptions() {
+				switch msg := msg.(type) {
+				case *redis.Message:
+					t.grant(msg.Payload)
+				case *redis.Subscription:
+					t.mu.Lock()
+					t.resubscribed = time.Now().UnixNano()
+					t.mu.Unlock()
+				}
+			}
+		})
+	}
+	if open == 0 {
+		stop()
+		return nil, fmt.Errorf("subscribe to the grants on %v: no server answered", addrs)
+	}
+	return stop, nil
 }
 
 // grant credits a notification 'g<token>:<client id>:<key>' on a grant
@@ -213,7 +235,8 @@ func (t *leaseTracker) grant(note string) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if grantee == "" || grantee != t.clientID {
+	// Each server delivers the message: a copy adds nothing.
+	if grantee == "" || grantee != t.clientID || token <= t.granted[key] {
 		return
 	}
 	t.saw(key, "grant with token %d", token)

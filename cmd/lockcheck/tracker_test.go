@@ -87,7 +87,7 @@ func TestLeaseTrackerCreditsGrants(t *testing.T) {
 	tracker := newLeaseTracker(registry, []string{"k"}, &emitter{w: bufio.NewWriter(&buf)})
 	srv := redistest.Start(t)
 	client := srv.Client(t, tracker)
-	stop, err := tracker.watchGrants(client, registry)
+	stop, err := tracker.watchGrants([]string{srv.Addr()}, registry)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,8 @@ type workerConfig struct {
 	// LockAddrs are the lock Redis's addresses: the server's, the
 	// Sentinels' or the cluster nodes'.
 	LockAddrs []string
+	// Servers are the lock Redis's servers, whatever their roles.
+	Servers []string
 	// Router is the worker's fault proxy ("": the worker dials Redis
 	// directly).
 	Router       string
@@ -46,6 +48,7 @@ type workerConfig struct {
 	Retry        time.Duration
 	Wait         time.Duration
 	Work         time.Duration
+	Long         float64 // the share of critical sections that pause 0.5 to 1.5 leases
 	Seed         uint64
 }
 
@@ -68,11 +71,6 @@ func runWorker(spec string) int {
 	lockClient := newLockClient(cfg, cfg.Router)
 	addHook(lockClient, leases)
 	defer lockClient.Close()
-	// The tracker's subscription bypasses the router: a network fault is
-	// for the library's connections, and a grant message it held back
-	// would leave the hold it explains unexplained.
-	grants := newLockClient(cfg, "")
-	defer grants.Close()
 	storeClient := redis.NewClient(&redis.Options{Addr: cfg.StoreAddr})
 	defer storeClient.Close()
 	// Faults make the library log every retry; the history says more.
@@ -88,7 +86,10 @@ func runWorker(spec string) int {
 		fmt.Fprintln(os.Stderr, "lockcheck worker:", err)
 		return 2
 	}
-	stopWatching, err := leases.watchGrants(grants, cfg.Registry)
+	// The tracker's subscriptions bypass the router: a network fault is
+	// for the library's connections, and a grant message it held back
+	// would leave the hold it explains unexplained.
+	stopWatching, err := leases.watchGrants(cfg.Servers, cfg.Registry)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lockcheck worker:", err)
 		return 2
@@ -191,7 +192,10 @@ func (w *worker) critical(g int, lock *lockreg.Lock, acq time.Time, rng *rand.Ra
 	value, ev.Read.Outcome = storeRead(ctx, w.store, record, token)
 	ev.Read.Done = time.Now().UnixNano()
 	if ev.Read.Outcome == Accepted {
-		if w.cfg.Work > 0 {
+		switch {
+		case rng.Float64() < w.cfg.Long:
+			time.Sleep(w.cfg.Lease/2 + time.Duration(rng.Int64N(int64(w.cfg.Lease))))
+		case w.cfg.Work > 0:
 			time.Sleep(time.Duration(rng.Int64N(int64(2 * w.cfg.Work))))
 		}
 		ev.Value = value + 1
