@@ -128,7 +128,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.lease, "lease", 0, "the lock lease (WithExpireAfter); stops, pauses and stalls last 1.5 leases, DEBUG SLEEP half of one (default 1s, 2s on sentinel)")
 	fs.DurationVar(&cfg.retry, "retry", 100*time.Millisecond, "the retry interval (WithRetryInterval)")
 	fs.DurationVar(&cfg.work, "work", time.Millisecond, "mean pause between a critical section's read and its write")
-	fs.Float64Var(&cfg.long, "long", -1, "the share of critical sections that pause 0.5 to 1.5 leases between read and write instead, renewed meanwhile (default 0.001 on sentinel and cluster, 0 on single)")
+	fs.Float64Var(&cfg.long, "long", 0, "the share of critical sections that pause 0.5 to 1.5 leases between read and write instead, renewed meanwhile (default 0.001 on sentinel and cluster, 0 on single)")
 	fs.DurationVar(&cfg.wait, "wait", 10*time.Second, "an acquisition that waits this long has starved (a violation)")
 	fs.DurationVar(&cfg.every, "every", 0, "the interval between faults; a fault also starts a lease after the one before ended at the earliest (default 2.5 leases)")
 	faults := fs.String("faults", "", "the faults to inject, in rotation; empty for none (default: every kind that applies to -topology, but the network faults on single)")
@@ -157,7 +157,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.every == 0 {
 		cfg.every = cfg.lease * 5 / 2
 	}
-	if cfg.long < 0 {
+	if !flagSet(fs, "long") {
 		cfg.long = defaultLong[cfg.topology]
 	}
 	cfg.faults = defaultFaults[cfg.topology]
@@ -187,8 +187,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return cfg, fmt.Errorf("-retry (%v) must be positive and shorter than -lease (%v)", cfg.retry, cfg.lease)
 	case cfg.work < 0:
 		return cfg, fmt.Errorf("-work must not be negative")
-	case cfg.long > 1:
-		return cfg, fmt.Errorf("-long is a share, at most 1")
+	case cfg.long < 0 || cfg.long > 1:
+		return cfg, fmt.Errorf("-long is a share, from 0 to 1")
 	case cfg.wait <= 2*stopFor(cfg.lease):
 		return cfg, fmt.Errorf("-wait (%v) must be longer than two stops of 1.5 leases (%v): waiting across a fault is fair", cfg.wait, 2*stopFor(cfg.lease))
 	case cfg.every < 2*cfg.lease:
