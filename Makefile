@@ -7,9 +7,13 @@
 #              durations: with -fuzztime as a duration, Go 1.26 can fail a
 #              clean run with "context deadline exceeded" (go.dev/issue/75804).
 # make demo  - the demo, on an in-process Redis (nothing to install).
-# make chaos - cmd/lockcheck for 10 minutes: locks under injected faults,
-#              checked for overlaps, stale writes and lost increments
-#              (docs/RELIABILITY.md); make test runs it for 30s.
+# make chaos - cmd/lockcheck for 10 minutes on each topology, and 10 more
+#              with network faults on one server: locks under injected
+#              faults, checked for overlaps, stale writes and lost
+#              increments (docs/RELIABILITY.md). Each run is a target of its
+#              own: chaos-single, chaos-sentinel, chaos-cluster, chaos-net.
+#              make test runs the single-server one for 30s and the network
+#              one for 20s.
 # make compat - a registry of the previous release (COMPAT_REV, from git
 #              history) and one of this tree take turns on the same keys,
 #              in two processes: no overlap, rising tokens, grants both
@@ -29,20 +33,36 @@ BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9
 # deployed before it.
 COMPAT_REV ?= efa7dd6
 
-.PHONY: test demo bench bench-lib fuzz chaos compat lockctl redis-server
+.PHONY: test demo bench bench-lib fuzz chaos chaos-single chaos-sentinel chaos-cluster chaos-net compat lockctl redis-server
+
+NET_FAULTS = net-stall,net-delay,net-reset
 
 test: redis-server
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) test -race -count=1 ./...
 	$(GO) run ./cmd/lockcheck -d 30s
+	$(GO) run ./cmd/lockcheck -faults $(NET_FAULTS) -d 20s
 	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 100000x .
 	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	@# The comparison harness, as a smoke run, so that it never rots.
 	smoke=$$(mktemp -d) && cd bench && BENCH_QUICK=1 $(GO) run . -out "$$smoke" && rm -rf "$$smoke"
 
-chaos: redis-server
+# One run at a time even under make -j: each is timed, on a shared machine.
+.NOTPARALLEL: chaos
+chaos: chaos-single chaos-sentinel chaos-cluster chaos-net
+
+chaos-single: redis-server
 	$(GO) run ./cmd/lockcheck -d 10m
+
+chaos-sentinel: redis-server
+	$(GO) run ./cmd/lockcheck -topology sentinel -d 10m
+
+chaos-cluster: redis-server
+	$(GO) run ./cmd/lockcheck -topology cluster -d 10m
+
+chaos-net: redis-server
+	$(GO) run ./cmd/lockcheck -faults $(NET_FAULTS) -d 10m
 
 lockctl:
 	$(GO) build -o bin/lockctl ./cmd/lockctl

@@ -412,3 +412,25 @@ func requireTakenWithin(t *testing.T, r *Registry, limit time.Duration, msg stri
 	require.NoError(t, lock.LockContext(ctx), "%s: the key, free, is not taken within %v", msg, limit)
 	require.NoError(t, lock.UnlockContext(context.Background()))
 }
+
+// TestWaitReplicasRecoversAfterAClusterFailover: the same after a failover:
+// MasterForKey kept naming the killed primary, whose dials failed, so every
+// acquisition failed with ErrRedis though the replica served the slot.
+func TestWaitReplicasRecoversAfterAClusterFailover(t *testing.T) {
+	c, stop, err := redistest.LaunchCluster(3, 1)
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	replicated := newRegistry(t, clusterClient(t, c.Addrs()), WithWaitReplicas(1, 100*time.Millisecond), WithRetryInterval(50*time.Millisecond))
+	plain := newRegistry(t, clusterClient(t, c.Addrs()))
+	lock := lockAndUnlock(t, replicated, plain)
+
+	slot := clusterSlot(lock.keys.lock)
+	primary, replica, err := c.Shard(slot)
+	require.NoError(t, err)
+	primary.Crash()
+	require.NoError(t, c.AwaitFailover(slot, replica, 30*time.Second))
+	require.NoError(t, c.Rejoin(primary, 60*time.Second), "the slot has a replica again, for WAIT")
+	t.Logf("%s took slot %d over from %s, which is back as its replica", replica.Addr(), slot, primary.Addr())
+	requireTakenWithin(t, plain, 3*time.Second, "without WithWaitReplicas")
+	requireTakenWithin(t, replicated, 3*time.Second, "WithWaitReplicas")
+}

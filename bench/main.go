@@ -30,7 +30,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockreg/lockreg/bench/contenders"
-	"github.com/lockreg/lockreg/bench/proxy"
+	"github.com/lockreg/lockreg/internal/faultproxy"
 	"github.com/lockreg/lockreg/internal/redisstat"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
@@ -126,7 +126,7 @@ func measure(quick bool, only, onlyScenarios string) ([]Result, string, error) {
 		return nil, "", err
 	}
 	defer srv.Shutdown()
-	counter, err := proxy.Start(srv.Addr())
+	counter, err := faultproxy.Start(srv.Addr())
 	if err != nil {
 		return nil, "", err
 	}
@@ -158,7 +158,7 @@ func measure(quick bool, only, onlyScenarios string) ([]Result, string, error) {
 
 type benchEnv struct {
 	addr  string
-	proxy *proxy.Proxy
+	proxy *faultproxy.Proxy
 	admin *redis.Client
 	d     time.Duration // a contender's timing pass, unless its scenario sets one
 	quick bool          // a smoke run: every timing pass is d
@@ -522,7 +522,7 @@ func (e *benchEnv) finish(ctx context.Context, sc scenario, run *contenderRun) {
 // scenarios.
 func (e *benchEnv) countingPass(ctx context.Context, sc scenario, f contenders.Factory) (load, error) {
 	if sc.workers != nil {
-		e.proxy.Reset()
+		e.proxy.ResetCommands()
 		return e.processes(ctx, sc, f, e.proxy.Addr(), e.d)
 	}
 	c, err := f.New(e.proxy.Addr())
@@ -533,7 +533,7 @@ func (e *benchEnv) countingPass(ctx context.Context, sc scenario, f contenders.F
 	if _, err := cycleOneKey(ctx, c, pass{d: 20 * time.Millisecond}); err != nil {
 		return load{}, err
 	}
-	e.proxy.Reset()
+	e.proxy.ResetCommands()
 	var before map[string]int64
 	if sc.cycleByCycle {
 		// The timing pass interleaved the contenders, so the server's

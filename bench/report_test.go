@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/lockreg/lockreg/bench/contenders"
-	"github.com/lockreg/lockreg/bench/proxy"
+	"github.com/lockreg/lockreg/internal/faultproxy"
 )
 
 // TestS4NamesTheHandoffFloor: RESULTS.md gives the floor's hand-off in
@@ -287,7 +287,7 @@ func TestTallyFilesPoolsSingleAndRepeatedRuns(t *testing.T) {
 // run keeps the default for all.
 func TestScenarioTimingSetsThePassOutsideSmokeRuns(t *testing.T) {
 	addr, admin := launchRedis(t)
-	counter, err := proxy.Start(addr)
+	counter, err := faultproxy.Start(addr)
 	if err != nil {
 		t.Fatal(err)
 	}

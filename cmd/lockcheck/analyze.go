@@ -18,23 +18,36 @@ const maxListed = 20
 // all of a run's). The docs/RELIABILITY.md section "Definitions" says what
 // each count means.
 type Result struct {
-	Keys           int                 `json:"keys,omitempty"`
-	Seconds        float64             `json:"seconds"`
-	Workers        int                 `json:"workers_started"`
-	Acquisitions   int                 `json:"acquisitions"`
-	Fresh          int                 `json:"fresh"`
-	Handoffs       int                 `json:"handoffs"`
-	MaxWaitMs      float64             `json:"max_wait_ms"`
-	Faults         map[string]int      `json:"faults"`
-	VictimsHolding int                 `json:"victims_holding"`
-	Live           int                 `json:"live_holds"`
-	NeverLive      int                 `json:"never_live"`
-	Outlived       int                 `json:"outlived_lease"`
-	KilledInside   int                 `json:"killed_inside"`
-	LostSignals    int                 `json:"lost_signals"`
-	LostUnlocks    int                 `json:"lost_unlocks"`
-	NoTokens       int                 `json:"no_token"`
-	Overlaps       int                 `json:"overlaps"`
+	Keys           int            `json:"keys,omitempty"`
+	Seconds        float64        `json:"seconds"`
+	Workers        int            `json:"workers_started"`
+	Acquisitions   int            `json:"acquisitions"`
+	Fresh          int            `json:"fresh"`
+	Handoffs       int            `json:"handoffs"`
+	MaxWaitMs      float64        `json:"max_wait_ms"`
+	Faults         map[string]int `json:"faults"`
+	VictimsHolding int            `json:"victims_holding"`
+	Live           int            `json:"live_holds"`
+	NeverLive      int            `json:"never_live"`
+	Outlived       int            `json:"outlived_lease"`
+	KilledInside   int            `json:"killed_inside"`
+	LostSignals    int            `json:"lost_signals"`
+	LostUnlocks    int            `json:"lost_unlocks"`
+	NoTokens       int            `json:"no_token"`
+	Overlaps       int            `json:"overlaps"`
+	// The overlaps by what the earlier hold learnt (see overlaps), and
+	// those that no failover explains (each a violation).
+	OverlapsReported        int `json:"overlaps_reported"`
+	OverlapsSilent          int `json:"overlaps_silent"`
+	OverlapsOutsideFailover int `json:"overlaps_outside_failover"`
+	// Switches counts the promotions the watcher saw, Spontaneous those no
+	// injected failover caused; AtFailover the holds live at one, and
+	// LostAtFailover those of them lost (see atFailovers).
+	Switches       int                 `json:"failovers_seen"`
+	Spontaneous    int                 `json:"failovers_spontaneous"`
+	AtFailover     int                 `json:"holds_at_failover"`
+	LostAtFailover int                 `json:"holds_lost_at_failover"`
+	Acknowledged   bool                `json:"acknowledged_holds"`
 	TokenOrder     int                 `json:"token_order_violations"`
 	DuplicateToken int                 `json:"duplicate_tokens"`
 	StaleReads     Tally               `json:"stale_reads"`
@@ -53,10 +66,23 @@ type Result struct {
 	Recovery       map[string]Recovery `json:"recovery"`
 	RecoveryAll    Recovery            `json:"recovery_all"`
 	Takeover       Recovery            `json:"takeover"`
+	// Promotion: from each failover's kill to the promotion, by variant;
+	// Failovers lists each with its recovery.
+	Promotion map[string]Recovery `json:"promotion"`
+	Failovers []FaultResult       `json:"failovers,omitempty"`
 	// ViolationCount counts every violation; Violations spells out the
 	// first maxListed.
 	ViolationCount int      `json:"violation_count"`
 	Violations     []string `json:"violations"`
+}
+
+// FaultResult is one fault's takeover and recovery (-1: none).
+type FaultResult struct {
+	Kind       string  `json:"kind"`
+	Variant    string  `json:"variant"`
+	Note       string  `json:"note"`
+	TakeoverMs float64 `json:"takeover_ms"`
+	RecoveryMs float64 `json:"recovery_ms"`
 }
 
 // Tally splits fenced-store calls by the store's answer.
@@ -72,6 +98,15 @@ type Recovery struct {
 	MedianMs float64 `json:"median_ms"`
 	MaxMs    float64 `json:"max_ms"`
 	samples  []time.Duration
+}
+
+// recoveries summarizes samples by kind.
+func recoveries(samples map[string][]time.Duration) map[string]Recovery {
+	out := make(map[string]Recovery, len(samples))
+	for k, s := range samples {
+		out[k] = newRecovery(s)
+	}
+	return out
 }
 
 func newRecovery(samples []time.Duration) Recovery {
@@ -102,6 +137,8 @@ type analysis struct {
 	death    map[int]int64    // when a worker stopped acting: its kill, or the end
 	live     []int64          // per hold, the end of its live interval
 	byKey    map[string][]int // hold indexes, in Enter order
+	// lostAtFailover: the holds another overlapped across a failover.
+	lostAtFailover map[int]bool
 }
 
 type wk struct {
@@ -112,12 +149,13 @@ type wk struct {
 // Analyze checks a History and reports what it found.
 func Analyze(h *History) *Result {
 	a := &analysis{
-		h:        h,
-		res:      &Result{Keys: h.Keys, Faults: make(map[string]int), Recovery: make(map[string]Recovery)},
-		lease:    int64(h.Lease),
-		renewals: make(map[wk][]Renewal),
-		death:    make(map[int]int64),
-		byKey:    make(map[string][]int),
+		h:              h,
+		res:            &Result{Keys: h.Keys, Faults: make(map[string]int), Recovery: make(map[string]Recovery), Promotion: make(map[string]Recovery), Acknowledged: h.Acknowledged},
+		lostAtFailover: make(map[int]bool),
+		lease:          int64(h.Lease),
+		renewals:       make(map[wk][]Renewal),
+		death:          make(map[int]int64),
+		byKey:          make(map[string][]int),
 	}
 	for _, e := range h.Errors {
 		a.res.violation("%s", e)
@@ -291,12 +329,12 @@ func (a *analysis) counts() {
 	r.VictimsHolding = a.victimsHolding()
 }
 
-// victimsHolding counts the stop and kill-9 faults whose victim was inside
-// a critical section when the fault began.
+// victimsHolding counts the faults that strike one worker whose victim was
+// inside a critical section when the fault began.
 func (a *analysis) victimsHolding() int {
 	starts := make(map[int][]int64) // by victim, sorted
 	for _, f := range a.h.Faults {
-		if f.Kind == faultStop || f.Kind == faultKill {
+		if victimFault(f.Kind) {
 			starts[f.Worker] = append(starts[f.Worker], f.Start)
 		}
 	}
@@ -312,26 +350,6 @@ func (a *analysis) victimsHolding() int {
 		}
 	}
 	return len(hit)
-}
-
-// overlaps finds live intervals of one key that intersect. Holds in one
-// registry are serialized by its local mutex, so this covers them too.
-func (a *analysis) overlaps() {
-	for key, idx := range a.byKey {
-		reach := -1 // the live hold whose interval reaches furthest so far
-		for _, i := range idx {
-			if !a.isLive(i) {
-				continue
-			}
-			if reach >= 0 && a.h.Holds[i].Enter < a.live[reach] {
-				a.res.Overlaps++
-				a.res.violation("overlap on key %s: %s entered while %s was live", key, a.describe(i), a.describe(reach))
-			}
-			if reach < 0 || a.live[i] > a.live[reach] {
-				reach = i
-			}
-		}
-	}
 }
 
 // tokens checks that no two holds of a key share a token, and that a fresh
@@ -499,96 +517,11 @@ func (a *analysis) waiters() {
 	}
 }
 
-// recovery measures, for each fault, the time from its end to the next
-// fresh acquisition: of a key the victim held, for stop and kill-9, and of
-// any key otherwise. A fault nothing recovered from by the end is a
-// violation. For stop and kill-9 it also measures the takeover: from the
-// fault's start to another worker's fresh acquisition of the victim's key,
-// which the victim's lease bounds.
-func (a *analysis) recovery() {
-	h, r := a.h, a.res
-	enters := make(map[string][]int64)
-	takers := make(map[string][]int) // fresh holds by key, in Enter order
-	var all []int64
-	for _, hd := range h.Holds {
-		if hd.Fresh {
-			enters[hd.Key] = append(enters[hd.Key], hd.Enter)
-			all = append(all, hd.Enter)
-		}
-	}
-	for key, idx := range a.byKey {
-		for _, i := range idx {
-			if h.Holds[i].Fresh {
-				takers[key] = append(takers[key], i)
-			}
-		}
-	}
-	for _, s := range enters {
-		slices.Sort(s)
-	}
-	slices.Sort(all)
-	var takeovers []time.Duration
-	next := func(s []int64, t int64) (int64, bool) {
-		i, _ := slices.BinarySearch(s, t)
-		if i == len(s) {
-			return 0, false
-		}
-		return s[i], true
-	}
-	byKind := make(map[string][]time.Duration)
-	var samples []time.Duration
-	for _, f := range h.Faults {
-		first, found := int64(0), false
-		for _, k := range f.Keys {
-			if t, ok := next(enters[k], f.End); ok && (!found || t < first) {
-				first, found = t, true
-			}
-		}
-		if len(f.Keys) == 0 {
-			first, found = next(all, f.End)
-		}
-		if !found {
-			r.Unrecovered++
-			r.violation("no fresh acquisition after the %s fault that ended at %s", f.Kind, a.at(f.End))
-			continue
-		}
-		d := time.Duration(first - f.End)
-		byKind[f.Kind] = append(byKind[f.Kind], d)
-		samples = append(samples, d)
-		if taken, ok := a.takeover(f, takers); ok {
-			takeovers = append(takeovers, time.Duration(taken-f.Start))
-		}
-	}
-	for kind, s := range byKind {
-		r.Recovery[kind] = newRecovery(s)
-	}
-	r.RecoveryAll = newRecovery(samples)
-	r.Takeover = newRecovery(takeovers)
-}
-
-// takeover returns when another worker first took a key the victim of f
-// held, fresh, after f began.
-func (a *analysis) takeover(f Fault, takers map[string][]int) (int64, bool) {
-	first, found := int64(0), false
-	for _, k := range f.Keys {
-		idx := takers[k]
-		n := sort.Search(len(idx), func(n int) bool { return a.h.Holds[idx[n]].Enter >= f.Start })
-		for _, i := range idx[n:] {
-			if hd := &a.h.Holds[i]; hd.Worker != f.Worker {
-				if !found || hd.Enter < first {
-					first, found = hd.Enter, true
-				}
-				break
-			}
-		}
-	}
-	return first, found
-}
-
 // merge sums the results of a run's phases.
 func merge(parts []*Result) *Result {
-	t := &Result{Faults: make(map[string]int), Recovery: make(map[string]Recovery)}
+	t := &Result{Faults: make(map[string]int), Recovery: make(map[string]Recovery), Promotion: make(map[string]Recovery)}
 	byKind := make(map[string][]time.Duration)
+	promotions := make(map[string][]time.Duration)
 	var all, takeovers []time.Duration
 	for _, p := range parts {
 		t.Seconds += p.Seconds
@@ -609,6 +542,15 @@ func merge(parts []*Result) *Result {
 		t.LostUnlocks += p.LostUnlocks
 		t.NoTokens += p.NoTokens
 		t.Overlaps += p.Overlaps
+		t.OverlapsReported += p.OverlapsReported
+		t.OverlapsSilent += p.OverlapsSilent
+		t.OverlapsOutsideFailover += p.OverlapsOutsideFailover
+		t.Switches += p.Switches
+		t.Spontaneous += p.Spontaneous
+		t.AtFailover += p.AtFailover
+		t.LostAtFailover += p.LostAtFailover
+		t.Acknowledged = p.Acknowledged
+		t.Failovers = append(t.Failovers, p.Failovers...)
 		t.TokenOrder += p.TokenOrder
 		t.DuplicateToken += p.DuplicateToken
 		t.StaleReads.Rejected += p.StaleReads.Rejected
@@ -632,6 +574,9 @@ func merge(parts []*Result) *Result {
 		}
 		all = append(all, p.RecoveryAll.samples...)
 		takeovers = append(takeovers, p.Takeover.samples...)
+		for v, rec := range p.Promotion {
+			promotions[v] = append(promotions[v], rec.samples...)
+		}
 		t.ViolationCount += p.ViolationCount
 		for _, v := range p.Violations {
 			if len(t.Violations) < maxListed {
@@ -639,10 +584,9 @@ func merge(parts []*Result) *Result {
 			}
 		}
 	}
-	for k, s := range byKind {
-		t.Recovery[k] = newRecovery(s)
-	}
+	t.Recovery = recoveries(byKind)
 	t.RecoveryAll = newRecovery(all)
 	t.Takeover = newRecovery(takeovers)
+	t.Promotion = recoveries(promotions)
 	return t
 }

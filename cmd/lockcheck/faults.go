@@ -13,20 +13,21 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/lockreg/lockreg/internal/redistest"
 )
 
 // injector runs one fault at a time on a schedule, rotating through the
 // enabled kinds, and files each in the phase's history.
 type injector struct {
 	ph    *phase
-	lock  *redistest.Server
-	admin *redis.Client // to the lock server; it reconnects after a restart
+	topo  topology
+	admin *redis.Client // to a single lock server; it reconnects after a restart
 	kinds []string
 	next  *int // the rotation, carried across phases
 	rng   *rand.Rand
 	log   func(format string, a ...any)
+	// failovers counts the run's failovers so far, which alternate
+	// between variants (see failover.go), across phases.
+	failovers *int
 }
 
 // Fault durations, in terms of the lease: stops and pauses outlast it, so
@@ -37,9 +38,12 @@ func pauseFor(lease time.Duration) time.Duration { return lease * 3 / 2 }
 func sleepFor(lease time.Duration) time.Duration { return lease / 2 }
 
 // run injects faults at first, first+every, ... while they start before
-// last.
+// last; a fault starts a lease after the one before returned at the
+// earliest, so that even a long one (a failover and the old primary's
+// rejoining) is over and recovered from before the next.
 func (in *injector) run(ctx context.Context, first time.Time, every time.Duration, last time.Time) error {
-	for at := first; at.Before(last); at = at.Add(every) {
+	lease := in.ph.cfg.lease
+	for at := first; at.Before(last); {
 		select {
 		case <-ctx.Done():
 			return nil
@@ -51,19 +55,35 @@ func (in *injector) run(ctx context.Context, first time.Time, every time.Duratio
 		if err != nil {
 			return fmt.Errorf("%s fault: %w", kind, err)
 		}
+		at = later(at.Add(every), time.Now().Add(lease))
 		if f.Kind == "" {
-			continue // no holder to pick before the schedule ended
+			continue // nothing to strike before the schedule ended
 		}
 		in.ph.col.fault(f)
-		in.log("fault %-11s %6s  %s", f.Kind, time.Duration(f.End-f.Start).Round(time.Millisecond), f.Note)
+		in.log("%s fault %-16s %7s  %s", time.Unix(0, f.Start).Format("15:04:05.000"), f.Kind, time.Duration(f.End-f.Start).Round(time.Millisecond), f.Note)
 	}
 	return nil
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func (in *injector) inject(ctx context.Context, kind string, last time.Time) (Fault, error) {
 	lease := in.ph.cfg.lease
 	f := Fault{Kind: kind, Worker: -1}
 	switch kind {
+	case faultNetStall, faultNetDelay, faultNetReset:
+		return in.network(ctx, kind, last)
+	case faultFailover:
+		return in.failover(ctx, in.topo.(*sentinelGroup))
+	case faultClusterFailover:
+		return in.clusterFailover(ctx, in.topo.(*cluster), last)
+	case faultMigrate:
+		return in.migrate(ctx, in.topo.(*cluster), last)
 	case faultStop, faultKill:
 		w, keys, ok := in.pickHolder(ctx, last)
 		if !ok {
@@ -106,9 +126,10 @@ func (in *injector) inject(ctx context.Context, kind string, last time.Time) (Fa
 		f.End = time.Now().UnixNano()
 		f.Note = fmt.Sprintf("%d connections", killed)
 	case faultRestart:
+		lock := in.topo.(*singleServer).srv
 		f.Start = time.Now().UnixNano()
-		in.lock.Crash()
-		if err := in.lock.Relaunch(); err != nil {
+		lock.Crash()
+		if err := lock.Relaunch(); err != nil {
 			return f, err
 		}
 		f.End = time.Now().UnixNano()

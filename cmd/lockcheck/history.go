@@ -32,8 +32,13 @@ type Hold struct {
 	Root      int64
 	RootLease time.Duration
 	Exit      int64 // 0: the worker died inside (kill -9)
-	Lost      int64 // when Lost() fired, if before Exit; 0: it did not
-	Read      Op
+	// Lost is when Lost() fired, before Exit or while the unlock ran
+	// (0: it did not); only a Lost before Exit ends the live interval.
+	Lost int64
+	// Unlock is what the hold's unlock returned; 0 if the worker died
+	// before it did.
+	Unlock Unlocked
+	Read   Op
 	// Write is only tried after an accepted read; WriteValue is the value
 	// it wrote (the read's value + 1).
 	Write      Op
@@ -46,6 +51,15 @@ type Op struct {
 	Done    int64   `json:"d,omitempty"`
 	Outcome Outcome `json:"o,omitempty"`
 }
+
+// Unlocked is what an unlock returned.
+type Unlocked int8
+
+const (
+	UnlockOK     Unlocked = iota + 1
+	UnlockLost            // ErrLockLost: the hold was told it may have lost the key
+	UnlockFailed          // another error (Redis failing)
+)
 
 // Renewal is a renewal call that extended a worker's lease on key, sent
 // at Sent and answered at Done.
@@ -78,37 +92,83 @@ type WorkerRun struct {
 	Done   bool  // it finished the run and reported its goroutines
 }
 
-// Fault kinds, in the order the injector rotates through them.
+// Fault kinds. The first six fault a single lock Redis; stop and kill-9
+// fault a worker, and the net- kinds its connections, on any topology.
 const (
-	faultStop       = "stop"
-	faultClientKill = "client-kill"
-	faultRestart    = "restart"
-	faultPause      = "pause"
-	faultSleep      = "debug-sleep"
-	faultKill       = "kill-9"
+	faultStop            = "stop"
+	faultClientKill      = "client-kill"
+	faultRestart         = "restart"
+	faultPause           = "pause"
+	faultSleep           = "debug-sleep"
+	faultKill            = "kill-9"
+	faultNetStall        = "net-stall"
+	faultNetDelay        = "net-delay"
+	faultNetReset        = "net-reset"
+	faultFailover        = "failover"
+	faultClusterFailover = "cluster-failover"
+	faultMigrate         = "migrate"
 )
 
-var faultKinds = []string{faultStop, faultClientKill, faultRestart, faultPause, faultSleep, faultKill}
+// faultKinds are all the kinds, in the order the report lists them.
+var faultKinds = []string{
+	faultStop, faultClientKill, faultRestart, faultPause, faultSleep, faultKill,
+	faultNetStall, faultNetDelay, faultNetReset, faultFailover, faultClusterFailover, faultMigrate,
+}
 
 // faultTitles name the kinds in the report.
 var faultTitles = map[string]string{
-	faultStop:       "SIGSTOP a holder past its lease, SIGCONT",
-	faultClientKill: "CLIENT KILL the workers' connections",
-	faultRestart:    "restart the lock Redis (crash, empty)",
-	faultPause:      "CLIENT PAUSE past the lease",
-	faultSleep:      "DEBUG SLEEP within the lease",
-	faultKill:       "kill -9 a holder, start a replacement",
+	faultStop:            "SIGSTOP a holder past its lease, SIGCONT",
+	faultClientKill:      "CLIENT KILL the workers' connections",
+	faultRestart:         "restart the lock Redis (crash, empty)",
+	faultPause:           "CLIENT PAUSE past the lease",
+	faultSleep:           "DEBUG SLEEP within the lease",
+	faultKill:            "kill -9 a holder, start a replacement",
+	faultNetStall:        "stall a holder's connections past its lease",
+	faultNetDelay:        "delay a holder's connections 5-50 ms",
+	faultNetReset:        "reset a holder's connections",
+	faultFailover:        "kill -9 the primary; Sentinel fails over",
+	faultClusterFailover: "kill -9 a key's primary; replica takes over",
+	faultMigrate:         "move a held key's slot to another primary",
+}
+
+// isFailover reports whether kind kills a primary for its replica to
+// take over.
+func isFailover(kind string) bool { return kind == faultFailover || kind == faultClusterFailover }
+
+// victimFault reports whether kind strikes one worker, picked while it
+// holds a lock.
+func victimFault(kind string) bool {
+	switch kind {
+	case faultStop, faultKill, faultNetStall, faultNetDelay, faultNetReset:
+		return true
+	}
+	return false
 }
 
 // Fault is one injected fault. Worker and Keys name the victim and the keys
-// it held when the fault began (stop and kill-9 only; Worker is -1
-// otherwise).
+// it held when the fault began (victim faults only; Worker is -1
+// otherwise); a failover's Keys are those the killed primary served, and a
+// migration's the key whose slot moved. A failover's Start is the kill,
+// its End the promotion.
 type Fault struct {
 	Kind       string   `json:"kind"`
 	Start, End int64    `json:"-"`
 	Worker     int      `json:"worker"`
 	Keys       []string `json:"keys,omitempty"`
 	Note       string   `json:"note,omitempty"`
+	// Variant is a failover's: forced or detected (see failover.go).
+	Variant string `json:"variant,omitempty"`
+}
+
+// Switch is a replica that became a primary, injected or not, as the
+// checker's watcher saw it: at At, and not yet at Since, its previous look.
+// Until is when the primary it replaced was last seen as one: a write that
+// primary took until then may be lost. Keys are the run's keys the new
+// primary serves.
+type Switch struct {
+	Server           string   `json:"server"`
+	Since, At, Until int64    `json:"-"`
+	Keys             []string `json:"keys"`
 }
 
 // History is everything one phase of a run recorded.
@@ -123,7 +183,11 @@ type History struct {
 	Timeouts   []Timeout
 	Goroutines []GoroutineRun
 	Faults     []Fault
-	Records    map[string]Record // the fenced store's final state, by key
+	Switches   []Switch
+	// Acknowledged: every hold's acquisition waited for a replica's
+	// acknowledgement (-wait-replicas).
+	Acknowledged bool
+	Records      map[string]Record // the fenced store's final state, by key
 	// Errors are what workers found impossible (a token no observed obtain
 	// explains, a failed acquisition other than a timeout): each is a
 	// violation, as the history cannot be trusted around it.
@@ -138,7 +202,7 @@ type History struct {
 
 // event is one line a worker writes to its stdout.
 type event struct {
-	E         string        `json:"e"` // enter, exit, renew, timeout, done, error
+	E         string        `json:"e"` // enter, exit, unlock, renew, timeout, done, error
 	G         int           `json:"g,omitempty"`
 	Key       string        `json:"k,omitempty"`
 	Token     int64         `json:"t,omitempty"`
@@ -152,6 +216,7 @@ type event struct {
 	Read      Op            `json:"r,omitzero"`
 	Write     Op            `json:"w,omitzero"`
 	Value     int64         `json:"v,omitempty"`
+	Unlock    Unlocked      `json:"u,omitempty"`
 	// done: each goroutine's run, how many unlocks reported ErrLockLost
 	// and how many holds got no token.
 	Goroutines  []GoroutineRun `json:"gs,omitempty"`
@@ -163,14 +228,15 @@ type event struct {
 // collector builds a phase's History from its workers' events, and knows
 // who holds what now, for the injector.
 type collector struct {
-	mu   sync.Mutex
-	h    History
-	open map[[2]int]int // (worker, goroutine) → index of its open hold
-	keys map[string]string
+	mu     sync.Mutex
+	h      History
+	open   map[[2]int]int // (worker, goroutine) → index of its open hold
+	exited map[[2]int]int // (worker, goroutine) → index of its last hold, once it exited
+	keys   map[string]string
 }
 
 func newCollector(h History, keys []string) *collector {
-	c := &collector{h: h, open: make(map[[2]int]int), keys: make(map[string]string)}
+	c := &collector{h: h, open: make(map[[2]int]int), exited: make(map[[2]int]int), keys: make(map[string]string)}
 	for _, k := range keys {
 		c.keys[k] = k
 	}
@@ -204,6 +270,12 @@ func (c *collector) fault(f Fault) {
 	c.h.Faults = append(c.h.Faults, f)
 }
 
+func (c *collector) switched(s Switch) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.h.Switches = append(c.h.Switches, s)
+}
+
 func (c *collector) failed(format string, a ...any) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -228,14 +300,23 @@ func (c *collector) add(w int, ev event) {
 			Acq: ev.Acq, Enter: ev.At, Root: ev.Root, RootLease: ev.RootLease,
 		})
 	case "exit":
-		i, ok := c.open[[2]int{w, ev.G}]
+		i, ok := c.take(c.open, w, ev.G, "exited a hold it never entered")
 		if !ok {
-			c.h.Errors = append(c.h.Errors, fmt.Sprintf("worker %d goroutine %d exited a hold it never entered", w, ev.G))
 			return
 		}
-		delete(c.open, [2]int{w, ev.G})
+		c.exited[[2]int{w, ev.G}] = i
 		hd := &c.h.Holds[i]
 		hd.Exit, hd.Lost, hd.Read, hd.Write, hd.WriteValue = ev.At, ev.Lost, ev.Read, ev.Write, ev.Value
+	case "unlock":
+		i, ok := c.take(c.exited, w, ev.G, "unlocked a hold it never exited")
+		if !ok {
+			return
+		}
+		hd := &c.h.Holds[i]
+		hd.Unlock = ev.Unlock
+		if hd.Lost == 0 {
+			hd.Lost = ev.Lost
+		}
 	case "renew":
 		c.h.Renewals = append(c.h.Renewals, Renewal{Worker: w, Key: key, Sent: ev.At, Done: ev.Done})
 	case "timeout":
@@ -257,6 +338,19 @@ func (c *collector) add(w int, ev event) {
 	default:
 		c.h.Errors = append(c.h.Errors, fmt.Sprintf("worker %d sent an unknown event %q", w, ev.E))
 	}
+}
+
+// take removes and returns worker w's goroutine g's hold from holds, or
+// files the error that it did what the event says without one. Called
+// with mu held.
+func (c *collector) take(holds map[[2]int]int, w, g int, what string) (int, bool) {
+	i, ok := holds[[2]int{w, g}]
+	if !ok {
+		c.h.Errors = append(c.h.Errors, fmt.Sprintf("worker %d goroutine %d %s", w, g, what))
+		return 0, false
+	}
+	delete(holds, [2]int{w, g})
+	return i, true
 }
 
 // holders returns, for every worker that holds a lock now, the keys it

@@ -1,45 +1,47 @@
 //go:build linux
 
 // Command lockcheck checks lockreg's mutual exclusion and fencing under
-// faults, on real Redis servers it starts itself.
+// faults, on real Redis servers it starts itself: one server, a Sentinel
+// group (a primary, a replica, three Sentinels) or a Redis Cluster (three
+// primaries with a replica each), as -topology says.
 //
 // Worker processes (re-executions of this binary), each with one registry
 // shared by several goroutines, loop for the run: lock one of the keys,
-// increment the key's record in a fenced store (a second Redis, never
+// increment the key's record in a fenced store (a separate Redis, never
 // faulted, that rejects calls with a token lower than one it has seen)
 // with a separate read and write, and unlock. Meanwhile lockcheck stops
-// and kills holders, kills connections, crashes and restarts the lock
-// Redis, pauses it and makes it sleep. The workers stream every hold to
-// lockcheck, which then checks the history: no two holds of a key whose
-// leases were live overlap, tokens only rise, the store rejected every
-// stale call, no increment was lost, no waiter starved, and every fault
-// was recovered from. docs/RELIABILITY.md has the definitions and a long
-// run's figures.
+// and kills holders; kills connections, crashes and restarts the lock
+// Redis, pauses it and makes it sleep; stalls, slows down and resets one
+// worker's connections through a proxy; kills primaries for their
+// replicas to take over; and moves held keys' slots. The workers stream
+// every hold to lockcheck, which then checks the history: no two holds of
+// a key whose leases were live overlap (across a failover, every overlap
+// must have been reported to the earlier holder), tokens only rise, the
+// store rejected every stale call, no increment was lost, no waiter
+// starved, and every fault was recovered from. docs/RELIABILITY.md has the
+// definitions and long runs' figures.
 //
-//	go run ./cmd/lockcheck            # about 30s
-//	go run ./cmd/lockcheck -d 10m     # the long run (make chaos)
+//	go run ./cmd/lockcheck                                        # about 30s
+//	go run ./cmd/lockcheck -d 10m                                 # make chaos-single
+//	go run ./cmd/lockcheck -topology sentinel -d 60s
+//	go run ./cmd/lockcheck -faults net-stall,net-delay,net-reset -d 60s
 //
 // It exits 1 on any violation. It runs on Linux only: it relies on
 // SIGSTOP and on children that die with it (Pdeathsig).
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -49,12 +51,15 @@ import (
 )
 
 type config struct {
+	topology    string
+	waitReplica int
 	d           time.Duration
 	keys        []int
 	p, g        int
 	lease       time.Duration
 	retry       time.Duration
 	work        time.Duration
+	long        float64
 	wait        time.Duration
 	every       time.Duration
 	faults      []string
@@ -72,6 +77,8 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	stderr = &lockedWriter{w: stderr}
+	redis.SetLogger(quietRedis{})
 	cfg, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -112,16 +119,19 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var cfg config
 	fs := flag.NewFlagSet("lockcheck", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.topology, "topology", topoSingle, "the lock Redis: single, sentinel (a primary, a replica, three Sentinels) or cluster (three primaries with a replica each)")
+	fs.IntVar(&cfg.waitReplica, "wait-replicas", 0, "acquisitions wait for this many replicas (WithWaitReplicas, -retry at most); sentinel and cluster only")
 	fs.DurationVar(&cfg.d, "d", 30*time.Second, "how long to run, split evenly among the -keys counts")
 	fs.StringVar(&cfg.keysFlag, "keys", "1,16", "how many keys the workers choose from; a list runs one phase per count")
 	fs.IntVar(&cfg.p, "p", 4, "worker processes")
 	fs.IntVar(&cfg.g, "g", 8, "goroutines per worker, sharing its registry")
-	fs.DurationVar(&cfg.lease, "lease", time.Second, "the lock lease (WithExpireAfter); stops and pauses last 1.5 leases, DEBUG SLEEP half of one")
+	fs.DurationVar(&cfg.lease, "lease", 0, "the lock lease (WithExpireAfter); stops, pauses and stalls last 1.5 leases, DEBUG SLEEP half of one (default 1s, 2s on sentinel)")
 	fs.DurationVar(&cfg.retry, "retry", 100*time.Millisecond, "the retry interval (WithRetryInterval)")
 	fs.DurationVar(&cfg.work, "work", time.Millisecond, "mean pause between a critical section's read and its write")
+	fs.Float64Var(&cfg.long, "long", 0, "the share of critical sections that pause 0.5 to 1.5 leases between read and write instead, renewed meanwhile (default 0.001 on sentinel and cluster, 0 on single)")
 	fs.DurationVar(&cfg.wait, "wait", 10*time.Second, "an acquisition that waits this long has starved (a violation)")
-	fs.DurationVar(&cfg.every, "every", 2500*time.Millisecond, "the interval between faults")
-	faults := fs.String("faults", strings.Join(faultKinds, ","), "the faults to inject, in rotation; empty for none")
+	fs.DurationVar(&cfg.every, "every", 0, "the interval between faults; a fault also starts a lease after the one before ended at the earliest (default 2.5 leases)")
+	faults := fs.String("faults", "", "the faults to inject, in rotation; empty for none (default: every kind that applies to -topology, but the network faults on single)")
 	fs.Uint64Var(&cfg.seed, "seed", 0, "random seed (0: pick one; the report shows it)")
 	fs.BoolVar(&cfg.json, "json", false, "print the results as JSON instead of a table")
 	if err := fs.Parse(args); err != nil {
@@ -137,29 +147,56 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 		cfg.keys = append(cfg.keys, n)
 	}
+	applies, known := topologyFaults[cfg.topology]
+	if !known {
+		return cfg, fmt.Errorf("-topology: unknown topology %q; it is single, sentinel or cluster", cfg.topology)
+	}
+	if cfg.lease == 0 {
+		cfg.lease = defaultLease[cfg.topology]
+	}
+	if cfg.every == 0 {
+		cfg.every = cfg.lease * 5 / 2
+	}
+	if !flagSet(fs, "long") {
+		cfg.long = defaultLong[cfg.topology]
+	}
+	cfg.faults = defaultFaults[cfg.topology]
+	if flagSet(fs, "faults") {
+		cfg.faults = nil
+	}
 	if *faults != "" {
 		for _, s := range strings.Split(*faults, ",") {
-			if s = strings.TrimSpace(s); !slices.Contains(faultKinds, s) {
+			s = strings.TrimSpace(s)
+			switch {
+			case !slices.Contains(faultKinds, s):
 				return cfg, fmt.Errorf("-faults: unknown fault %q; the kinds are %s", s, strings.Join(faultKinds, ","))
+			case !slices.Contains(applies, s):
+				return cfg, fmt.Errorf("-faults: %s does not apply to -topology %s; these do: %s", s, cfg.topology, strings.Join(applies, ","))
 			}
 			cfg.faults = append(cfg.faults, s)
 		}
 	}
 	switch {
+	case cfg.waitReplica < 0:
+		return cfg, fmt.Errorf("-wait-replicas must not be negative")
+	case cfg.waitReplica > 0 && cfg.topology == topoSingle:
+		return cfg, fmt.Errorf("-wait-replicas needs replicas: use -topology sentinel or cluster")
 	case cfg.p < 1 || cfg.g < 1:
 		return cfg, fmt.Errorf("-p and -g must be at least 1")
 	case cfg.retry <= 0 || cfg.retry >= cfg.lease:
 		return cfg, fmt.Errorf("-retry (%v) must be positive and shorter than -lease (%v)", cfg.retry, cfg.lease)
 	case cfg.work < 0:
 		return cfg, fmt.Errorf("-work must not be negative")
+	case cfg.long < 0 || cfg.long > 1:
+		return cfg, fmt.Errorf("-long is a share, from 0 to 1")
 	case cfg.wait <= 2*stopFor(cfg.lease):
 		return cfg, fmt.Errorf("-wait (%v) must be longer than two stops of 1.5 leases (%v): waiting across a fault is fair", cfg.wait, 2*stopFor(cfg.lease))
 	case cfg.every < 2*cfg.lease:
 		return cfg, fmt.Errorf("-every (%v) must be at least two leases (%v), so that each fault is over and recovered from before the next", cfg.every, 2*cfg.lease)
 	}
 	cfg.perKeyCount = cfg.d / time.Duration(len(cfg.keys))
-	if cfg.perKeyCount < warmup(cfg.lease)+tail(cfg.lease) {
-		return cfg, fmt.Errorf("-d (%v) leaves %v per key count, less than the %v a phase needs around its faults", cfg.d, cfg.perKeyCount, warmup(cfg.lease)+tail(cfg.lease))
+	if cfg.perKeyCount < warmup(cfg)+tail(cfg) {
+		return cfg, fmt.Errorf("-d (%v) leaves %v per key count, less than the %v a phase needs around its faults", cfg.d, cfg.perKeyCount, warmup(cfg)+tail(cfg))
 	}
 	if cfg.seed == 0 {
 		cfg.seed = uint64(time.Now().UnixNano())
@@ -167,24 +204,58 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	return cfg, nil
 }
 
+// defaultLease is the lease unless -lease says otherwise. A forced Sentinel
+// failover takes about a second from the kill until the Sentinels name the
+// new primary (their INFO to the promoted replica, every second, confirms
+// it): with a 1 s lease, every hold from before the kill would have run
+// out by then, and the hazard of asynchronous replication, a new primary
+// handing a key to a second owner while the first one's lease is live,
+// could not occur. A forced cluster failover takes a few hundred
+// milliseconds.
+var defaultLease = map[string]time.Duration{topoSingle: time.Second, topoSentinel: 2 * time.Second, topoCluster: time.Second}
+
+// defaultLong is the share of long critical sections unless -long says
+// otherwise. A failover reaches clients some 100 ms (cluster) to a second
+// (Sentinel) after the kill, when a hold of a millisecond or two that was
+// live at the kill is long over: without holds that span a failover, a
+// second owner could never meet the first, and no overlap across a
+// failover could be seen. One in a thousand, of a lease or so, keeps the
+// hot key available most of the time.
+var defaultLong = map[string]float64{topoSingle: 0, topoSentinel: 0.001, topoCluster: 0.001}
+
+// flagSet reports whether the command line set the flag name.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 // A phase injects faults only after a warm-up, and none in its tail, which
 // leaves time to recover from the last one (a killed holder's key stays
-// taken for up to a lease).
-func warmup(lease time.Duration) time.Duration { return lease }
-func tail(lease time.Duration) time.Duration   { return 2*lease + time.Second }
+// taken for up to a lease), and, where Redis has replicas, for a failover
+// that the Sentinels or the cluster detect by timeout to end (up to about
+// 5 s from the kill to the promotion).
+func warmup(cfg config) time.Duration { return cfg.lease }
+func tail(cfg config) time.Duration {
+	d := 2*cfg.lease + time.Second
+	if cfg.topology != topoSingle {
+		d += 5 * time.Second
+	}
+	return d
+}
 
-// check runs one phase per key count on one pair of Redis servers and
-// analyzes each phase's history.
+// check runs one phase per key count on one lock Redis topology and one
+// store Redis, and analyzes each phase's history.
 func check(ctx context.Context, cfg config, stderr io.Writer, logf func(string, ...any)) ([]*Result, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	lockSrv, err := redistest.Launch()
+	topo, err := startTopology(cfg.topology)
 	if err != nil {
 		return nil, err
 	}
-	defer lockSrv.Shutdown()
+	defer topo.close()
 	storeSrv, err := redistest.Launch()
 	if err != nil {
 		return nil, err
@@ -192,25 +263,30 @@ func check(ctx context.Context, cfg config, stderr io.Writer, logf func(string, 
 	defer storeSrv.Shutdown()
 	store := redis.NewClient(&redis.Options{Addr: storeSrv.Addr()})
 	defer store.Close()
-	admin := redis.NewClient(&redis.Options{Addr: lockSrv.Addr(), ReadTimeout: pauseFor(cfg.lease) + 5*time.Second})
-	defer admin.Close()
+	var admin *redis.Client // a single server's, for its faults
+	if single, ok := topo.(*singleServer); ok {
+		admin = redis.NewClient(&redis.Options{Addr: single.srv.Addr(), ReadTimeout: pauseFor(cfg.lease) + 5*time.Second})
+		defer admin.Close()
+	}
 
-	logf("%d workers x %d goroutines, lease %v, keys %s, %v per key count, seed %d; lock Redis %s, store Redis %s",
-		cfg.p, cfg.g, cfg.lease, cfg.keysFlag, cfg.perKeyCount, cfg.seed, lockSrv.Addr(), storeSrv.Addr())
+	logf("%d workers x %d goroutines, lease %v, keys %s, %v per key count, faults %s, seed %d; %s, store Redis %s",
+		cfg.p, cfg.g, cfg.lease, cfg.keysFlag, cfg.perKeyCount, strings.Join(cfg.faults, ","), cfg.seed, topo.describe(), storeSrv.Addr())
 	var results []*Result
-	rotation := 0
+	rotation, failovers := 0, 0
 	for n, keys := range cfg.keys {
 		ph := &phase{
 			cfg: cfg, self: self, stderr: stderr,
-			lockAddr: lockSrv.Addr(), storeAddr: storeSrv.Addr(),
+			topo: topo, storeAddr: storeSrv.Addr(),
 			registry: fmt.Sprintf("lockcheck-k%d", keys),
 			procs:    make(map[int]*workerProc),
+			routed:   slices.ContainsFunc(cfg.faults, func(k string) bool { return slices.Contains(networkFaults, k) }),
+			servers:  serverAddrs(topo),
 		}
 		for i := range keys {
 			ph.keys = append(ph.keys, fmt.Sprintf("k%d", i))
 		}
 		in := &injector{
-			ph: ph, lock: lockSrv, admin: admin, kinds: cfg.faults, next: &rotation,
+			ph: ph, topo: topo, admin: admin, kinds: cfg.faults, next: &rotation, failovers: &failovers,
 			rng: rand.New(rand.NewPCG(cfg.seed, uint64(n))),
 			log: func(format string, a ...any) { logf("keys=%d: "+format, append([]any{keys}, a...)...) },
 		}
@@ -219,188 +295,8 @@ func check(ctx context.Context, cfg config, stderr io.Writer, logf func(string, 
 			return nil, fmt.Errorf("keys=%d: %w", keys, err)
 		}
 		res := Analyze(h)
-		logf("keys=%d: %d acquisitions, %d faults, %d violations", keys, res.Acquisitions, len(h.Faults), res.ViolationCount)
+		logf("keys=%d: %d acquisitions, %d faults, %d failovers seen, %d violations", keys, res.Acquisitions, len(h.Faults), len(h.Switches), res.ViolationCount)
 		results = append(results, res)
 	}
 	return results, nil
-}
-
-// phase is one key count's run: its workers, their history, the faults.
-type phase struct {
-	cfg                 config
-	self                string
-	stderr              io.Writer
-	lockAddr, storeAddr string
-	registry            string
-	keys                []string
-	until               time.Time
-	col                 *collector
-
-	mu     sync.Mutex
-	procs  map[int]*workerProc // running
-	nextID int
-}
-
-type workerProc struct {
-	id     int
-	cmd    *exec.Cmd
-	killed atomic.Bool
-	done   chan struct{} // its output is read and it has exited
-}
-
-func (ph *phase) run(ctx context.Context, in *injector, store *redis.Client) (*History, error) {
-	cfg := ph.cfg
-	start := time.Now()
-	ph.until = start.Add(cfg.perKeyCount)
-	ph.col = newCollector(History{Keys: len(ph.keys), Lease: cfg.lease, Wait: cfg.wait, Start: start.UnixNano()}, ph.keys)
-	defer ph.killAll()
-	for range cfg.p {
-		if _, err := ph.startWorker(); err != nil {
-			return nil, err
-		}
-	}
-	injected := make(chan error, 1)
-	if len(cfg.faults) == 0 {
-		injected <- nil
-	} else {
-		go func() {
-			injected <- in.run(ctx, start.Add(warmup(cfg.lease)), cfg.every, ph.until.Add(-tail(cfg.lease)))
-		}()
-	}
-	if err := <-injected; err != nil {
-		return nil, err
-	}
-	// Workers end on their own at until; one that is not done well after
-	// its last wait could have ended is stuck.
-	grace := time.NewTimer(time.Until(ph.until.Add(cfg.wait + 10*time.Second)))
-	defer grace.Stop()
-	for {
-		w := ph.anyProc()
-		if w == nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-grace.C:
-			return nil, fmt.Errorf("worker %d did not finish by %v after the end of the run", w.id, cfg.wait+10*time.Second)
-		case <-w.done:
-			ph.mu.Lock()
-			delete(ph.procs, w.id)
-			ph.mu.Unlock()
-		}
-	}
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
-	}
-	h := ph.col.history()
-	h.End = time.Now().UnixNano()
-	h.Records = make(map[string]Record)
-	for _, k := range ph.keys {
-		rec, err := readRecord(ctx, store, storeRecord(ph.registry, k))
-		if err != nil {
-			return nil, fmt.Errorf("read the store: %w", err)
-		}
-		h.Records[k] = rec
-	}
-	return h, nil
-}
-
-func (ph *phase) startWorker() (int, error) {
-	ph.mu.Lock()
-	id := ph.nextID
-	ph.nextID++
-	ph.mu.Unlock()
-	spec, err := json.Marshal(workerConfig{
-		ID: id, LockAddr: ph.lockAddr, StoreAddr: ph.storeAddr, Registry: ph.registry, Keys: ph.keys,
-		Goroutines: ph.cfg.g, Until: ph.until, Lease: ph.cfg.lease, Retry: ph.cfg.retry,
-		Wait: ph.cfg.wait, Work: ph.cfg.work, Seed: ph.cfg.seed,
-	})
-	if err != nil {
-		return 0, err
-	}
-	cmd := exec.Command(ph.self)
-	cmd.Env = append(os.Environ(), workerEnv+"="+string(spec))
-	cmd.Stderr = ph.stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return 0, err
-	}
-	ph.col.workerStarted(id, time.Now())
-	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("start worker %d: %w", id, err)
-	}
-	w := &workerProc{id: id, cmd: cmd, done: make(chan struct{})}
-	ph.mu.Lock()
-	ph.procs[id] = w
-	ph.mu.Unlock()
-	go func() {
-		defer close(w.done)
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 64<<10), 16<<20)
-		for sc.Scan() {
-			var ev event
-			if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-				ph.col.failed("worker %d wrote %q: %v", id, sc.Text(), err)
-				continue
-			}
-			ph.col.add(id, ev)
-		}
-		if err := cmd.Wait(); err != nil && !w.killed.Load() {
-			ph.col.failed("worker %d: %v", id, err)
-		}
-	}()
-	return id, nil
-}
-
-func (ph *phase) proc(id int) *workerProc {
-	ph.mu.Lock()
-	defer ph.mu.Unlock()
-	return ph.procs[id]
-}
-
-func (ph *phase) anyProc() *workerProc {
-	ph.mu.Lock()
-	defer ph.mu.Unlock()
-	for _, w := range ph.procs {
-		return w
-	}
-	return nil
-}
-
-// kill is kill -9: the worker dies wherever it is, inside a critical
-// section or not. Its events up to then are all read before it is filed
-// as killed.
-func (ph *phase) kill(w *workerProc) error {
-	at := time.Now()
-	w.killed.Store(true)
-	if err := w.cmd.Process.Kill(); err != nil {
-		return err
-	}
-	<-w.done
-	ph.mu.Lock()
-	delete(ph.procs, w.id)
-	ph.mu.Unlock()
-	ph.col.workerKilled(w.id, at)
-	return nil
-}
-
-// killAll ends every worker still running, stopped ones included, and
-// waits for them.
-func (ph *phase) killAll() {
-	ph.mu.Lock()
-	procs := make([]*workerProc, 0, len(ph.procs))
-	for _, w := range ph.procs {
-		procs = append(procs, w)
-	}
-	ph.procs = map[int]*workerProc{}
-	ph.mu.Unlock()
-	for _, w := range procs {
-		w.killed.Store(true)
-		_ = w.cmd.Process.Kill()
-	}
-	for _, w := range procs {
-		<-w.done
-	}
 }

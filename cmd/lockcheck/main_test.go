@@ -52,34 +52,54 @@ func TestStoreFencesStaleTokens(t *testing.T) {
 	}
 }
 
-// TestRunUnderFaults runs the whole checker briefly, with every kind of
-// fault, and checks that it passes and leaves no process behind.
+// TestRunUnderFaults runs the whole checker briefly on each topology, with
+// every kind of fault that applies to it by default (and the network
+// faults on a single server), and checks that it passes and leaves no
+// process behind.
 func TestRunUnderFaults(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs for several seconds")
+		t.Skip("runs for a minute")
 	}
-	var stdout, stderr strings.Builder
-	code := run([]string{"-d", "7s", "-keys", "4", "-lease", "400ms", "-every", "800ms", "-wait", "5s", "-json"}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("run exited %d\nstdout:\n%s\nstderr:\n%s", code, &stdout, &stderr)
-	}
-	var out struct {
-		OK    bool
-		Total Result
-	}
-	if err := json.Unmarshal([]byte(stdout.String()), &out); err != nil {
-		t.Fatalf("%v\n%s", err, &stdout)
-	}
-	if !out.OK || out.Total.Acquisitions == 0 {
-		t.Errorf("ok %v, %d acquisitions\n%s", out.OK, out.Total.Acquisitions, &stdout)
-	}
-	for _, kind := range faultKinds {
-		if out.Total.Faults[kind] == 0 {
-			t.Errorf("no %s fault was injected\nstderr:\n%s", kind, &stderr)
-		}
-	}
-	if children := childProcesses(t); len(children) > 0 {
-		t.Errorf("processes left behind: %v", children)
+	short := []string{"-keys", "4", "-lease", "400ms", "-every", "800ms", "-json"}
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		faults []string
+	}{
+		{"single", []string{"-d", "7s", "-wait", "5s"}, defaultFaults[topoSingle]},
+		{"network", []string{"-d", "9s", "-wait", "5s", "-faults", strings.Join(networkFaults, ",")}, networkFaults},
+		// A failover detected by timeout, the second, keeps waiters a few
+		// seconds.
+		{"sentinel", []string{"-topology", "sentinel", "-d", "20s", "-wait", "8s"}, defaultFaults[topoSentinel]},
+		{"cluster", []string{"-topology", "cluster", "-d", "20s", "-wait", "8s"}, defaultFaults[topoCluster]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr strings.Builder
+			if code := run(append(tc.args, short...), &stdout, &stderr); code != 0 {
+				t.Fatalf("run exited %d\nstdout:\n%s\nstderr:\n%s", code, &stdout, &stderr)
+			}
+			var out struct {
+				OK    bool
+				Total Result
+			}
+			if err := json.Unmarshal([]byte(stdout.String()), &out); err != nil {
+				t.Fatalf("%v\n%s", err, &stdout)
+			}
+			if !out.OK || out.Total.Acquisitions == 0 {
+				t.Errorf("ok %v, %d acquisitions\n%s", out.OK, out.Total.Acquisitions, &stdout)
+			}
+			for _, kind := range tc.faults {
+				if out.Total.Faults[kind] == 0 {
+					t.Errorf("no %s fault was injected\nstderr:\n%s", kind, &stderr)
+				}
+			}
+			if failovers := out.Total.Faults[faultFailover] + out.Total.Faults[faultClusterFailover]; out.Total.Switches < failovers {
+				t.Errorf("the watcher saw %d failovers of the %d injected\nstderr:\n%s", out.Total.Switches, failovers, &stderr)
+			}
+			if children := childProcesses(t); len(children) > 0 {
+				t.Errorf("processes left behind: %v", children)
+			}
+		})
 	}
 }
 
@@ -90,6 +110,10 @@ func TestRunRejectsBadFlags(t *testing.T) {
 	}{
 		{[]string{"-keys", "1,x"}, "-keys"},
 		{[]string{"-faults", "flood"}, "unknown fault"},
+		{[]string{"-topology", "ring"}, "unknown topology"},
+		{[]string{"-faults", "failover"}, "does not apply to -topology single"},
+		{[]string{"-topology", "cluster", "-faults", "restart"}, "does not apply to -topology cluster"},
+		{[]string{"-wait-replicas", "1"}, "needs replicas"},
 		{[]string{"-retry", "2s"}, "shorter than -lease"},
 		{[]string{"-every", "1s"}, "at least two leases"},
 		{[]string{"-d", "2s"}, "per key count"},

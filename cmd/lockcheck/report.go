@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -24,8 +25,20 @@ func writeTable(w io.Writer, cfg config, phases []*Result, total *Result) error 
 		cols = append(append([]*Result(nil), phases...), total)
 		head = append(head, "total")
 	}
-	fmt.Fprintf(w, "lockcheck: %d workers x %d goroutines, lease %v, retry %v, %v per key count, faults every %v, seed %d, %d CPUs\n\n",
-		cfg.p, cfg.g, cfg.lease, cfg.retry, cfg.perKeyCount, cfg.every, cfg.seed, runtime.NumCPU())
+	fmt.Fprintf(w, "lockcheck: topology %s, %d workers x %d goroutines, lease %v, retry %v, %v per key count, faults every %v, seed %d, %d CPUs",
+		cfg.topology, cfg.p, cfg.g, cfg.lease, cfg.retry, cfg.perKeyCount, cfg.every, cfg.seed, runtime.NumCPU())
+	if cfg.waitReplica > 0 {
+		fmt.Fprintf(w, ", waiting for %d replica(s)", cfg.waitReplica)
+	}
+	fmt.Fprint(w, "\n\n")
+	// The topology's default kinds, and any other the run injected.
+	var kinds []string
+	for _, k := range topologyFaults[cfg.topology] {
+		if slices.Contains(defaultFaults[cfg.topology], k) || slices.Contains(cfg.faults, k) {
+			kinds = append(kinds, k)
+		}
+	}
+	replicated := cfg.topology != topoSingle
 	// Right-aligned numbers under left-aligned labels: tabwriter aligns
 	// whole columns, so the labels come padded.
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -59,10 +72,20 @@ func writeTable(w io.Writer, cfg config, phases []*Result, total *Result) error 
 		}
 		return n
 	}))
-	for _, k := range faultKinds {
-		row("  "+faultTitles[k], num(func(r *Result) int { return r.Faults[k] }))
+	for _, k := range kinds {
+		row("  "+k+": "+faultTitles[k], num(func(r *Result) int { return r.Faults[k] }))
 	}
-	row("  stop/kill victims inside a critical section", num(func(r *Result) int { return r.VictimsHolding }))
+	row("  victims of stop, kill-9, net- inside a critical section", num(func(r *Result) int { return r.VictimsHolding }))
+	if replicated {
+		row("failovers seen (a replica promoted)", num(func(r *Result) int { return r.Switches }))
+		row("  ... that no injected failover caused", num(func(r *Result) int { return r.Spontaneous }))
+		held := "holds whose lease was live at a failover"
+		if cfg.waitReplica > 0 {
+			held = "acknowledged holds whose lease was live at a failover"
+		}
+		row(held, num(func(r *Result) int { return r.AtFailover }))
+		row("  ... lost (told so, or overlapped)", num(func(r *Result) int { return r.LostAtFailover }))
+	}
 	row("holds whose lease was live when they entered", num(func(r *Result) int { return r.Live }))
 	row("  ... that outlived it (exited after it ended)", num(func(r *Result) int { return r.Outlived }))
 	row("  ... cut short by kill -9", num(func(r *Result) int { return r.KilledInside }))
@@ -80,8 +103,14 @@ func writeTable(w io.Writer, cfg config, phases []*Result, total *Result) error 
 	row("  increments accepted by the store", func(r *Result) string { return fmt.Sprint(r.Increments) })
 	row("  final value", func(r *Result) string { return fmt.Sprint(r.FinalValue) })
 	row("  store calls that failed", num(func(r *Result) int { return r.StoreFailed }))
+	section("overlapping live holds, by what the earlier hold learnt")
+	row("  reported (Lost or ErrLockLost)", num(func(r *Result) int { return r.OverlapsReported }))
+	row("  silent", num(func(r *Result) int { return r.OverlapsSilent }))
 	section("violations (each must be 0)")
-	row("  overlapping live holds", num(func(r *Result) int { return r.Overlaps }))
+	row("  overlaps that no failover explains", num(func(r *Result) int { return r.OverlapsOutsideFailover }))
+	if replicated {
+		row("  silent overlaps", num(func(r *Result) int { return r.OverlapsSilent }))
+	}
 	row("  fresh tokens not above earlier holds'", num(func(r *Result) int { return r.TokenOrder }))
 	row("  duplicate tokens", num(func(r *Result) int { return r.DuplicateToken }))
 	row("  stale reads accepted", num(func(r *Result) int { return r.StaleReads.Accepted }))
@@ -98,12 +127,17 @@ func writeTable(w io.Writer, cfg config, phases []*Result, total *Result) error 
 		}
 		return fmt.Sprintf("%.0f / %.0f", x.MedianMs, x.MaxMs)
 	}
-	for _, k := range faultKinds {
+	for _, k := range kinds {
 		row("  "+k, func(r *Result) string { return rec(r.Recovery[k]) })
 	}
 	row("  all faults", func(r *Result) string { return rec(r.RecoveryAll) })
-	section("takeover, ms: from stop/kill-9 to another worker taking the key")
-	row("  stop and kill-9 (median / max)", func(r *Result) string { return rec(r.Takeover) })
+	section("takeover, ms (median / max)")
+	row("  stop, kill-9, net-stall: to another worker taking the key", func(r *Result) string { return rec(r.Takeover) })
+	if replicated {
+		for _, v := range []string{"forced", "detected"} {
+			row("  failovers, "+v+": from the kill to the promotion", func(r *Result) string { return rec(r.Promotion[v]) })
+		}
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -132,9 +166,10 @@ func writeJSON(w io.Writer, cfg config, phases []*Result, total *Result) error {
 		OK     bool           `json:"ok"`
 	}{
 		Config: map[string]any{
+			"topology": cfg.topology, "wait_replicas": cfg.waitReplica,
 			"seconds": cfg.d.Seconds(), "keys": cfg.keys, "workers": cfg.p, "goroutines": cfg.g,
 			"lease_ms": cfg.lease.Milliseconds(), "retry_ms": cfg.retry.Milliseconds(),
-			"work_ms": cfg.work.Seconds() * 1000, "wait_ms": cfg.wait.Milliseconds(),
+			"work_ms": cfg.work.Seconds() * 1000, "long": cfg.long, "wait_ms": cfg.wait.Milliseconds(),
 			"every_ms": cfg.every.Milliseconds(), "faults": cfg.faults, "seed": cfg.seed, "cpus": runtime.NumCPU(),
 		},
 		Phases: phases, Total: total, OK: total.ViolationCount == 0,

@@ -2,108 +2,253 @@ package redistest
 
 import (
 	"context"
-	"net"
+	"errors"
+	"fmt"
+	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// SlotMigration moves one hash slot of a cluster from the primary that
-// serves it to another, live, with the commands redis-cli --cluster
-// reshard sends, one step at a time so that a test can act between them:
-// BeginSlotMigration marks the slot importing on the target and migrating
-// on the source, MoveKey migrates one of its keys, Finish migrates the
-// rest and hands the slot to the target on every node.
-type SlotMigration struct {
-	Slot         int
-	From, To     string // the source's and the target's addresses
-	fromID, toID string
-	addrs        []string
-	from, to     *redis.Client
+// Cluster is a Redis Cluster of private redis-server processes.
+type Cluster struct {
+	Nodes []*Server
 }
 
-// BeginSlotMigration starts moving slot from its primary to the next node
-// of addrs (the addresses StartCluster returned).
-func BeginSlotMigration(tb testing.TB, addrs []string, slot int) *SlotMigration {
+// StartCluster starts a Redis Cluster of n primaries (no replicas), each a
+// private redis-server, joined with redis-cli --cluster create, and waits
+// until every node reports the cluster ok. It returns the nodes' addresses.
+func StartCluster(tb testing.TB, n int) []string {
 	tb.Helper()
-	ctx := context.Background()
-	m := &SlotMigration{Slot: slot, addrs: addrs}
-	slots, err := nodeClient(tb, addrs[0]).ClusterSlots(ctx).Result()
+	return startCluster(tb, n, 0)
+}
+
+// StartClusterWithReplicas starts a Redis Cluster of n primaries (at least
+// 3, as redis-cli requires for replicas) with one replica each, and waits
+// until the cluster is ok and every replica is in sync with its primary.
+// It returns all 2n nodes' addresses.
+func StartClusterWithReplicas(tb testing.TB, n int) []string {
+	tb.Helper()
+	return startCluster(tb, n, 1)
+}
+
+func startCluster(tb testing.TB, primaries, replicasEach int) []string {
+	tb.Helper()
+	c, stop, err := LaunchCluster(primaries, replicasEach)
 	if err != nil {
-		tb.Fatalf("redistest: CLUSTER SLOTS: %v", err)
+		tb.Fatal(err)
 	}
-	for _, s := range slots {
-		if s.Start <= slot && slot <= s.End {
-			m.From, m.fromID = s.Nodes[0].Addr, s.Nodes[0].ID
+	tb.Cleanup(stop)
+	return c.Addrs()
+}
+
+// LaunchCluster is StartCluster (replicasEach 0) or
+// StartClusterWithReplicas (1) outside of a test; stop stops every node.
+func LaunchCluster(primaries, replicasEach int) (c *Cluster, stop func(), err error) {
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		return nil, nil, fmt.Errorf("redistest: redis-cli not found (%v); install it (Debian/Ubuntu: apt-get install -y redis-tools, which redis-server pulls in)", err)
+	}
+	c = &Cluster{}
+	stop = func() {
+		for _, s := range c.Nodes {
+			s.close()
 		}
 	}
-	i := slices.Index(addrs, m.From)
-	if i < 0 {
-		tb.Fatalf("redistest: slot %d is served by %q, not by a node of %v", slot, m.From, addrs)
+	for range primaries * (1 + replicasEach) {
+		s, err := start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		c.Nodes = append(c.Nodes, s)
 	}
-	m.To = addrs[(i+1)%len(addrs)]
-	m.from, m.to = nodeClient(tb, m.From), nodeClient(tb, m.To)
-	if m.toID, err = m.to.ClusterMyID(ctx).Result(); err != nil {
-		tb.Fatalf("redistest: CLUSTER MYID on %s: %v", m.To, err)
+	args := append(append([]string{"--cluster", "create"}, c.Addrs()...), "--cluster-replicas", strconv.Itoa(replicasEach), "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		stop()
+		return nil, nil, fmt.Errorf("redistest: redis-cli --cluster create: %v\n%s", err, out)
 	}
-	// Importing first: a client sent to the target by the source's ASK
-	// must find it ready.
-	if err := m.to.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", m.fromID).Err(); err != nil {
-		tb.Fatalf("redistest: CLUSTER SETSLOT %d IMPORTING on %s: %v", slot, m.To, err)
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range c.Nodes {
+		if err := awaitNode(s, deadline, func(replication string, slots []redis.ClusterSlot) bool {
+			return (strings.Contains(replication, "master_link_status:up") ||
+				strings.Contains(replication, "connected_slaves:"+strconv.Itoa(replicasEach))) &&
+				listsReplicas(slots, replicasEach)
+		}); err != nil {
+			stop()
+			return nil, nil, err
+		}
 	}
-	if err := m.from.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", m.toID).Err(); err != nil {
-		tb.Fatalf("redistest: CLUSTER SETSLOT %d MIGRATING on %s: %v", slot, m.From, err)
-	}
-	return m
+	return c, stop, nil
 }
 
-// MoveKey migrates one key of the slot still on the source to the target
-// and returns it, or reports false when none is left.
-func (m *SlotMigration) MoveKey(tb testing.TB) (string, bool) {
-	tb.Helper()
-	ctx := context.Background()
-	keys, err := m.from.ClusterGetKeysInSlot(ctx, m.Slot, 1).Result()
-	if err != nil {
-		tb.Fatalf("redistest: CLUSTER GETKEYSINSLOT %d on %s: %v", m.Slot, m.From, err)
-	}
-	if len(keys) == 0 {
-		return "", false
-	}
-	host, port, _ := net.SplitHostPort(m.To)
-	// A key that expired since it was listed gets NOKEY, not an error.
-	if err := m.from.Migrate(ctx, host, port, keys[0], 0, 5*time.Second).Err(); err != nil {
-		tb.Fatalf("redistest: MIGRATE %q from %s to %s: %v", keys[0], m.From, m.To, err)
-	}
-	return keys[0], true
-}
-
-// Finish migrates the keys left and assigns the slot to the target on
-// every node, the target first, then the source, as the Redis Cluster
-// specification orders it.
-func (m *SlotMigration) Finish(tb testing.TB) {
-	tb.Helper()
+// awaitNode waits until node reports the cluster ok and synced accepts its
+// INFO replication and CLUSTER SLOTS, or deadline passes.
+func awaitNode(node *Server, deadline time.Time, synced func(replication string, slots []redis.ClusterSlot) bool) error {
+	c := redis.NewClient(&redis.Options{Addr: node.addr})
+	defer c.Close()
 	for {
-		if _, ok := m.MoveKey(tb); !ok {
-			break
+		info, _ := c.ClusterInfo(context.Background()).Result()
+		replication, _ := c.Info(context.Background(), "replication").Result()
+		slots, _ := c.ClusterSlots(context.Background()).Result()
+		if strings.Contains(info, "cluster_state:ok") && synced(replication, slots) {
+			return nil
 		}
-	}
-	order := []string{m.To, m.From}
-	for _, addr := range m.addrs {
-		if addr != m.To && addr != m.From {
-			order = append(order, addr)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redistest: cluster node %s never became ok and in sync:\n%s\n%s\n%v", node.addr, info, replication, slots)
 		}
-	}
-	for _, addr := range order {
-		if err := nodeClient(tb, addr).Do(context.Background(), "CLUSTER", "SETSLOT", m.Slot, "NODE", m.toID).Err(); err != nil {
-			tb.Fatalf("redistest: CLUSTER SETSLOT %d NODE on %s: %v", m.Slot, addr, err)
-		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-func nodeClient(tb testing.TB, addr string) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	tb.Cleanup(func() { _ = c.Close() })
-	return c
+// listsReplicas reports whether slots, a node's CLUSTER SLOTS, name n
+// replicas for every range. A node leaves out a replica until gossip told
+// it that the replica has synced.
+func listsReplicas(slots []redis.ClusterSlot, n int) bool {
+	for _, s := range slots {
+		if len(s.Nodes) != 1+n {
+			return false
+		}
+	}
+	return len(slots) > 0
+}
+
+// Addrs are the nodes' addresses.
+func (c *Cluster) Addrs() []string {
+	addrs := make([]string, len(c.Nodes))
+	for i, s := range c.Nodes {
+		addrs[i] = s.addr
+	}
+	return addrs
+}
+
+// Shard returns the primary that serves slot, as the first node that
+// answers CLUSTER SLOTS says, and its first replica (nil if none).
+func (c *Cluster) Shard(slot int) (primary, replica *Server, err error) {
+	slots, err := c.slots()
+	if err != nil {
+		return nil, nil, err
+	}
+	r, ok := serving(slots, slot)
+	if !ok {
+		return nil, nil, fmt.Errorf("redistest: no node serves slot %d", slot)
+	}
+	if len(r.Nodes) > 1 {
+		replica = c.node(r.Nodes[1].Addr)
+	}
+	return c.node(r.Nodes[0].Addr), replica, nil
+}
+
+// serving returns the range of slots that holds slot.
+func serving(slots []redis.ClusterSlot, slot int) (redis.ClusterSlot, bool) {
+	i := slices.IndexFunc(slots, func(r redis.ClusterSlot) bool { return r.Start <= slot && slot <= r.End })
+	if i < 0 {
+		return redis.ClusterSlot{}, false
+	}
+	return slots[i], true
+}
+
+// Primaries are the addresses of the primaries that serve slots.
+func (c *Cluster) Primaries() ([]string, error) {
+	slots, err := c.slots()
+	if err != nil {
+		return nil, err
+	}
+	var addrs []string
+	for _, s := range slots {
+		if !slices.Contains(addrs, s.Nodes[0].Addr) {
+			addrs = append(addrs, s.Nodes[0].Addr)
+		}
+	}
+	slices.Sort(addrs)
+	return addrs, nil
+}
+
+// slots is CLUSTER SLOTS from the first node that answers it.
+func (c *Cluster) slots() ([]redis.ClusterSlot, error) {
+	var errs []error
+	for _, s := range c.Nodes {
+		if s.proc == nil {
+			continue
+		}
+		slots, err := s.clusterSlots()
+		if err == nil {
+			return slots, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("redistest: CLUSTER SLOTS: %w", errors.Join(errs...))
+}
+
+func (s *Server) clusterSlots() ([]redis.ClusterSlot, error) {
+	client := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
+	defer client.Close()
+	return client.ClusterSlots(context.Background()).Result()
+}
+
+func (c *Cluster) node(addr string) *Server {
+	for _, s := range c.Nodes {
+		if s.addr == addr {
+			return s
+		}
+	}
+	return nil
+}
+
+// AwaitFailover waits, at most timeout, until replica, the replica of a
+// failed primary, serves slot as a primary by its own account and by
+// every other live node's.
+func (c *Cluster) AwaitFailover(slot int, replica *Server, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if replica.Role() == "master" && c.agree(slot, replica.addr) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redistest: %s did not take slot %d over within %v\n%s", replica.addr, slot, timeout, replica.logTail())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// agree reports whether every live node's CLUSTER SLOTS names primary for
+// slot.
+func (c *Cluster) agree(slot int, primary string) bool {
+	for _, s := range c.Nodes {
+		if s.proc == nil {
+			continue
+		}
+		slots, err := s.clusterSlots()
+		if err != nil {
+			return false
+		}
+		if r, ok := serving(slots, slot); !ok || r.Nodes[0].Addr != primary {
+			return false
+		}
+	}
+	return true
+}
+
+// Rejoin starts a crashed node again on its address, empty but with its
+// cluster configuration (nodes.conf), as a restarted node comes back: the
+// cluster has failed it over, so it turns into a replica of the node that
+// took its slots. Rejoin waits, at most timeout, until it is in sync and
+// every node reports the cluster ok.
+func (c *Cluster) Rejoin(node *Server, timeout time.Duration) error {
+	if err := node.Relaunch(); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	for _, s := range c.Nodes {
+		if err := awaitNode(s, deadline, func(replication string, slots []redis.ClusterSlot) bool {
+			return (s != node || strings.Contains(replication, "master_link_status:up")) && listsReplicas(slots, 1)
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -18,11 +18,19 @@ import (
 const SentinelMaster = "lockreg"
 
 // Sentinel timings, short so that a test's failover ends within seconds:
-// the primary counts as down after downAfter without a reply, and a
+// the primary counts as down after DownAfter without a reply, and a
 // failover attempt that stalls (a split vote among the Sentinels) is given
 // up after failoverTimeout and retried after twice that.
+//
+// A Sentinel pings every second, or every down-after if that is shorter,
+// and counts a new primary's link from when it made it, so with a
+// down-after of a second or less it can find the primary it has just
+// switched to down before its first ping is answered: the Sentinels then
+// fail over again, and back. StableDownAfter is long enough to rule that
+// out, for runs that fail over again and again.
 const (
-	downAfter       = 500 * time.Millisecond
+	DownAfter       = 500 * time.Millisecond
+	StableDownAfter = 1500 * time.Millisecond
 	failoverTimeout = 2 * time.Second
 )
 
@@ -42,17 +50,44 @@ type SentinelGroup struct {
 // to a failover. Everything stops when the test ends.
 func StartSentinelGroup(tb testing.TB) *SentinelGroup {
 	tb.Helper()
+	g, stop, err := LaunchSentinelGroup(DownAfter)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(stop)
+	return g
+}
+
+// LaunchSentinelGroup is StartSentinelGroup outside of a test, with the
+// Sentinels' down-after-milliseconds; stop stops every process of the
+// group.
+func LaunchSentinelGroup(downAfter time.Duration) (g *SentinelGroup, stop func(), err error) {
 	bin := os.Getenv("REDIS_SENTINEL")
 	if bin == "" {
 		bin = "redis-sentinel"
 	}
 	path, err := exec.LookPath(bin)
 	if err != nil {
-		tb.Fatalf("redistest: redis-sentinel not found (%v); install it (Debian/Ubuntu: apt-get install -y redis-sentinel, or run `make test`, which does), or set REDIS_SENTINEL to its path", err)
+		return nil, nil, fmt.Errorf("redistest: redis-sentinel not found (%v); install it (Debian/Ubuntu: apt-get install -y redis-sentinel, or run `make test`, which does), or set REDIS_SENTINEL to its path", err)
 	}
-	primary := Start(tb)
-	g := &SentinelGroup{Primary: primary, Replica: StartReplica(tb, primary)}
-	host, port, _ := net.SplitHostPort(primary.addr)
+	g = &SentinelGroup{}
+	// The Sentinels stop first, and take no stopping server for a failed
+	// one.
+	stop = func() {
+		for _, s := range append(g.sentinels, g.Replica, g.Primary) {
+			if s != nil {
+				s.close()
+			}
+		}
+	}
+	if g.Primary, err = start(); err != nil {
+		return nil, nil, err
+	}
+	if g.Replica, err = LaunchReplica(g.Primary); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	host, port, _ := net.SplitHostPort(g.Primary.addr)
 	conf := fmt.Sprintf("sentinel monitor %[1]s %[2]s %[3]s 2\n"+
 		"sentinel down-after-milliseconds %[1]s %[4]d\n"+
 		"sentinel failover-timeout %[1]s %[5]d\n"+
@@ -61,33 +96,44 @@ func StartSentinelGroup(tb testing.TB) *SentinelGroup {
 	for range 3 {
 		s, err := startProcess(path, conf)
 		if err != nil {
-			tb.Fatal(err)
+			stop()
+			return nil, nil, err
 		}
-		// Registered after the servers', so the Sentinels stop first and
-		// take no stopping server for a failed one.
-		tb.Cleanup(s.close)
 		g.sentinels = append(g.sentinels, s)
 	}
 	// Sentinels find each other through hello messages on the primary,
 	// every two seconds; until they have, none can win the vote.
-	ctx := context.Background()
-	deadline := time.Now().Add(15 * time.Second)
+	if err := g.awaitSentinels(15*time.Second, func(c *redis.SentinelClient) (bool, string) {
+		master, err := c.Master(context.Background(), SentinelMaster).Result()
+		ok := err == nil && master["num-other-sentinels"] == "2" && master["num-slaves"] == "1" && master["flags"] == "master"
+		return ok, fmt.Sprintf("never saw the replica and the other Sentinels: %v %v", master, err)
+	}); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return g, stop, nil
+}
+
+// awaitSentinels waits, at most timeout, until ok holds for every
+// Sentinel.
+func (g *SentinelGroup) awaitSentinels(timeout time.Duration, ok func(c *redis.SentinelClient) (bool, string)) error {
+	deadline := time.Now().Add(timeout)
 	for _, s := range g.sentinels {
 		c := redis.NewSentinelClient(&redis.Options{Addr: s.addr})
 		for {
-			master, err := c.Master(ctx, SentinelMaster).Result()
-			if err == nil && master["num-other-sentinels"] == "2" && master["num-slaves"] == "1" && master["flags"] == "master" {
+			done, state := ok(c)
+			if done {
 				break
 			}
 			if time.Now().After(deadline) {
 				_ = c.Close()
-				tb.Fatalf("redistest: Sentinel %s never saw the replica and the other Sentinels: %v %v\n%s", s.addr, master, err, s.logTail())
+				return fmt.Errorf("redistest: Sentinel %s: %s\n%s", s.addr, state, s.logTail())
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 		_ = c.Close()
 	}
-	return g
+	return nil
 }
 
 // SentinelAddrs are the Sentinels' addresses, for redis.FailoverOptions.
@@ -115,6 +161,15 @@ func (g *SentinelGroup) FailoverClient(tb testing.TB, hooks ...redis.Hook) *redi
 // other than old and that server has taken the role, and returns it.
 func (g *SentinelGroup) WaitForFailover(tb testing.TB, old *Server, timeout time.Duration) *Server {
 	tb.Helper()
+	s, err := g.AwaitFailover(old, timeout)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// AwaitFailover is WaitForFailover outside of a test.
+func (g *SentinelGroup) AwaitFailover(old *Server, timeout time.Duration) (*Server, error) {
 	ctx := context.Background()
 	clients := make([]*redis.SentinelClient, len(g.sentinels))
 	for i, s := range g.sentinels {
@@ -133,8 +188,8 @@ func (g *SentinelGroup) WaitForFailover(tb testing.TB, old *Server, timeout time
 				continue
 			}
 			for _, s := range []*Server{g.Primary, g.Replica} {
-				if s.addr == addr && s.role() == "master" {
-					return s
+				if s.addr == addr && s.Role() == "master" {
+					return s, nil
 				}
 			}
 		}
@@ -143,15 +198,38 @@ func (g *SentinelGroup) WaitForFailover(tb testing.TB, old *Server, timeout time
 			for _, s := range g.sentinels {
 				fmt.Fprintf(&logs, "--- Sentinel %s\n%s", s.addr, s.logTail())
 			}
-			tb.Fatalf("redistest: no failover from %s within %v\n%s", old.addr, timeout, logs.String())
+			return nil, fmt.Errorf("redistest: no failover from %s within %v\n%s", old.addr, timeout, logs.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-// role is what ROLE says the server is ("master", "slave"), or "" if it
+// Rejoin starts old, a primary that crashed and was failed over, again as
+// a replica of primary, and waits, at most timeout, until every Sentinel
+// counts it as a healthy replica, so that a next failover can promote it.
+func (g *SentinelGroup) Rejoin(old, primary *Server, timeout time.Duration) error {
+	if err := old.RelaunchReplicaOf(primary); err != nil {
+		return err
+	}
+	return g.awaitSentinels(timeout, func(c *redis.SentinelClient) (bool, string) {
+		ctx := context.Background()
+		master, err := c.Master(ctx, SentinelMaster).Result()
+		if err != nil || net.JoinHostPort(master["ip"], master["port"]) != primary.addr || master["flags"] != "master" {
+			return false, fmt.Sprintf("does not name %s as the primary: %v %v", primary.addr, master, err)
+		}
+		replicas, err := c.Replicas(ctx, SentinelMaster).Result()
+		for _, r := range replicas {
+			if net.JoinHostPort(r["ip"], r["port"]) == old.addr && r["flags"] == "slave" && r["master-link-status"] == "ok" {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("does not count %s as a healthy replica: %v %v", old.addr, replicas, err)
+	})
+}
+
+// Role is what ROLE says the server is ("master", "slave"), or "" if it
 // does not answer.
-func (s *Server) role() string {
+func (s *Server) Role() string {
 	c := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)

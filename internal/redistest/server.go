@@ -185,84 +185,60 @@ func (s *Server) Relaunch() error {
 // until the replication link is up.
 func StartReplica(tb testing.TB, primary *Server) *Server {
 	tb.Helper()
-	host, port, _ := net.SplitHostPort(primary.addr)
-	s, err := start("--replicaof", host, port)
+	s, err := LaunchReplica(primary)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(s.close)
+	return s
+}
+
+// LaunchReplica is StartReplica outside of a test; Shutdown stops the
+// replica.
+func LaunchReplica(primary *Server) (*Server, error) {
+	s, err := start(replicaOf(primary)...)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.awaitLink(primary); err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// RelaunchReplicaOf starts a stopped or crashed server again on its
+// address, empty, as a replica of primary, and waits until the
+// replication link is up: how a failed primary comes back once another
+// took its place.
+func (s *Server) RelaunchReplicaOf(primary *Server) error {
+	s.args = replicaOf(primary)
+	if err := s.Relaunch(); err != nil {
+		return err
+	}
+	return s.awaitLink(primary)
+}
+
+func replicaOf(primary *Server) []string {
+	host, port, _ := net.SplitHostPort(primary.addr)
+	return []string{"--replicaof", host, port}
+}
+
+// awaitLink waits until the server's replication link to primary is up.
+func (s *Server) awaitLink(primary *Server) error {
 	c := redis.NewClient(&redis.Options{Addr: s.addr})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		info, _ := c.Info(context.Background(), "replication").Result()
 		if strings.Contains(info, "master_link_status:up") {
-			return s
+			return nil
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("redistest: replica %s never linked to %s:\n%s", s.addr, primary.addr, info)
+			return fmt.Errorf("redistest: replica %s never linked to %s:\n%s", s.addr, primary.addr, info)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// StartCluster starts a Redis Cluster of n primaries (no replicas), each a
-// private redis-server, joined with redis-cli --cluster create, and waits
-// until every node reports the cluster ok. It returns the nodes' addresses.
-func StartCluster(tb testing.TB, n int) []string {
-	tb.Helper()
-	return startCluster(tb, n, 0)
-}
-
-// StartClusterWithReplicas starts a Redis Cluster of n primaries (at least
-// 3, as redis-cli requires for replicas) with one replica each, and waits
-// until the cluster is ok and every replica is in sync with its primary.
-// It returns all 2n nodes' addresses.
-func StartClusterWithReplicas(tb testing.TB, n int) []string {
-	tb.Helper()
-	return startCluster(tb, n, 1)
-}
-
-func startCluster(tb testing.TB, primaries, replicasEach int) []string {
-	tb.Helper()
-	cli, err := exec.LookPath("redis-cli")
-	if err != nil {
-		tb.Fatalf("redistest: redis-cli not found (%v); install it (Debian/Ubuntu: apt-get install -y redis-tools, which redis-server pulls in)", err)
-	}
-	addrs := make([]string, primaries*(1+replicasEach))
-	for i := range addrs {
-		s, err := start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(s.close)
-		addrs[i] = s.addr
-	}
-	args := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", strconv.Itoa(replicasEach), "--cluster-yes")
-	out, err := exec.Command(cli, args...).CombinedOutput()
-	if err != nil {
-		tb.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for _, addr := range addrs {
-		c := redis.NewClient(&redis.Options{Addr: addr})
-		for {
-			info, _ := c.ClusterInfo(context.Background()).Result()
-			replication, _ := c.Info(context.Background(), "replication").Result()
-			synced := strings.Contains(replication, "master_link_status:up") ||
-				strings.Contains(replication, "connected_slaves:"+strconv.Itoa(replicasEach))
-			if strings.Contains(info, "cluster_state:ok") && synced {
-				break
-			}
-			if time.Now().After(deadline) {
-				c.Close()
-				tb.Fatalf("redistest: cluster node %s never became ok and in sync:\n%s\n%s", addr, info, replication)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		c.Close()
-	}
-	return addrs
 }
 
 func start(args ...string) (*Server, error) {
@@ -390,12 +366,21 @@ func (s *Server) Resume(tb testing.TB) { s.signal(tb, syscall.SIGCONT) }
 
 func (s *Server) signal(tb testing.TB, sig syscall.Signal) {
 	tb.Helper()
+	if err := s.Signal(sig); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// Signal sends sig to a server from Launch: SIGSTOP and SIGCONT pause and
+// resume it, as Pause and Resume do in a test.
+func (s *Server) Signal(sig syscall.Signal) error {
 	if s.proc == nil {
-		tb.Fatalf("redistest: cannot send %v to a stopped server or the external server of REDIS_ADDR", sig)
+		return fmt.Errorf("redistest: cannot send %v to a stopped server or the external server of REDIS_ADDR", sig)
 	}
 	if err := s.proc.cmd.Process.Signal(sig); err != nil {
-		tb.Fatalf("redistest: send %v to the server on %s: %v", sig, s.addr, err)
+		return fmt.Errorf("redistest: send %v to the server on %s: %w", sig, s.addr, err)
 	}
+	return nil
 }
 
 // stop terminates the process and waits for it; it keeps the data dir for a

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -86,7 +87,7 @@ func TestLeaseTrackerCreditsGrants(t *testing.T) {
 	tracker := newLeaseTracker(registry, []string{"k"}, &emitter{w: bufio.NewWriter(&buf)})
 	srv := redistest.Start(t)
 	client := srv.Client(t, tracker)
-	stop, err := tracker.watchGrants(client, registry)
+	stop, err := tracker.watchGrants([]string{srv.Addr()}, registry)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,5 +274,47 @@ func TestRunningWaitLeavesOutStops(t *testing.T) {
 	}
 	if !step(time.Millisecond) {
 		t.Error("not over after a second of running time")
+	}
+}
+
+// A command a Redis Cluster redirection (MOVED, ASK) sent again reaches
+// the next node's hooks still carrying the error from the node before:
+// go-redis sets its outcome once the hooks return. The tracker must see
+// it succeed all the same.
+func TestLeaseTrackerSeesRedirectedCalls(t *testing.T) {
+	ctx := context.Background()
+	tracker := newLeaseTracker("moved", []string{"k"}, &emitter{w: bufio.NewWriter(&bytes.Buffer{})})
+	obtain := redis.NewCmd(ctx, "evalsha", "sha", 4, "moved:{k}", "moved:{k}:fence", "moved:{k}:waiting", "moved:{k}:queue",
+		"me", "30000", "200", "0", "me:200")
+	obtain.SetErr(errors.New("MOVED 866 127.0.0.1:7001"))
+	process := tracker.ProcessHook(func(context.Context, redis.Cmder) error {
+		obtain.SetVal(int64(1)) // the next node's reply
+		return nil
+	})
+	if err := process(ctx, obtain); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(tracker.historyOf("k"), "obtain.lua took it") {
+		t.Errorf("the redirected obtain went unseen: %s", tracker.historyOf("k"))
+	}
+}
+
+// While a slot migrates, obtain.lua and token.lua run on the lock's key
+// alone; the tracker explains the hold they make.
+func TestLeaseTrackerReadsCallsOnTheLockKeyAlone(t *testing.T) {
+	ctx := context.Background()
+	tracker := newLeaseTracker("alone", []string{"k"}, &emitter{w: bufio.NewWriter(&bytes.Buffer{})})
+	sent := time.Now().UnixNano()
+	obtain := redis.NewCmd(ctx, "evalsha", "sha", 1, "alone:{k}", "me", "30000", "200", "0", "me:200")
+	obtain.SetVal(int64(1))
+	tracker.observe(obtain, sent)
+	draw := redis.NewCmd(ctx, "evalsha", "sha", 1, "alone:{k}", "me", "30000")
+	draw.SetVal(int64(1795000000000000))
+	tracker.observe(draw, sent+1)
+	renew := redis.NewCmd(ctx, "evalsha", "sha", 1, "alone:{k}", "me", "30000")
+	renew.SetVal([]any{int64(1)}) // a renewal of one key has the draw's shape, and answers an array
+	tracker.observe(renew, sent+2)
+	if r, ok := tracker.rootOf("k", 1795000000000000); !ok || r.sent != sent || !r.fresh {
+		t.Errorf("got %+v, %v; want the hold on the obtain sent at %d", r, ok, sent)
 	}
 }

@@ -1,0 +1,122 @@
+//go:build linux
+
+package main
+
+import (
+	"slices"
+	"sort"
+	"time"
+)
+
+// recovery measures, for each fault, the time from its end to the next
+// fresh acquisition that shows the fault is over: the victim's own, for a
+// network fault (its connections work again); of a key the victim held,
+// for stop and kill-9; of a key the killed primary served, after a
+// failover (from the promotion); of the moved key, after a migration; of
+// any key otherwise. A fault nothing recovered from by the end is a
+// violation. It also measures takeovers: from the start of a stop, kill-9
+// or stall to another worker's fresh acquisition of the victim's key,
+// which the victim's lease bounds; and from a failover's kill to the
+// promotion.
+func (a *analysis) recovery() {
+	h, r := a.h, a.res
+	byKey := make(map[string][]int64)
+	byWorker := make(map[int][]int64)
+	var all []int64
+	takers := make(map[string][]int) // fresh holds by key, in Enter order
+	for _, hd := range h.Holds {
+		if hd.Fresh {
+			byKey[hd.Key] = append(byKey[hd.Key], hd.Enter)
+			byWorker[hd.Worker] = append(byWorker[hd.Worker], hd.Enter)
+			all = append(all, hd.Enter)
+		}
+	}
+	for key, idx := range a.byKey {
+		for _, i := range idx {
+			if h.Holds[i].Fresh {
+				takers[key] = append(takers[key], i)
+			}
+		}
+	}
+	for _, s := range byKey {
+		slices.Sort(s)
+	}
+	for _, s := range byWorker {
+		slices.Sort(s)
+	}
+	slices.Sort(all)
+	byKind := make(map[string][]time.Duration)
+	var samples, takeovers []time.Duration
+	promotions := make(map[string][]time.Duration)
+	for _, f := range h.Faults {
+		var first int64
+		found := false
+		switch {
+		case f.Kind == faultNetStall || f.Kind == faultNetDelay || f.Kind == faultNetReset:
+			first, found = next(byWorker[f.Worker], f.End)
+		case len(f.Keys) == 0:
+			first, found = next(all, f.End)
+		default:
+			for _, k := range f.Keys {
+				if t, ok := next(byKey[k], f.End); ok && (!found || t < first) {
+					first, found = t, true
+				}
+			}
+		}
+		fr := FaultResult{Kind: f.Kind, Variant: f.Variant, Note: f.Note, RecoveryMs: -1}
+		if isFailover(f.Kind) {
+			d := time.Duration(f.End - f.Start)
+			promotions[f.Variant] = append(promotions[f.Variant], d)
+			fr.TakeoverMs = ms(d)
+		}
+		if !found {
+			r.Unrecovered++
+			r.violation("no fresh acquisition after the %s fault that ended at %s", f.Kind, a.at(f.End))
+		} else {
+			d := time.Duration(first - f.End)
+			byKind[f.Kind] = append(byKind[f.Kind], d)
+			samples = append(samples, d)
+			fr.RecoveryMs = ms(d)
+		}
+		if isFailover(f.Kind) {
+			r.Failovers = append(r.Failovers, fr)
+		}
+		if f.Kind == faultStop || f.Kind == faultKill || f.Kind == faultNetStall {
+			if taken, ok := a.takeover(f, takers); ok {
+				takeovers = append(takeovers, time.Duration(taken-f.Start))
+			}
+		}
+	}
+	r.Recovery = recoveries(byKind)
+	r.RecoveryAll = newRecovery(samples)
+	r.Takeover = newRecovery(takeovers)
+	r.Promotion = recoveries(promotions)
+}
+
+// next returns the first time in s, sorted, at or after t.
+func next(s []int64, t int64) (int64, bool) {
+	i, _ := slices.BinarySearch(s, t)
+	if i == len(s) {
+		return 0, false
+	}
+	return s[i], true
+}
+
+// takeover returns when another worker first took a key the victim of f
+// held, fresh, after f began.
+func (a *analysis) takeover(f Fault, takers map[string][]int) (int64, bool) {
+	first, found := int64(0), false
+	for _, k := range f.Keys {
+		idx := takers[k]
+		n := sort.Search(len(idx), func(n int) bool { return a.h.Holds[idx[n]].Enter >= f.Start })
+		for _, i := range idx[n:] {
+			if hd := &a.h.Holds[i]; hd.Worker != f.Worker {
+				if !found || hd.Enter < first {
+					first, found = hd.Enter, true
+				}
+				break
+			}
+		}
+	}
+	return first, found
+}
