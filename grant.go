@@ -96,7 +96,7 @@ func (l *Lock) acceptGrant(local *localLock, token int64, mark waitMark) *Hold {
 		return nil
 	}
 	h := newHold(l, token, mark.sent, r.grants.lease)
-	h.path = PathGrant
+	h.via = viaGrant
 	if h.leaseOver() {
 		return nil
 	}

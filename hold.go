@@ -20,7 +20,7 @@ import (
 type Hold struct {
 	lock  *Lock
 	local *localLock
-	path  Path      // how it was taken
+	via   pathIndex // how it was taken: a byte, not a Path, keeps Hold in a smaller size class
 	taken time.Time // when this hold began (for WithMaxHold)
 	// redisTaken is when the registry took the key in Redis; handoffs
 	// counts the local hand-offs since. Both bound the run of hand-offs.
@@ -51,7 +51,7 @@ type Hold struct {
 }
 
 func newHold(l *Lock, token int64, sent time.Time, lease time.Duration) *Hold {
-	h := &Hold{lock: l, path: PathRedis, token: token, taken: sent, redisTaken: sent, leaseEnd: new(atomic.Int64), lost: make(chan struct{})}
+	h := &Hold{lock: l, via: viaRedis, token: token, taken: sent, redisTaken: sent, leaseEnd: new(atomic.Int64), lost: make(chan struct{})}
 	h.leaseEnd.Store(sent.Add(lease).UnixNano())
 	return h
 }

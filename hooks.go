@@ -55,7 +55,11 @@ type ReleaseEvent struct {
 	// WasLost says that the hold was signalled lost before its release
 	// (a LossEvent reported it).
 	WasLost bool
-	Err     error
+	// FoundLost, if not zero, is why the release itself found the hold
+	// lost, with no LossEvent before: its lease had run out unrenewed, or
+	// Redis said the key was not the registry's (LossDeleted).
+	FoundLost LossCause
+	Err       error
 }
 
 // LossEvent is a hold signalled lost.
@@ -83,6 +87,17 @@ const (
 	PathHandoff Path = "handoff" // a release of this registry handed the hold off to it
 	PathGrant   Path = "grant"   // another registry's release granted it the key
 )
+
+// pathIndex is a Path as a hold keeps it.
+type pathIndex uint8
+
+const (
+	viaRedis pathIndex = iota
+	viaHandoff
+	viaGrant
+)
+
+func (p pathIndex) path() Path { return [...]Path{PathRedis, PathHandoff, PathGrant}[p] }
 
 // RedisOp is what a call to Redis is for.
 type RedisOp string

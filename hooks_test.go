@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -189,4 +190,29 @@ func TestNoHooksNoAllocations(t *testing.T) {
 		}
 	})
 	require.Zero(t, allocs)
+}
+
+// TestAHoldFitsItsSizeClass: a Hold is allocated on every fresh
+// acquisition; a byte more can cost a size class, 16 bytes a cycle.
+func TestAHoldFitsItsSizeClass(t *testing.T) {
+	require.LessOrEqual(t, unsafe.Sizeof(Hold{}), uintptr(160))
+}
+
+// TestHooksHearOfALossTheReleaseFinds: no LossEvent came before; the
+// release says why the hold was lost.
+func TestHooksHearOfALossTheReleaseFinds(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	rec := &recorder{}
+	r.AddHooks(rec.hooks())
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, client.Set(ctx, h.redisKey(), "another owner", time.Minute).Err())
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+	_, _, released, lost, _ := rec.snapshot()
+	require.Empty(t, lost)
+	require.Len(t, released, 1)
+	require.False(t, released[0].WasLost)
+	require.Equal(t, LossDeleted, released[0].FoundLost)
 }

@@ -11,8 +11,9 @@ import (
 	"github.com/puzpuzpuz/xsync/v3"
 )
 
-// errBusy is TryLock's answer when another hold of this registry owns the local mutex.
-var errBusy = errors.New("lockreg: held in this registry")
+// errBusy is TryLock's answer when the lock is held: by another hold of
+// this registry, or another registry.
+var errBusy = errors.New("lockreg: lock held")
 
 // localLock is the in-process side of one key: a mutex owned by a hold,
 // which waiters can abandon when their context ends. Only the owner talks

@@ -159,7 +159,7 @@ func (l *Lock) acquireHold(ctx context.Context, wait bool) (*Hold, error) {
 		e := AcquireEvent{Key: l.key, Wait: time.Since(start), Outcome: OutcomeAcquired, Err: err}
 		switch {
 		case err == nil:
-			e.Path = h.path
+			e.Path = h.via.path()
 		case errors.Is(err, ErrClosed):
 			e.Outcome = OutcomeClosed
 		case errors.Is(err, ErrNotObtained) || err == errBusy:
@@ -200,7 +200,7 @@ func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold,
 	// acquisition, which Close (or Shutdown) overtook, fails as the
 	// waiting ones do, and gives the key back.
 	if r.closing() {
-		_ = h.releaseKey(context.WithoutCancel(ctx))
+		_, _ = h.releaseKey(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
 	}
 	r.subscribeSoon()

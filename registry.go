@@ -62,6 +62,10 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 	return r, nil
 }
 
+// Key returns the registryKey the registry was made with: the namespace
+// of its locks in Redis.
+func (r *Registry) Key() string { return r.registryKey }
+
 // endsCallsAtDeadline reports whether client ends its calls at their
 // context's deadline, as go-redis's clients do with ContextTimeoutEnabled.
 // Other implementations of UniversalClient are not assumed to.

@@ -12,15 +12,20 @@ import (
 func (h *Hold) release(ctx context.Context) error {
 	hooks := h.lock.r.hooks.all()
 	if hooks == nil {
-		return h.releaseKey(ctx)
+		_, err := h.releaseKey(ctx)
+		return err
 	}
 	for _, hk := range hooks {
 		if hk.ReleaseStart != nil {
 			ctx = hk.ReleaseStart(ctx, h.lock.key)
 		}
 	}
-	err := h.releaseKey(ctx)
-	e := ReleaseEvent{Key: h.lock.key, Held: time.Since(h.taken), WasLost: h.isLost(), Err: err}
+	wasLost := h.isLost()
+	foundLost, err := h.releaseKey(ctx)
+	e := ReleaseEvent{Key: h.lock.key, Held: time.Since(h.taken), WasLost: wasLost, Err: err}
+	if !wasLost {
+		e.FoundLost = foundLost
+	}
 	for _, hk := range hooks {
 		if hk.ReleaseDone != nil {
 			hk.ReleaseDone(ctx, e)
@@ -29,28 +34,29 @@ func (h *Hold) release(ctx context.Context) error {
 	return err
 }
 
-// releaseKey is release's work.
-func (h *Hold) releaseKey(ctx context.Context) error {
+// releaseKey is release's work. It returns why the hold was lost, if it
+// was (a cause found before, or by this release), and the error.
+func (h *Hold) releaseKey(ctx context.Context) (LossCause, error) {
 	l, local := h.lock, h.local
 	r := l.r
 	h.mu.Lock()
 	if h.released {
 		h.mu.Unlock()
-		return fmt.Errorf("%w: key %q: released already", ErrNotHeld, l.key)
+		return lossNone, fmt.Errorf("%w: key %q: released already", ErrNotHeld, l.key)
 	}
 	h.released = true
-	token, lostErr, keyReleased := h.token, h.lostErr, h.keyReleased
+	token, cause, lostErr, keyReleased := h.token, h.cause, h.lostErr, h.keyReleased
 	h.mu.Unlock()
 
 	local.hold.Store(nil)
 	r.holdEnded()
 	if keyReleased {
 		l.unlockLocal(local)
-		return lostErr
+		return cause, lostErr
 	}
 	if next := r.nextLocalHold(h, token, local); next != nil && local.unlock(handoff{hold: next}) {
 		r.locals.leave(l.key)
-		return nil
+		return lossNone, nil
 	}
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
@@ -97,17 +103,19 @@ func (h *Hold) releaseKey(ctx context.Context) error {
 	switch {
 	case lostErr != nil:
 	case leaseRanOut:
-		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, LossExpired.explain())
+		cause = r.lapseCause(h)
+		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, cause.explain())
 	case err == nil && found.outcome == notOurs:
+		cause = LossDeleted
 		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, lossUnknown)
 	}
 	if lostErr != nil && err != nil {
-		return errors.Join(lostErr, err)
+		return cause, errors.Join(lostErr, err)
 	}
 	if lostErr != nil {
-		return lostErr
+		return cause, lostErr
 	}
-	return err
+	return lossNone, err
 }
 
 // releaseContext is the context of a release that must not be cut short
@@ -131,7 +139,7 @@ func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 	}
 	next := &Hold{
 		lock:       h.lock,
-		path:       PathHandoff,
+		via:        viaHandoff,
 		local:      local,
 		taken:      time.Now(),
 		redisTaken: h.redisTaken,
