@@ -20,6 +20,10 @@
 # make bench-lib - the in-package benchmarks, 10 interleaved runs, summarized
 #              by benchstat (the uncontended cycle is timed in pairs with
 #              its floor, two PINGs: see x-floor).
+# make bench-otel - extra/lockregotel's benchmarks, 10 runs, by benchstat: the
+#              uncontended cycle uninstrumented, with metrics, with tracing
+#              and with both; their allocations, and their times side by
+#              side (x-off).
 # make e2e-metrics - the demo with -metrics on real Redis, scraped by a real
 #              Prometheus (installed from the OS packages if missing, as
 #              make test does Redis), whose HTTP API must return the
@@ -33,7 +37,7 @@ BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9
 # deployed before it.
 COMPAT_REV ?= efa7dd6
 
-.PHONY: test demo bench bench-lib fuzz chaos compat e2e-metrics redis-server prometheus
+.PHONY: test demo bench bench-lib bench-otel fuzz chaos compat e2e-metrics redis-server prometheus
 
 # PKGS are the packages of the workspace (go.work): the library's, and
 # those of cmd/lockdemo and extra/lockregotel, modules of their own so that
@@ -68,6 +72,12 @@ demo:
 
 bench: redis-server
 	cd bench && $(GO) run .
+
+bench-otel: redis-server
+	@# As bench-lib: ten runs, one after another, all ways in each.
+	for i in 1 2 3 4 5 6 7 8 9 10; do $(GO) test -run '^$$' -bench . -count 1 ./extra/lockregotel || exit 1; done | tee bench-otel.txt
+	$(BENCHSTAT) -col /instrumentation -filter '.name:Uncontended' bench-otel.txt
+	$(BENCHSTAT) -filter '.name:UncontendedSideBySide' bench-otel.txt
 
 e2e-metrics: redis-server prometheus
 	$(GO) run ./extra/lockregotel/e2e

@@ -14,27 +14,31 @@
 //
 // Instrument each registry once; the providers are the global ones
 // (otel.GetMeterProvider, otel.GetTracerProvider) unless WithMeterProvider
-// or WithTracerProvider name others.
+// or WithTracerProvider name others. WithRegistryKey names the registry's
+// registryKey, for the lockreg.registry attribute, as a Registry does not
+// tell it.
 //
 // # Metrics
 //
-//	lockreg.acquire.duration  histogram (s)  an acquisition, from the call to its end: lockreg.outcome
-//	                                         (acquired, not_obtained, closed, error) and, when acquired,
-//	                                         lockreg.path (redis, handoff, grant)
-//	lockreg.hold.duration     histogram (s)  a hold, from its acquisition to its release or its loss;
-//	                                         lockreg.cause when it ended lost
-//	lockreg.holds             up-down counter  holds live now: acquired and not yet released (a lost
-//	                          (observed)     hold counts until its owner releases it, as in Stats);
-//	                                         with WithLockKeys, a key held no more has no series
-//	lockreg.lost              counter        holds lost: lockreg.cause (expired, max_hold, deleted,
-//	                                         restart, closed, ...; unknown for a loss its release found)
-//	lockreg.redis.calls       counter        calls sent to Redis: lockreg.operation (acquire, release,
-//	                                         renew, token, withdraw, check)
+//   - lockreg.acquire.duration, a histogram (s): acquisitions, from the
+//     call to their end, waiting included; lockreg.outcome (acquired,
+//     not_obtained, closed, error) and, when acquired, lockreg.path
+//     (redis, handoff, grant).
+//   - lockreg.hold.duration, a histogram (s): holds, from their
+//     acquisition to their release or loss; lockreg.cause if lost.
+//   - lockreg.holds, an observed up-down counter: holds acquired and not
+//     released yet. A lost hold counts until its owner releases it, as in
+//     Stats. With WithLockKeys, a key held no more has no series.
+//   - lockreg.lost, a counter: holds lost; lockreg.cause (expired,
+//     max_hold, deleted, restart, closed, as lockreg.LossCause names them;
+//     unknown for a loss that the hold's release found).
+//   - lockreg.redis.calls, an observed counter: calls sent to Redis;
+//     lockreg.operation (acquire, release, renew, token, withdraw, check).
 //
-// Every instrument carries lockreg.registry, the registryKey, and the
-// attributes of WithAttributes. Reentrant acquisitions (a goroutine taking
-// its own hold again, a Do nested in a Do of the key) cost nothing and are
-// not reported. Lock keys become attributes (lockreg.key) only with
+// Every instrument carries lockreg.registry and the attributes of
+// WithAttributes. Reentrant acquisitions (a goroutine taking its own hold
+// again, a Do nested in a Do of the key) cost nothing and are not
+// reported. Lock keys become attributes (lockreg.key) only with
 // WithLockKeys: a series per key is what breaks metric backends.
 //
 // # Traces
@@ -44,8 +48,9 @@
 // the key in Redis and a lockreg.grant event when another registry's
 // release granted the key; it ends with the lockreg.outcome and
 // lockreg.path attributes, and an error status naming the cause when the
-// key was not obtained. Each release makes a lockreg.release span. Redis
-// calls made meanwhile (by redisotel, say) are children of these spans.
-// The key is an attribute, and stays in error descriptions, only with
-// WithLockKeys.
+// key was not obtained. Each release makes a lockreg.release span. The
+// calls to Redis they send carry their span in their context, so that
+// redisotel's spans of them are its children (unless other goroutines'
+// calls share their pipeline). The key is an attribute, and stays in
+// error descriptions, only with WithLockKeys.
 package lockregotel

@@ -60,6 +60,8 @@ func (t *tracing) releaseStart(ctx context.Context, key string) context.Context 
 	return t.begin(ctx, "lockreg.release", key)
 }
 
+// attempt, acquireDone and releaseDone find their span in ctx, where
+// acquireStart or releaseStart put it.
 func (t *tracing) attempt(ctx context.Context, _ string) {
 	trace.SpanFromContext(ctx).AddEvent("lockreg.attempt")
 }

@@ -2,9 +2,11 @@ package lockregotel_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -105,6 +107,58 @@ func TestSpansOfAcquisitionsAndReleases(t *testing.T) {
 		}
 		require.Equal(t, want, attrsOf(span))
 	}
+}
+
+// callSpans is a go-redis hook that notes the span in the context of each
+// call the client sends, as redisotel's would parent its spans.
+type callSpans struct {
+	mu  sync.Mutex
+	ids []trace.SpanID
+}
+
+func (c *callSpans) note(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ids = append(c.ids, trace.SpanContextFromContext(ctx).SpanID())
+}
+
+func (c *callSpans) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *callSpans) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.note(ctx)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *callSpans) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.note(ctx)
+		return next(ctx, cmds)
+	}
+}
+
+// TestRedisCallsAreChildrenOfTheSpans: the calls an acquisition and a
+// release send carry their spans in their contexts.
+func TestRedisCallsAreChildrenOfTheSpans(t *testing.T) {
+	calls := &callSpans{}
+	r, registryKey := newRegistry(t, redistest.Shared(t).Client(t, calls))
+	s := newSpans(t)
+	s.instrument(t, r, registryKey)
+	ctx, parent := s.parent(context.Background())
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, h.Release(ctx))
+	parent.End()
+
+	ended := s.ended()
+	require.Len(t, ended, 2)
+	calls.mu.Lock()
+	defer calls.mu.Unlock()
+	for _, span := range ended {
+		require.Contains(t, calls.ids, span.SpanContext().SpanID(), span.Name())
+	}
+	require.NotContains(t, calls.ids, parent.SpanContext().SpanID())
 }
 
 // TestSpansOfAGrant: an acquisition that waited for another registry,
