@@ -2,7 +2,9 @@ package lockregotel_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,15 +25,25 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.M(m)) }
 
 // newRegistry is a registry on client for one test, closed when it ends,
-// and its registryKey.
+// and its registryKey, of its own: the runs of -count must not meet the
+// keys that earlier ones left to expire.
 func newRegistry(t testing.TB, client redis.UniversalClient, opts ...lockreg.Option) (*lockreg.Registry, string) {
 	t.Helper()
-	registryKey := "lockregotel-test:" + t.Name()
+	registryKey := fmt.Sprintf("lockregotel-test:%s:%d", t.Name(), registries.Add(1))
+	return openRegistry(t, client, registryKey, opts...), registryKey
+}
+
+var registries atomic.Int64 // registries made, for their registryKeys
+
+// openRegistry is a registry of registryKey on client, closed when the
+// test ends.
+func openRegistry(t testing.TB, client redis.UniversalClient, registryKey string, opts ...lockreg.Option) *lockreg.Registry {
+	t.Helper()
 	opts = append([]lockreg.Option{lockreg.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
 	r, err := lockreg.New(client, registryKey, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, r.Close()) })
-	return r, registryKey
+	return r
 }
 
 // contenders are two registries of one registryKey, on the shared server,
@@ -42,7 +54,7 @@ func contenders(t *testing.T, opts ...lockreg.Option) (r, other *lockreg.Registr
 	srv := redistest.Shared(t)
 	client = srv.Client(t)
 	r, registryKey = newRegistry(t, client, opts...)
-	other, _ = newRegistry(t, srv.Client(t))
+	other = openRegistry(t, srv.Client(t), registryKey)
 	return r, other, registryKey, client
 }
 
