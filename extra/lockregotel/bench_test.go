@@ -2,7 +2,7 @@ package lockregotel_test
 
 import (
 	"context"
-	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,44 +16,32 @@ import (
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
-// instrumented is a lock of its own registry, instrumented one way.
-type instrumented struct {
-	name string
-	lock *lockreg.Lock
-}
+// ways are the ways a registry is instrumented in the benchmarks: off
+// (never); metrics, into the SDK with a manual reader, which aggregates as
+// any reader does and is not read meanwhile; tracing, into the SDK
+// sampling every span and batching them to an exporter that drops them;
+// and both.
+var ways = []string{"off", "metrics", "tracing", "metrics+tracing"}
 
-// instrumentedLocks are the ways to instrument a registry, each with a
-// lock on a registry of its own: off (never instrumented); metrics, into
-// the SDK with a manual reader, which aggregates as any reader does and is
-// not read meanwhile; tracing, into the SDK sampling every span and
-// batching them to an exporter that drops them; and both.
-func instrumentedLocks(b *testing.B) []instrumented {
-	srv := redistest.Shared(b)
-	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-	tracer := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
-	b.Cleanup(func() {
-		require.NoError(b, meters.Shutdown(context.Background()))
-		require.NoError(b, tracer.Shutdown(context.Background()))
-	})
-	var locks []instrumented
-	for _, v := range []struct {
-		name       string
-		instrument []func(*lockreg.Registry, ...lockregotel.Option) error
-	}{
-		{"off", nil},
-		{"metrics", []func(*lockreg.Registry, ...lockregotel.Option) error{lockregotel.InstrumentMetrics}},
-		{"tracing", []func(*lockreg.Registry, ...lockregotel.Option) error{lockregotel.InstrumentTracing}},
-		{"metrics+tracing", []func(*lockreg.Registry, ...lockregotel.Option) error{lockregotel.InstrumentMetrics, lockregotel.InstrumentTracing}},
-	} {
-		r, registryKey := newRegistry(b, srv.Client(b))
-		for _, instrument := range v.instrument {
-			require.NoError(b, instrument(r, lockregotel.WithMeterProvider(meters), lockregotel.WithTracerProvider(tracer), lockregotel.WithRegistryKey(registryKey)))
-		}
-		lock := r.Obtain(v.name)
-		cycle(b, lock) // loads the scripts, dials the connection
-		locks = append(locks, instrumented{v.name, lock})
+// instrumentedLock is a lock of a registry of its own, instrumented way,
+// into providers of its own that stop when the benchmark ends.
+func instrumentedLock(b *testing.B, way string) *lockreg.Lock {
+	ctx := context.Background()
+	r, registryKey := newRegistry(b, redistest.Shared(b).Client(b))
+	opts := []lockregotel.Option{lockregotel.WithRegistryKey(registryKey)}
+	if strings.Contains(way, "metrics") {
+		meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+		b.Cleanup(func() { require.NoError(b, meters.Shutdown(ctx)) })
+		require.NoError(b, lockregotel.InstrumentMetrics(r, append(opts, lockregotel.WithMeterProvider(meters))...))
 	}
-	return locks
+	if strings.Contains(way, "tracing") {
+		tracer := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+		b.Cleanup(func() { require.NoError(b, tracer.Shutdown(ctx)) })
+		require.NoError(b, lockregotel.InstrumentTracing(r, append(opts, lockregotel.WithTracerProvider(tracer))...))
+	}
+	lock := r.Obtain("k")
+	cycle(b, lock) // loads the scripts, dials the connection
+	return lock
 }
 
 // cycle is the uncontended cycle: Acquire, then Release.
@@ -72,40 +60,45 @@ func cycle(b *testing.B, lock *lockreg.Lock) {
 // for its allocations. Its times come one way after the other; see
 // BenchmarkUncontendedSideBySide for their ratios.
 func BenchmarkUncontended(b *testing.B) {
-	for _, v := range instrumentedLocks(b) {
-		b.Run("instrumentation="+v.name, func(b *testing.B) {
+	for _, way := range ways {
+		b.Run("instrumentation="+way, func(b *testing.B) {
+			lock := instrumentedLock(b, way)
 			b.ReportAllocs()
 			for b.Loop() {
-				cycle(b, v.lock)
+				cycle(b, lock)
 			}
 		})
 	}
 }
 
-// BenchmarkUncontendedSideBySide times one uncontended cycle of each way
-// per iteration, in an order shuffled every iteration, so that noise on a
-// shared machine hits all alike; x-off are the ratios of their totals to
-// the uninstrumented registry's.
+// BenchmarkUncontendedSideBySide times, for each way of instrumenting, a
+// cycle instrumented that way and an uninstrumented one per iteration, in
+// alternating order, so that noise on a shared machine hits both alike;
+// x-off is the ratio of their totals. Each way has a run of its own, so
+// that the batching goroutine of tracing's does not disturb metrics'.
 func BenchmarkUncontendedSideBySide(b *testing.B) {
-	locks := instrumentedLocks(b)
-	totals := make([]time.Duration, len(locks))
-	order := make([]int, len(locks))
-	for i := range order {
-		order[i] = i
-	}
-	shuffle := rand.New(rand.NewPCG(1, 2))
-	for b.Loop() {
-		shuffle.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
-		for _, k := range order {
-			start := time.Now()
-			cycle(b, locks[k].lock)
-			totals[k] += time.Since(start)
-		}
-	}
-	for k, v := range locks {
-		b.ReportMetric(float64(totals[k].Nanoseconds())/float64(b.N), v.name+"-ns/op")
-		if k > 0 {
-			b.ReportMetric(float64(totals[k])/float64(totals[0]), v.name+"-x-off")
-		}
+	for _, way := range ways[1:] {
+		b.Run("instrumentation="+way, func(b *testing.B) {
+			off, on := instrumentedLock(b, "off"), instrumentedLock(b, way)
+			var offTotal, onTotal time.Duration
+			timed := func(lock *lockreg.Lock, total *time.Duration) {
+				start := time.Now()
+				cycle(b, lock)
+				*total += time.Since(start)
+			}
+			i := 0
+			for b.Loop() {
+				if i++; i%2 == 0 {
+					timed(off, &offTotal)
+					timed(on, &onTotal)
+				} else {
+					timed(on, &onTotal)
+					timed(off, &offTotal)
+				}
+			}
+			b.ReportMetric(float64(offTotal.Nanoseconds())/float64(b.N), "off-ns/op")
+			b.ReportMetric(float64(onTotal.Nanoseconds())/float64(b.N), "on-ns/op")
+			b.ReportMetric(float64(onTotal)/float64(offTotal), "x-off")
+		})
 	}
 }
