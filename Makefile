@@ -25,6 +25,15 @@
 # make bench-lib - the in-package benchmarks, 10 interleaved runs, summarized
 #              by benchstat (the uncontended cycle is timed in pairs with
 #              its floor, two PINGs: see x-floor).
+# make bench-otel - extra/lockregotel's benchmarks, 10 runs, by benchstat: the
+#              uncontended cycle uninstrumented, with metrics, with tracing
+#              and with both; their allocations, and their times side by
+#              side (x-off).
+# make e2e-metrics - the demo with -metrics on real Redis, scraped by a real
+#              Prometheus (installed from the OS packages if missing, as
+#              make test does Redis), whose HTTP API must return the
+#              acquisitions, holds and Redis calls the demo reported
+#              (extra/lockregotel/e2e). About 20s.
 
 GO ?= go
 BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
@@ -33,14 +42,23 @@ BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9
 # deployed before it.
 COMPAT_REV ?= efa7dd6
 
-.PHONY: test demo bench bench-lib fuzz chaos chaos-single chaos-sentinel chaos-cluster chaos-net compat lockctl redis-server
+.PHONY: test demo bench bench-lib bench-otel fuzz chaos chaos-single chaos-sentinel chaos-cluster chaos-net compat lockctl e2e-metrics redis-server prometheus
 
 NET_FAULTS = net-stall,net-delay,net-reset
 
+# PKGS are the packages of the workspace (go.work): the library's, and
+# those of cmd/lockdemo and extra/lockregotel, modules of their own so that
+# the library's go.mod needs no OpenTelemetry. bench/ has its own.
+PKGS = github.com/lockreg/lockreg/...
+MODULES = . cmd/lockdemo extra/lockregotel
+
 test: redis-server
-	$(GO) vet ./...
+	$(GO) vet $(PKGS)
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
-	$(GO) test -race -count=1 ./...
+	@# Each go.mod says what its module needs, and no more: the library's
+	@# gains nothing from the others'.
+	for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod tidy -diff) || exit 1; done
+	$(GO) test -race -count=1 $(PKGS)
 	$(GO) run ./cmd/lockcheck -d 30s
 	$(GO) run ./cmd/lockcheck -faults $(NET_FAULTS) -d 20s
 	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 100000x .
@@ -79,6 +97,15 @@ demo:
 bench: redis-server
 	cd bench && $(GO) run .
 
+bench-otel: redis-server
+	@# As bench-lib: ten runs, one after another, all ways in each.
+	for i in 1 2 3 4 5 6 7 8 9 10; do $(GO) test -run '^$$' -bench . -count 1 ./extra/lockregotel || exit 1; done | tee bench-otel.txt
+	$(BENCHSTAT) -col /instrumentation -filter '.name:Uncontended' bench-otel.txt
+	$(BENCHSTAT) -filter '.name:UncontendedSideBySide' bench-otel.txt
+
+e2e-metrics: redis-server prometheus
+	$(GO) run ./extra/lockregotel/e2e
+
 bench-lib: redis-server
 	@# One benchmark run at a time, ten times over, so that noise on this
 	@# shared machine hits every variant alike.
@@ -89,15 +116,28 @@ bench-lib: redis-server
 	$(BENCHSTAT) -filter '.name:GoroutineID' -col /impl bench.txt
 
 redis-server:
-	@missing=; \
+	@missing=; otherwise="install Redis 6.2 or later (server and sentinel) with your OS's package manager, or set REDIS_SERVER, REDIS_SENTINEL or REDIS_ADDR"; \
 	if [ -z "$$REDIS_ADDR" ] && ! command -v "$${REDIS_SERVER:-redis-server}" >/dev/null 2>&1; then missing=" redis-server"; fi; \
 	if ! command -v "$${REDIS_SENTINEL:-redis-sentinel}" >/dev/null 2>&1; then missing="$$missing redis-sentinel"; fi; \
-	if [ -z "$$missing" ]; then exit 0; fi; \
-	if ! command -v apt-get >/dev/null 2>&1; then \
-		echo "missing:$$missing: install Redis 6.2 or later (server and sentinel) with your OS's package manager, or set REDIS_SERVER, REDIS_SENTINEL or REDIS_ADDR"; exit 1; \
-	fi; \
-	if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null 2>&1; then sudo=sudo; else \
-		echo "missing:$$missing: run 'apt-get install -y$$missing' as root"; exit 1; \
-	fi; \
-	echo "installing$$missing from the OS packages"; \
-	$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null
+	$(APT_INSTALL)
+
+prometheus:
+	@missing=; otherwise="install Prometheus with your OS's package manager, or set PROMETHEUS to its path"; \
+	if ! command -v "$${PROMETHEUS:-prometheus}" >/dev/null 2>&1; then missing=" prometheus"; fi; \
+	$(APT_INSTALL)
+
+# APT_INSTALL ends a recipe that set missing to the packages to install
+# (with a space before each), and otherwise to what to do without apt-get:
+# it installs them from the OS packages (Debian/Ubuntu), as root or with
+# sudo.
+define APT_INSTALL
+if [ -z "$$missing" ]; then exit 0; fi; \
+if ! command -v apt-get >/dev/null 2>&1; then \
+	echo "missing:$$missing: $$otherwise"; exit 1; \
+fi; \
+if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null 2>&1; then sudo=sudo; else \
+	echo "missing:$$missing: run 'apt-get install -y$$missing' as root"; exit 1; \
+fi; \
+echo "installing$$missing from the OS packages"; \
+$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null
+endef

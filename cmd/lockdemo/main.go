@@ -8,6 +8,15 @@
 //
 //	go run ./cmd/lockdemo
 //	go run ./cmd/lockdemo -redis redis://127.0.0.1:6379/0
+//
+// With -metrics, it serves the registries' metrics (extra/lockregotel)
+// to Prometheus while it runs, and with -keep-serving until interrupted:
+//
+//	go run ./cmd/lockdemo -metrics 127.0.0.1:9464 -keep-serving
+//
+// The demo is a module of its own, so that the library's needs no
+// OpenTelemetry; go.work at the repository root makes the commands above
+// work from there.
 package main
 
 import (
@@ -18,8 +27,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -41,9 +52,11 @@ const (
 	retryInterval = 100 * time.Millisecond
 )
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() { os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr)) }
 
-func run(args []string, stdout, stderr io.Writer) int {
+// run runs the demo; with -keep-serving, it serves metrics after the work
+// until interrupted or until ctx ends.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("lockdemo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	redisURL := fs.String("redis", "", "Redis URL such as redis://127.0.0.1:6379/0 (default: an in-process Redis)")
@@ -53,6 +66,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	key := fs.String("key", "counter", "the lock key")
 	registryKey := fs.String("registry", "lockdemo", "the registry's Redis key prefix")
 	expire := fs.Duration("expire", 30*time.Second, fmt.Sprintf("lock lease, longer than the %v retry interval", retryInterval))
+	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics at http://ADDR/metrics while it runs, such as 127.0.0.1:9464")
+	keepServing := fs.Bool("keep-serving", false, "with -metrics, keep serving them after the work ends, until interrupted")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -78,6 +93,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return usage("-registry must not be empty")
 	case *expire <= retryInterval:
 		return usage("-expire must be longer than the %v retry interval, got %v", retryInterval, *expire)
+	case *keepServing && *metricsAddr == "":
+		return usage("-keep-serving needs -metrics")
 	}
 
 	opts := &redis.Options{}
@@ -99,7 +116,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 
-	ctx := context.Background()
 	// The counter has a client of its own so that the hook below sees only
 	// lock traffic.
 	data := redis.NewClient(opts)
@@ -129,6 +145,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		registries[i] = reg
 		locks[i] = reg.Obtain(*key)
 	}
+	if *metricsAddr != "" {
+		stop, err := serveMetrics(*metricsAddr, *registryKey, registries, stderr)
+		if err != nil {
+			fmt.Fprintf(stderr, "lockdemo: -metrics %s: %v\n", *metricsAddr, err)
+			return 1
+		}
+		defer stop()
+	}
 
 	var (
 		acquired atomic.Int64
@@ -150,6 +174,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	wg.Wait()
 	elapsed := time.Since(start)
 	stopProgress()
+	if *keepServing {
+		// It listens for the interrupt before the report, which tells
+		// whoever waits for it that the work ended, and waits for it on the
+		// way out, before the metrics' server stops.
+		interrupted, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		defer func() {
+			fmt.Fprintln(stderr, "lockdemo: the work ended; serving metrics until interrupted")
+			<-interrupted.Done()
+		}()
+	}
 
 	// Only completed increments count, so that workers stopped by an error
 	// do not show up as lost updates.

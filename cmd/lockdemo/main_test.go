@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -13,7 +14,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestRunKeepsCounterConsistent(t *testing.T) {
 	var stdout, stderr strings.Builder
-	code := run([]string{"-services", "3", "-workers", "4", "-increments", "10"}, &stdout, &stderr)
+	code := run(context.Background(), []string{"-services", "3", "-workers", "4", "-increments", "10"}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("run exited %d\nstdout:\n%s\nstderr:\n%s", code, &stdout, &stderr)
 	}
@@ -32,9 +33,10 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"-services", "0"}, "-services must be at least 1"},
 		{[]string{"-increments", "-1"}, "-increments must be at least 1"},
 		{[]string{"-redis", "http://example.com"}, "pass a URL like redis://"},
+		{[]string{"-keep-serving"}, "-keep-serving needs -metrics"},
 	} {
 		var stdout, stderr strings.Builder
-		if code := run(tc.args, &stdout, &stderr); code == 0 {
+		if code := run(context.Background(), tc.args, &stdout, &stderr); code == 0 {
 			t.Errorf("run(%q) exited 0, want non-zero", tc.args)
 		}
 		if !strings.Contains(stderr.String(), tc.want) {

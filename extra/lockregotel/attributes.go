@@ -1,0 +1,36 @@
+package lockregotel
+
+import (
+	"errors"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// scope names the meter and the tracer: the module's path, as redisotel's
+// do.
+const scope = "github.com/lockreg/lockreg/extra/lockregotel"
+
+// The attributes, in OpenTelemetry's dotted style under the library's
+// namespace: Prometheus shows them as lockreg_outcome and so on.
+const (
+	registryAttr  = attribute.Key("lockreg.registry")  // the registryKey
+	keyAttr       = attribute.Key("lockreg.key")       // a lock's key, with WithLockKeys only
+	outcomeAttr   = attribute.Key("lockreg.outcome")   // lockreg.Outcome
+	pathAttr      = attribute.Key("lockreg.path")      // lockreg.Path, of acquired holds
+	causeAttr     = attribute.Key("lockreg.cause")     // lockreg.LossCause, or causeUnknown
+	operationAttr = attribute.Key("lockreg.operation") // lockreg.RedisOp
+)
+
+// causeUnknown is the cause of a loss that the hold's release found:
+// Redis did not tell why the key was not the registry's any more.
+const causeUnknown = "unknown"
+
+// ErrNoRegistry is returned for a nil registry.
+var ErrNoRegistry = errors.New("lockregotel: no registry")
+
+// recordWith is an attribute set as the option histograms take, made
+// once, so that recording with it allocates nothing.
+func recordWith(attrs ...attribute.KeyValue) []metric.RecordOption {
+	return []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attrs...))}
+}

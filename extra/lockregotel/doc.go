@@ -1,0 +1,56 @@
+// Package lockregotel reports what a lockreg registry does as OpenTelemetry
+// metrics and traces, as go-redis's extra/redisotel does for a Redis
+// client. It builds on the registry's hooks (lockreg.Registry.AddHooks), so
+// a registry that is not instrumented pays nothing for it.
+//
+//	registry, err := lockreg.New(client, "myapp:orders")
+//	...
+//	if err := lockregotel.InstrumentMetrics(registry, lockregotel.WithRegistryKey("myapp:orders")); err != nil {
+//		return err
+//	}
+//	if err := lockregotel.InstrumentTracing(registry, lockregotel.WithRegistryKey("myapp:orders")); err != nil {
+//		return err
+//	}
+//
+// Instrument each registry once; the providers are the global ones
+// (otel.GetMeterProvider, otel.GetTracerProvider) unless WithMeterProvider
+// or WithTracerProvider name others. WithRegistryKey names the registry's
+// registryKey, for the lockreg.registry attribute, as a Registry does not
+// tell it.
+//
+// # Metrics
+//
+//   - lockreg.acquire.duration, a histogram (s): acquisitions, from the
+//     call to their end, waiting included; lockreg.outcome (acquired,
+//     not_obtained, closed, error) and, when acquired, lockreg.path
+//     (redis, handoff, grant).
+//   - lockreg.hold.duration, a histogram (s): holds, from their
+//     acquisition to their release or loss; lockreg.cause if lost.
+//   - lockreg.holds, an observed up-down counter: holds acquired and not
+//     released yet. A lost hold counts until its owner releases it, as in
+//     Stats. With WithLockKeys, a key held no more has no series.
+//   - lockreg.lost, a counter: holds lost; lockreg.cause (expired,
+//     max_hold, deleted, restart, closed, as lockreg.LossCause names them;
+//     unknown for a loss that the hold's release found).
+//   - lockreg.redis.calls, an observed counter: calls sent to Redis;
+//     lockreg.operation (acquire, release, renew, token, withdraw, check).
+//
+// Every instrument carries lockreg.registry and the attributes of
+// WithAttributes. Reentrant acquisitions (a goroutine taking its own hold
+// again, a Do nested in a Do of the key) cost nothing and are not
+// reported. Lock keys become attributes (lockreg.key) only with
+// WithLockKeys: a series per key is what breaks metric backends.
+//
+// # Traces
+//
+// Each acquisition makes a lockreg.acquire span, a child of the span in
+// the caller's context, with a lockreg.attempt event per attempt to take
+// the key in Redis and a lockreg.grant event when another registry's
+// release granted the key; it ends with the lockreg.outcome and
+// lockreg.path attributes, and an error status naming the cause when the
+// key was not obtained. Each release makes a lockreg.release span. The
+// calls to Redis they send carry their span in their context, so that
+// redisotel's spans of them are its children (unless other goroutines'
+// calls share their pipeline). The key is an attribute, and stays in
+// error descriptions, only with WithLockKeys.
+package lockregotel

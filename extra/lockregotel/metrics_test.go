@@ -1,0 +1,296 @@
+package lockregotel_test
+
+import (
+	"context"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/lockreg/lockreg"
+	"github.com/lockreg/lockreg/extra/lockregotel"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// waitsInRedis waits until r has found key held in Redis and marked itself
+// as waiting: a release of another registry will grant it the key.
+func waitsInRedis(t *testing.T, r *lockreg.Registry, failedBefore int64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return r.Stats().FailedAttempts > failedBefore }, 5*time.Second, time.Millisecond)
+}
+
+// subscribed waits until a registry of registryKey has subscribed to its
+// release notifications (docs/PROTOCOL.md), as one does once it holds a
+// key.
+func subscribed(t *testing.T, client *redis.Client, registryKey string) {
+	t.Helper()
+	channel := registryKey + ":released"
+	require.Eventually(t, func() bool {
+		return client.PubSubNumSub(context.Background(), channel).Val()[channel] > 0
+	}, 5*time.Second, time.Millisecond)
+}
+
+// waitsLocally waits until a goroutine waits for a local mutex, in line
+// for a hand-off. A Registry does not tell; the goroutine's stack does.
+func waitsLocally(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		buf := make([]byte, 1<<20)
+		return strings.Contains(string(buf[:runtime.Stack(buf, true)]), "lockreg.(*localLock).lock(")
+	}, 5*time.Second, time.Millisecond)
+}
+
+// acquireIn acquires key of r in a goroutine of its own, and sends the
+// hold, or nil, on the channel it returns.
+func acquireIn(t *testing.T, ctx context.Context, r *lockreg.Registry, key string) <-chan *lockreg.Hold {
+	held := make(chan *lockreg.Hold, 1)
+	go func() {
+		h, err := r.Obtain(key).Acquire(ctx)
+		assert.NoError(t, err)
+		held <- h
+	}()
+	return held
+}
+
+// requireLost waits for h's loss, and for the metrics of it: the hooks
+// hear of a loss just after Lost closes.
+func (m *meters) requireLost(t *testing.T, h *lockreg.Hold) {
+	t.Helper()
+	requireFires(t, h.Lost(), 5*time.Second, "the hold was lost")
+	require.Eventually(t, func() bool {
+		points := m.collect(t)
+		return total(t, points["lockreg.lost"]).value > 0 && total(t, points["lockreg.hold.duration"]).count > 0
+	}, time.Second, time.Millisecond)
+}
+
+// TestMetricsOfAcquisitionsByPath: a key granted by another registry's
+// release, handed off to the next local waiter, then taken from Redis;
+// every hold released; Redis calls as Stats counts them.
+func TestMetricsOfAcquisitionsByPath(t *testing.T) {
+	ctx := context.Background()
+	r, other, registryKey, client := contenders(t, lockreg.WithLocalHandoff(16, time.Hour))
+	m := newMeters(t, registryKey)
+	m.instrument(t, r)
+
+	h, err := r.Obtain("first").Acquire(ctx)
+	require.NoError(t, err)
+	_, err = h.Token(ctx)
+	require.NoError(t, err)
+	require.NoError(t, h.Release(ctx))
+	subscribed(t, client, registryKey) // only r is: it hears grants from now on
+
+	held, err := other.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	granted := acquireIn(t, ctx, r, "k")
+	waitsInRedis(t, r, r.Stats().FailedAttempts)
+	handedOff := acquireIn(t, ctx, r, "k")
+	waitsLocally(t)
+	require.NoError(t, held.Release(ctx))
+	h = <-granted
+	require.NotNil(t, h)
+	require.EqualValues(t, 1, total(t, m.collect(t)["lockreg.holds"]).value)
+	require.NoError(t, h.Release(ctx))
+	h = <-handedOff
+	require.NotNil(t, h)
+	require.NoError(t, h.Release(ctx))
+
+	points := m.collect(t)
+	acquired := points["lockreg.acquire.duration"]
+	require.Len(t, acquired, 3)
+	for _, path := range []string{"grant", "handoff", "redis"} {
+		require.EqualValues(t, 1, total(t, acquired, "lockreg.outcome", "acquired", "lockreg.path", path).count, path)
+	}
+	require.Positive(t, total(t, acquired, "lockreg.path", "grant").sum, "the grant waited")
+	require.EqualValues(t, 0, total(t, points["lockreg.holds"]).value)
+	require.EqualValues(t, 3, total(t, points["lockreg.hold.duration"]).count)
+	require.Empty(t, points["lockreg.lost"])
+	stats, calls := r.Stats(), points["lockreg.redis.calls"]
+	require.Equal(t, stats.AcquireCalls, total(t, calls, "lockreg.operation", "acquire").value)
+	require.Equal(t, stats.ReleaseCalls, total(t, calls, "lockreg.operation", "release").value)
+	require.EqualValues(t, 1, total(t, calls, "lockreg.operation", "token").value)
+}
+
+// TestMetricsOfFailedAcquisitions: a timeout while another registry holds
+// the key, and a TryLock, are not obtained; the abandoned wait withdrew
+// its mark from Redis.
+func TestMetricsOfFailedAcquisitions(t *testing.T) {
+	r, other, registryKey, _ := contenders(t, lockreg.WithRetryInterval(20*time.Millisecond))
+	m := newMeters(t, registryKey)
+	m.instrument(t, r)
+
+	timesOut(t, r, other, "k")
+	require.False(t, r.Obtain("k").TryLock())
+
+	points := m.collect(t)
+	failed := points["lockreg.acquire.duration"]
+	require.Len(t, failed, 1, "one series: no path")
+	require.Equal(t, map[string]string{"lockreg.registry": registryKey, "lockreg.outcome": "not_obtained"}, failed[0].attrs)
+	require.EqualValues(t, 2, failed[0].count)
+	require.GreaterOrEqual(t, failed[0].sum, 0.1, "the timeout waited 100ms")
+	require.EqualValues(t, 0, total(t, points["lockreg.holds"]).value, "nothing was held")
+	require.Empty(t, points["lockreg.hold.duration"])
+	// The abandoned acquisition withdraws its mark in the background.
+	require.Eventually(t, func() bool {
+		return total(t, m.collect(t)["lockreg.redis.calls"], "lockreg.operation", "withdraw").value > 0
+	}, 5*time.Second, time.Millisecond)
+}
+
+// TestMetricsOfLosses: a hold lost for each cause the registry tells apart
+// (and one its release found) counts once, and its duration ends at the
+// loss; its owner's release ends it in lockreg.holds.
+func TestMetricsOfLosses(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	for _, tc := range []struct {
+		name, cause string
+		opts        []lockreg.Option
+		// lose makes the hold of r (of registryKey) lose its key; Lost
+		// fires unless silent.
+		lose   func(t *testing.T, registryKey string)
+		silent bool
+	}{{
+		name: "deleted", cause: "deleted",
+		lose: func(t *testing.T, registryKey string) {
+			require.NoError(t, client.Del(ctx, registryKey+":{k}").Err())
+		},
+	}, {
+		// Registry.ForceUnlock is not in this tree: an operator's DEL and
+		// another owner's acquisition stand for it, which the holder's
+		// renewal finds as a deletion. With ForceUnlock, the cause is forced.
+		name: "forced", cause: "deleted",
+		lose: func(t *testing.T, registryKey string) {
+			require.NoError(t, client.Del(ctx, registryKey+":{k}").Err())
+			other := openRegistry(t, client, registryKey)
+			_, err := other.Obtain("k").Acquire(ctx)
+			require.NoError(t, err)
+		},
+	}, {
+		name: "expired", cause: "expired", opts: []lockreg.Option{lockreg.WithRenewal(false)},
+		lose: func(*testing.T, string) {}, // the lease runs out unrenewed
+	}, {
+		name: "max_hold", cause: "max_hold", opts: []lockreg.Option{lockreg.WithMaxHold(10 * time.Millisecond)},
+		lose: func(*testing.T, string) {},
+	}, {
+		// Without renewal, nothing looks at the key before the release.
+		name: "found by the release", cause: "unknown", opts: []lockreg.Option{lockreg.WithRenewal(false), lockreg.WithExpireAfter(time.Minute)},
+		lose: func(t *testing.T, registryKey string) {
+			require.NoError(t, client.Del(ctx, registryKey+":{k}").Err())
+		},
+		silent: true,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := append([]lockreg.Option{lockreg.WithExpireAfter(lease), lockreg.WithRetryInterval(20 * time.Millisecond)}, tc.opts...)
+			r, registryKey := newRegistry(t, client, opts...)
+			m := newMeters(t, registryKey)
+			m.instrument(t, r)
+			h, err := r.Obtain("k").Acquire(ctx)
+			require.NoError(t, err)
+			tc.lose(t, registryKey)
+			if !tc.silent {
+				m.requireLost(t, h)
+				points := m.collect(t)
+				require.EqualValues(t, 1, total(t, points["lockreg.holds"]).value, "until its release")
+				require.Equal(t, []point{{attrs: map[string]string{"lockreg.registry": registryKey, "lockreg.cause": tc.cause}, value: 1}}, points["lockreg.lost"])
+			} else {
+				require.Empty(t, m.collect(t)["lockreg.lost"], "nothing has looked at the key yet")
+			}
+			require.ErrorIs(t, h.Release(ctx), lockreg.ErrLockLost)
+
+			points := m.collect(t)
+			require.EqualValues(t, 0, total(t, points["lockreg.holds"]).value)
+			require.Equal(t, []point{{attrs: map[string]string{"lockreg.registry": registryKey, "lockreg.cause": tc.cause}, value: 1}}, points["lockreg.lost"])
+			ended := points["lockreg.hold.duration"]
+			require.Len(t, ended, 1, "measured once, at the loss")
+			require.Equal(t, tc.cause, ended[0].attrs["lockreg.cause"])
+			require.EqualValues(t, 1, ended[0].count)
+		})
+	}
+}
+
+// TestMetricsOfARestart: Redis came back from a restart without the key;
+// the holder hears of it when its subscription reconnects.
+func TestMetricsOfARestart(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	r, registryKey := newRegistry(t, client)
+	m := newMeters(t, registryKey)
+	m.instrument(t, r)
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	subscribed(t, client, registryKey)
+	srv.Stop(t)
+	time.Sleep(time.Second) // down for a while: the subscription retries meanwhile
+	require.NoError(t, srv.Relaunch())
+	m.requireLost(t, h) // the holder heard of the restart
+	require.ErrorIs(t, h.Release(ctx), lockreg.ErrLockLost)
+
+	points := m.collect(t)
+	require.Equal(t, []point{{attrs: map[string]string{"lockreg.registry": registryKey, "lockreg.cause": "restart"}, value: 1}}, points["lockreg.lost"])
+	require.EqualValues(t, 0, total(t, points["lockreg.holds"]).value)
+	require.Positive(t, total(t, points["lockreg.redis.calls"], "lockreg.operation", "check").value, "the key was checked")
+}
+
+// TestMetricsOfClose: Close ends a waiting acquisition (closed) and loses
+// the holds (closed); later acquisitions are refused at once, unmeasured.
+func TestMetricsOfClose(t *testing.T) {
+	ctx := context.Background()
+	r, other, registryKey, _ := contenders(t)
+	m := newMeters(t, registryKey)
+	m.instrument(t, r)
+
+	h, err := r.Obtain("mine").Acquire(ctx)
+	require.NoError(t, err)
+	_, err = other.Obtain("theirs").Acquire(ctx)
+	require.NoError(t, err)
+	refused := make(chan error, 1)
+	go func() {
+		_, err := r.Obtain("theirs").Acquire(ctx)
+		refused <- err
+	}()
+	waitsInRedis(t, r, 0)
+	require.NoError(t, r.Close())
+	require.ErrorIs(t, <-refused, lockreg.ErrClosed)
+	requireFires(t, h.Lost(), time.Second, "Close loses the holds")
+	_, err = r.Obtain("later").Acquire(ctx)
+	require.ErrorIs(t, err, lockreg.ErrClosed)
+	require.ErrorIs(t, h.Release(ctx), lockreg.ErrLockLost)
+
+	points := m.collect(t)
+	require.EqualValues(t, 1, total(t, points["lockreg.acquire.duration"], "lockreg.outcome", "closed").count)
+	require.EqualValues(t, 2, total(t, points["lockreg.acquire.duration"]).count, "the first, and the one Close ended")
+	require.Equal(t, []point{{attrs: map[string]string{"lockreg.registry": registryKey, "lockreg.cause": "closed"}, value: 1}}, points["lockreg.lost"])
+	require.EqualValues(t, 0, total(t, points["lockreg.holds"]).value)
+}
+
+// TestMetricsWithLockKeysAndAttributes: with WithLockKeys every
+// measurement of a lock names its key; WithAttributes' go on all.
+func TestMetricsWithLockKeysAndAttributes(t *testing.T) {
+	ctx := context.Background()
+	r, registryKey := newRegistry(t, redistest.Shared(t).Client(t))
+	m := newMeters(t, registryKey)
+	m.keys = true
+	m.instrument(t, r, lockregotel.WithLockKeys(), lockregotel.WithAttributes(attribute.String("deployment", "blue")))
+	for _, key := range []string{"order-42", "order-43"} {
+		require.NoError(t, r.Do(ctx, key, func(context.Context) error {
+			want := point{attrs: map[string]string{"lockreg.registry": registryKey, "lockreg.key": key, "deployment": "blue"}, value: 1}
+			require.Equal(t, []point{want}, m.collect(t)["lockreg.holds"])
+			return nil
+		}))
+	}
+
+	points := m.collect(t)
+	for _, key := range []string{"order-42", "order-43"} {
+		for _, name := range []string{"lockreg.acquire.duration", "lockreg.hold.duration"} {
+			require.EqualValues(t, 1, total(t, points[name], "lockreg.key", key, "deployment", "blue").count, name)
+		}
+	}
+	require.Empty(t, points["lockreg.holds"], "a key held no more has no series")
+	require.Positive(t, total(t, points["lockreg.redis.calls"], "deployment", "blue").value)
+}

@@ -1,0 +1,73 @@
+package lockregotel
+
+import (
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// An Option configures InstrumentMetrics or InstrumentTracing. Both take
+// every option, as go-redis's do, and ignore the provider that is not
+// theirs.
+type Option func(*config)
+
+type config struct {
+	mp       metric.MeterProvider
+	tp       trace.TracerProvider
+	registry string // the registryKey, "" if not given
+	attrs    []attribute.KeyValue
+	keys     bool
+}
+
+func newConfig(opts []Option) config {
+	c := config{mp: otel.GetMeterProvider(), tp: otel.GetTracerProvider()}
+	for _, opt := range opts {
+		opt(&c)
+	}
+	return c
+}
+
+// baseAttributes are the attributes of every measurement and span: the
+// registry's, then WithAttributes'.
+func (c *config) baseAttributes() []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, len(c.attrs)+1)
+	if c.registry != "" {
+		attrs = append(attrs, registryAttr.String(c.registry))
+	}
+	return append(attrs, c.attrs...)
+}
+
+// WithMeterProvider makes InstrumentMetrics take its meter from mp rather
+// than from otel.GetMeterProvider().
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) { c.mp = mp }
+}
+
+// WithTracerProvider makes InstrumentTracing take its tracer from tp rather
+// than from otel.GetTracerProvider().
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tp = tp }
+}
+
+// WithAttributes adds attrs to every measurement and span, as
+// redisotel.WithAttributes does: the service's or the deployment's, say.
+func WithAttributes(attrs ...attribute.KeyValue) Option {
+	return func(c *config) { c.attrs = append(c.attrs, attrs...) }
+}
+
+// WithLockKeys records each lock's key as the lockreg.key attribute, on
+// measurements and spans, and leaves it in spans' error descriptions.
+// Without it, keys appear nowhere: every key would make a series of its
+// own, and a key may name a customer or an order.
+func WithLockKeys() Option {
+	return func(c *config) { c.keys = true }
+}
+
+// WithRegistryKey names the registry's registryKey, the value of the
+// lockreg.registry attribute: pass the registryKey given to lockreg.New.
+// Without it, the attribute is left out, as a Registry does not tell its
+// registryKey.
+func WithRegistryKey(registryKey string) Option {
+	return func(c *config) { c.registry = registryKey }
+}

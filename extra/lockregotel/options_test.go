@@ -1,0 +1,41 @@
+package lockregotel_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/lockreg/lockreg/extra/lockregotel"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+func TestInstrumentRefusesNoRegistry(t *testing.T) {
+	require.ErrorIs(t, lockregotel.InstrumentMetrics(nil), lockregotel.ErrNoRegistry)
+	require.ErrorIs(t, lockregotel.InstrumentTracing(nil), lockregotel.ErrNoRegistry)
+}
+
+// TestProvidersDefaultToTheGlobalOnes: without WithMeterProvider and
+// WithTracerProvider, measurements and spans go to otel's global
+// providers; without WithRegistryKey, they carry no lockreg.registry.
+func TestProvidersDefaultToTheGlobalOnes(t *testing.T) {
+	r, _ := newRegistry(t, redistest.Shared(t).Client(t))
+	m, s := newMeters(t, ""), newSpans(t)
+	otel.SetMeterProvider(m.provider)
+	otel.SetTracerProvider(s.provider)
+	t.Cleanup(func() {
+		otel.SetMeterProvider(metricnoop.NewMeterProvider())
+		otel.SetTracerProvider(tracenoop.NewTracerProvider())
+	})
+	require.NoError(t, lockregotel.InstrumentMetrics(r))
+	require.NoError(t, lockregotel.InstrumentTracing(r))
+	require.NoError(t, r.Do(context.Background(), "k", func(context.Context) error { return nil }))
+
+	require.EqualValues(t, 1, total(t, m.collect(t)["lockreg.acquire.duration"]).count)
+	ended := s.ended()
+	require.Len(t, ended, 2)
+	require.NotContains(t, attrsOf(ended[0]), "lockreg.registry")
+}

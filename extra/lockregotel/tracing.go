@@ -1,0 +1,99 @@
+package lockregotel
+
+import (
+	"context"
+	"strconv"
+	"strings"
+
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lockreg/lockreg"
+)
+
+// InstrumentTracing traces what reg does as the spans described in the
+// package documentation, from now on. Instrument a registry once.
+func InstrumentTracing(reg *lockreg.Registry, opts ...Option) error {
+	if reg == nil {
+		return ErrNoRegistry
+	}
+	c := newConfig(opts)
+	t := &tracing{
+		tracer: c.tp.Tracer(scope),
+		start:  []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(c.baseAttributes()...)},
+		keys:   c.keys,
+	}
+	reg.AddHooks(lockreg.Hooks{
+		AcquireStart:   t.acquireStart,
+		AcquireAttempt: t.attempt,
+		AcquireDone:    t.acquireDone,
+		ReleaseStart:   t.releaseStart,
+		ReleaseDone:    t.releaseDone,
+	})
+	return nil
+}
+
+// tracing makes a registry's spans.
+type tracing struct {
+	tracer trace.Tracer
+	start  []trace.SpanStartOption // every span's
+	keys   bool                    // WithLockKeys
+}
+
+// begin starts the span name for key, a child of ctx's span, and returns
+// its context: the hooks that follow find the span there, and so do the
+// spans of the Redis calls made meanwhile.
+func (t *tracing) begin(ctx context.Context, name, key string) context.Context {
+	opts := t.start
+	if t.keys {
+		opts = append(opts[:len(opts):len(opts)], trace.WithAttributes(keyAttr.String(key)))
+	}
+	ctx, _ = t.tracer.Start(ctx, name, opts...)
+	return ctx
+}
+
+func (t *tracing) acquireStart(ctx context.Context, key string) context.Context {
+	return t.begin(ctx, "lockreg.acquire", key)
+}
+
+func (t *tracing) releaseStart(ctx context.Context, key string) context.Context {
+	return t.begin(ctx, "lockreg.release", key)
+}
+
+// attempt, acquireDone and releaseDone find their span in ctx, where
+// acquireStart or releaseStart put it.
+func (t *tracing) attempt(ctx context.Context, _ string) {
+	trace.SpanFromContext(ctx).AddEvent("lockreg.attempt")
+}
+
+func (t *tracing) acquireDone(ctx context.Context, e lockreg.AcquireEvent) {
+	span := trace.SpanFromContext(ctx)
+	span.SetAttributes(outcomeAttr.String(string(e.Outcome)))
+	if e.Outcome == lockreg.OutcomeAcquired {
+		span.SetAttributes(pathAttr.String(string(e.Path)))
+		if e.Path == lockreg.PathGrant {
+			span.AddEvent("lockreg.grant")
+		}
+	} else {
+		t.fail(span, e.Key, e.Err)
+	}
+	span.End()
+}
+
+func (t *tracing) releaseDone(ctx context.Context, e lockreg.ReleaseEvent) {
+	span := trace.SpanFromContext(ctx)
+	if e.Err != nil {
+		t.fail(span, e.Key, e.Err)
+	}
+	span.End()
+}
+
+// fail sets span's status to an error described by err's message, in
+// which lockreg quotes the key: that stays out without WithLockKeys.
+func (t *tracing) fail(span trace.Span, key string, err error) {
+	msg := err.Error()
+	if !t.keys {
+		msg = strings.ReplaceAll(msg, strconv.Quote(key), `"…"`)
+	}
+	span.SetStatus(codes.Error, msg)
+}

@@ -1,0 +1,234 @@
+package lockregotel_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lockreg/lockreg"
+	"github.com/lockreg/lockreg/extra/lockregotel"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// spans records the spans of the registries instrumented with it.
+type spans struct {
+	recorder *tracetest.SpanRecorder
+	provider *sdktrace.TracerProvider
+}
+
+func newSpans(t *testing.T) *spans {
+	recorder := tracetest.NewSpanRecorder()
+	provider := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
+	t.Cleanup(func() { require.NoError(t, provider.Shutdown(context.Background())) })
+	return &spans{recorder: recorder, provider: provider}
+}
+
+// instrument is InstrumentTracing for r of registryKey, into s, with opts.
+func (s *spans) instrument(t *testing.T, r *lockreg.Registry, registryKey string, opts ...lockregotel.Option) {
+	t.Helper()
+	opts = append([]lockregotel.Option{lockregotel.WithTracerProvider(s.provider), lockregotel.WithRegistryKey(registryKey)}, opts...)
+	require.NoError(t, lockregotel.InstrumentTracing(r, opts...))
+}
+
+// parent starts the caller's span, which lockreg's spans are children of.
+func (s *spans) parent(ctx context.Context) (context.Context, trace.Span) {
+	return s.provider.Tracer("test").Start(ctx, "request")
+}
+
+// ended returns the spans ended so far, the callers' left out.
+func (s *spans) ended() []sdktrace.ReadOnlySpan {
+	var ended []sdktrace.ReadOnlySpan
+	for _, span := range s.recorder.Ended() {
+		if span.InstrumentationScope().Name == "github.com/lockreg/lockreg/extra/lockregotel" {
+			ended = append(ended, span)
+		}
+	}
+	return ended
+}
+
+// attrsOf is a span's attributes by name.
+func attrsOf(span sdktrace.ReadOnlySpan) map[string]string {
+	attrs := map[string]string{}
+	for _, kv := range span.Attributes() {
+		attrs[string(kv.Key)] = kv.Value.Emit()
+	}
+	return attrs
+}
+
+// eventsOf is the names of a span's events, in order.
+func eventsOf(span sdktrace.ReadOnlySpan) []string {
+	var names []string
+	for _, e := range span.Events() {
+		names = append(names, e.Name)
+	}
+	return names
+}
+
+// TestSpansOfAcquisitionsAndReleases: an acquisition and a release, each a
+// child of the caller's span; reentrant ones make no span, by a goroutine
+// or through Do's context.
+func TestSpansOfAcquisitionsAndReleases(t *testing.T) {
+	r, registryKey := newRegistry(t, redistest.Shared(t).Client(t))
+	s := newSpans(t)
+	s.instrument(t, r, registryKey)
+	ctx, parent := s.parent(context.Background())
+
+	lock := r.Obtain("k")
+	require.NoError(t, lock.LockContext(ctx))
+	require.NoError(t, lock.LockContext(ctx))
+	require.NoError(t, lock.UnlockContext(ctx))
+	require.NoError(t, lock.UnlockContext(ctx))
+	require.NoError(t, r.Do(ctx, "d", func(ctx context.Context) error {
+		return r.Do(ctx, "d", func(context.Context) error { return nil })
+	}))
+	parent.End()
+
+	ended := s.ended()
+	require.Len(t, ended, 4)
+	for i, name := range []string{"lockreg.acquire", "lockreg.release", "lockreg.acquire", "lockreg.release"} {
+		span := ended[i]
+		require.Equal(t, name, span.Name())
+		require.Equal(t, parent.SpanContext().SpanID(), span.Parent().SpanID(), "a child of the caller's span")
+		require.Equal(t, trace.SpanKindInternal, span.SpanKind())
+		require.Equal(t, codes.Unset, span.Status().Code)
+		want := map[string]string{"lockreg.registry": registryKey}
+		if name == "lockreg.acquire" {
+			want["lockreg.outcome"], want["lockreg.path"] = "acquired", "redis"
+			require.Equal(t, []string{"lockreg.attempt"}, eventsOf(span))
+		}
+		require.Equal(t, want, attrsOf(span))
+	}
+}
+
+// callSpans is a go-redis hook that notes the span in the context of each
+// call the client sends, as redisotel's would parent its spans.
+type callSpans struct {
+	mu  sync.Mutex
+	ids []trace.SpanID
+}
+
+func (c *callSpans) note(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ids = append(c.ids, trace.SpanContextFromContext(ctx).SpanID())
+}
+
+func (c *callSpans) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *callSpans) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.note(ctx)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *callSpans) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.note(ctx)
+		return next(ctx, cmds)
+	}
+}
+
+// TestRedisCallsAreChildrenOfTheSpans: the calls an acquisition and a
+// release send carry their spans in their contexts.
+func TestRedisCallsAreChildrenOfTheSpans(t *testing.T) {
+	calls := &callSpans{}
+	r, registryKey := newRegistry(t, redistest.Shared(t).Client(t, calls))
+	s := newSpans(t)
+	s.instrument(t, r, registryKey)
+	ctx, parent := s.parent(context.Background())
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, h.Release(ctx))
+	parent.End()
+
+	ended := s.ended()
+	require.Len(t, ended, 2)
+	calls.mu.Lock()
+	defer calls.mu.Unlock()
+	for _, span := range ended {
+		require.Contains(t, calls.ids, span.SpanContext().SpanID(), span.Name())
+	}
+	require.NotContains(t, calls.ids, parent.SpanContext().SpanID())
+}
+
+// TestSpansOfAGrant: an acquisition that waited for another registry,
+// which granted it the key.
+func TestSpansOfAGrant(t *testing.T) {
+	ctx := context.Background()
+	r, other, registryKey, _ := contenders(t)
+	s := newSpans(t)
+	s.instrument(t, r, registryKey)
+
+	held, err := other.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	granted := acquireIn(t, ctx, r, "k")
+	// Its second attempt fails once it subscribed: it hears grants.
+	waitsInRedis(t, r, 1)
+	require.NoError(t, held.Release(ctx))
+	h := <-granted
+	require.NotNil(t, h)
+
+	ended := s.ended()
+	require.Len(t, ended, 1)
+	require.Equal(t, map[string]string{"lockreg.registry": registryKey, "lockreg.outcome": "acquired", "lockreg.path": "grant"}, attrsOf(ended[0]))
+	events := eventsOf(ended[0])
+	require.GreaterOrEqual(t, len(events), 3, "attempts, then the grant")
+	require.Equal(t, "lockreg.grant", events[len(events)-1])
+	for _, e := range events[:len(events)-1] {
+		require.Equal(t, "lockreg.attempt", e)
+	}
+	require.NoError(t, h.Release(ctx))
+}
+
+// TestSpansOfFailures: a timeout, and the release of a hold that Close
+// lost, end in an error status that names the cause but not the key.
+func TestSpansOfFailures(t *testing.T) {
+	ctx := context.Background()
+	r, other, registryKey, _ := contenders(t, lockreg.WithRetryInterval(20*time.Millisecond))
+	s := newSpans(t)
+	s.instrument(t, r, registryKey)
+
+	timesOut(t, r, other, "order-42")
+	h, err := r.Obtain("order-43").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	require.ErrorIs(t, h.Release(ctx), lockreg.ErrLockLost)
+
+	ended := s.ended()
+	require.Len(t, ended, 3)
+	notObtained, lost := ended[0], ended[2]
+	require.Equal(t, map[string]string{"lockreg.registry": registryKey, "lockreg.outcome": "not_obtained"}, attrsOf(notObtained))
+	require.Contains(t, eventsOf(notObtained), "lockreg.attempt")
+	require.Equal(t, codes.Error, notObtained.Status().Code)
+	require.Equal(t, `lockreg: lock not obtained: key "…": context deadline exceeded`, notObtained.Status().Description)
+	require.Equal(t, "lockreg.release", lost.Name())
+	require.Equal(t, codes.Error, lost.Status().Code)
+	require.Equal(t, `lockreg: lock lost: key "…": the registry was closed`, lost.Status().Description)
+}
+
+// TestSpansWithLockKeysAndAttributes: with WithLockKeys spans name their
+// key, in attributes and error descriptions; WithAttributes' go on all.
+func TestSpansWithLockKeysAndAttributes(t *testing.T) {
+	r, other, registryKey, _ := contenders(t)
+	s := newSpans(t)
+	s.instrument(t, r, registryKey, lockregotel.WithLockKeys(), lockregotel.WithAttributes(attribute.String("deployment", "blue")))
+
+	timesOut(t, r, other, "order-42")
+
+	ended := s.ended()
+	require.Len(t, ended, 1)
+	require.Equal(t, map[string]string{
+		"lockreg.registry": registryKey, "lockreg.key": "order-42", "deployment": "blue", "lockreg.outcome": "not_obtained",
+	}, attrsOf(ended[0]))
+	require.Equal(t, `lockreg: lock not obtained: key "order-42": context deadline exceeded`, ended[0].Status().Description)
+}
