@@ -36,7 +36,7 @@ func serveMetrics(addr, registryKey string, registries []*lockreg.Registry, stde
 	}
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
 	for _, r := range registries {
-		if err := lockregotel.InstrumentMetrics(r, lockregotel.WithMeterProvider(provider), lockregotel.WithRegistryKey(registryKey)); err != nil {
+		if err := lockregotel.InstrumentMetrics(r, lockregotel.WithMeterProvider(provider)); err != nil {
 			return nil, errors.Join(err, provider.Shutdown(context.Background()))
 		}
 	}

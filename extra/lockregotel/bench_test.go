@@ -27,17 +27,16 @@ var ways = []string{"off", "metrics", "tracing", "metrics+tracing"}
 // into providers of its own that stop when the benchmark ends.
 func instrumentedLock(b *testing.B, way string) *lockreg.Lock {
 	ctx := context.Background()
-	r, registryKey := newRegistry(b, redistest.Shared(b).Client(b))
-	opts := []lockregotel.Option{lockregotel.WithRegistryKey(registryKey)}
+	r, _ := newRegistry(b, redistest.Shared(b).Client(b))
 	if strings.Contains(way, "metrics") {
 		meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 		b.Cleanup(func() { require.NoError(b, meters.Shutdown(ctx)) })
-		require.NoError(b, lockregotel.InstrumentMetrics(r, append(opts, lockregotel.WithMeterProvider(meters))...))
+		require.NoError(b, lockregotel.InstrumentMetrics(r, lockregotel.WithMeterProvider(meters)))
 	}
 	if strings.Contains(way, "tracing") {
 		tracer := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
 		b.Cleanup(func() { require.NoError(b, tracer.Shutdown(ctx)) })
-		require.NoError(b, lockregotel.InstrumentTracing(r, append(opts, lockregotel.WithTracerProvider(tracer))...))
+		require.NoError(b, lockregotel.InstrumentTracing(r, lockregotel.WithTracerProvider(tracer)))
 	}
 	lock := r.Obtain("k")
 	cycle(b, lock) // loads the scripts, dials the connection

@@ -5,18 +5,16 @@
 //
 //	registry, err := lockreg.New(client, "myapp:orders")
 //	...
-//	if err := lockregotel.InstrumentMetrics(registry, lockregotel.WithRegistryKey("myapp:orders")); err != nil {
+//	if err := lockregotel.InstrumentMetrics(registry); err != nil {
 //		return err
 //	}
-//	if err := lockregotel.InstrumentTracing(registry, lockregotel.WithRegistryKey("myapp:orders")); err != nil {
+//	if err := lockregotel.InstrumentTracing(registry); err != nil {
 //		return err
 //	}
 //
 // Instrument each registry once; the providers are the global ones
 // (otel.GetMeterProvider, otel.GetTracerProvider) unless WithMeterProvider
-// or WithTracerProvider name others. WithRegistryKey names the registry's
-// registryKey, for the lockreg.registry attribute, as a Registry does not
-// tell it.
+// or WithTracerProvider name others.
 //
 // # Metrics
 //
@@ -35,11 +33,12 @@
 //   - lockreg.redis.calls, an observed counter: calls sent to Redis;
 //     lockreg.operation (acquire, release, renew, token, withdraw, check).
 //
-// Every instrument carries lockreg.registry and the attributes of
-// WithAttributes. Reentrant acquisitions (a goroutine taking its own hold
-// again, a Do nested in a Do of the key) cost nothing and are not
-// reported. Lock keys become attributes (lockreg.key) only with
-// WithLockKeys: a series per key is what breaks metric backends.
+// Every instrument carries lockreg.registry, the registry's registryKey
+// (lockreg.Registry.Key), and the attributes of WithAttributes.
+// Reentrant acquisitions (a goroutine taking its own hold again, a Do
+// nested in a Do of the key) cost nothing and are not reported. Lock keys
+// become attributes (lockreg.key) only with WithLockKeys: a series per
+// key is what breaks metric backends.
 //
 // # Traces
 //

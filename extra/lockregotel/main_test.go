@@ -100,7 +100,7 @@ func newMeters(t *testing.T, registryKey string) *meters {
 // instrument is InstrumentMetrics for r, into m, with opts.
 func (m *meters) instrument(t *testing.T, r *lockreg.Registry, opts ...lockregotel.Option) {
 	t.Helper()
-	opts = append([]lockregotel.Option{lockregotel.WithMeterProvider(m.provider), lockregotel.WithRegistryKey(m.registryKey)}, opts...)
+	opts = append([]lockregotel.Option{lockregotel.WithMeterProvider(m.provider)}, opts...)
 	require.NoError(t, lockregotel.InstrumentMetrics(r, opts...))
 }
 

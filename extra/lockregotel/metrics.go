@@ -27,7 +27,7 @@ func InstrumentMetrics(reg *lockreg.Registry, opts ...Option) error {
 	if reg == nil {
 		return ErrNoRegistry
 	}
-	c := newConfig(opts)
+	c := newConfig(reg, opts)
 	m, err := newMetrics(&c)
 	if err != nil {
 		return err

@@ -5,6 +5,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lockreg/lockreg"
 )
 
 // An Option configures InstrumentMetrics or InstrumentTracing. Both take
@@ -15,13 +17,13 @@ type Option func(*config)
 type config struct {
 	mp       metric.MeterProvider
 	tp       trace.TracerProvider
-	registry string // the registryKey, "" if not given
+	registry string // the registryKey
 	attrs    []attribute.KeyValue
 	keys     bool
 }
 
-func newConfig(opts []Option) config {
-	c := config{mp: otel.GetMeterProvider(), tp: otel.GetTracerProvider()}
+func newConfig(reg *lockreg.Registry, opts []Option) config {
+	c := config{mp: otel.GetMeterProvider(), tp: otel.GetTracerProvider(), registry: reg.Key()}
 	for _, opt := range opts {
 		opt(&c)
 	}
@@ -31,11 +33,7 @@ func newConfig(opts []Option) config {
 // baseAttributes are the attributes of every measurement and span: the
 // registry's, then WithAttributes'.
 func (c *config) baseAttributes() []attribute.KeyValue {
-	attrs := make([]attribute.KeyValue, 0, len(c.attrs)+1)
-	if c.registry != "" {
-		attrs = append(attrs, registryAttr.String(c.registry))
-	}
-	return append(attrs, c.attrs...)
+	return append([]attribute.KeyValue{registryAttr.String(c.registry)}, c.attrs...)
 }
 
 // WithMeterProvider makes InstrumentMetrics take its meter from mp rather
@@ -62,12 +60,4 @@ func WithAttributes(attrs ...attribute.KeyValue) Option {
 // own, and a key may name a customer or an order.
 func WithLockKeys() Option {
 	return func(c *config) { c.keys = true }
-}
-
-// WithRegistryKey names the registry's registryKey, the value of the
-// lockreg.registry attribute: pass the registryKey given to lockreg.New.
-// Without it, the attribute is left out, as a Registry does not tell its
-// registryKey.
-func WithRegistryKey(registryKey string) Option {
-	return func(c *config) { c.registry = registryKey }
 }

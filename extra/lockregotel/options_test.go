@@ -20,10 +20,10 @@ func TestInstrumentRefusesNoRegistry(t *testing.T) {
 
 // TestProvidersDefaultToTheGlobalOnes: without WithMeterProvider and
 // WithTracerProvider, measurements and spans go to otel's global
-// providers; without WithRegistryKey, they carry no lockreg.registry.
+// providers, with the registry's registryKey.
 func TestProvidersDefaultToTheGlobalOnes(t *testing.T) {
-	r, _ := newRegistry(t, redistest.Shared(t).Client(t))
-	m, s := newMeters(t, ""), newSpans(t)
+	r, registryKey := newRegistry(t, redistest.Shared(t).Client(t))
+	m, s := newMeters(t, registryKey), newSpans(t)
 	otel.SetMeterProvider(m.provider)
 	otel.SetTracerProvider(s.provider)
 	t.Cleanup(func() {
@@ -37,5 +37,7 @@ func TestProvidersDefaultToTheGlobalOnes(t *testing.T) {
 	require.EqualValues(t, 1, total(t, m.collect(t)["lockreg.acquire.duration"]).count)
 	ended := s.ended()
 	require.Len(t, ended, 2)
-	require.NotContains(t, attrsOf(ended[0]), "lockreg.registry")
+	for _, span := range ended {
+		require.Equal(t, registryKey, attrsOf(span)["lockreg.registry"], span.Name())
+	}
 }

@@ -17,7 +17,7 @@ func InstrumentTracing(reg *lockreg.Registry, opts ...Option) error {
 	if reg == nil {
 		return ErrNoRegistry
 	}
-	c := newConfig(opts)
+	c := newConfig(reg, opts)
 	t := &tracing{
 		tracer: c.tp.Tracer(scope),
 		start:  []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(c.baseAttributes()...)},

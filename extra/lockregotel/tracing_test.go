@@ -32,10 +32,10 @@ func newSpans(t *testing.T) *spans {
 	return &spans{recorder: recorder, provider: provider}
 }
 
-// instrument is InstrumentTracing for r of registryKey, into s, with opts.
-func (s *spans) instrument(t *testing.T, r *lockreg.Registry, registryKey string, opts ...lockregotel.Option) {
+// instrument is InstrumentTracing for r, into s, with opts.
+func (s *spans) instrument(t *testing.T, r *lockreg.Registry, opts ...lockregotel.Option) {
 	t.Helper()
-	opts = append([]lockregotel.Option{lockregotel.WithTracerProvider(s.provider), lockregotel.WithRegistryKey(registryKey)}, opts...)
+	opts = append([]lockregotel.Option{lockregotel.WithTracerProvider(s.provider)}, opts...)
 	require.NoError(t, lockregotel.InstrumentTracing(r, opts...))
 }
 
@@ -79,7 +79,7 @@ func eventsOf(span sdktrace.ReadOnlySpan) []string {
 func TestSpansOfAcquisitionsAndReleases(t *testing.T) {
 	r, registryKey := newRegistry(t, redistest.Shared(t).Client(t))
 	s := newSpans(t)
-	s.instrument(t, r, registryKey)
+	s.instrument(t, r)
 	ctx, parent := s.parent(context.Background())
 
 	lock := r.Obtain("k")
@@ -142,9 +142,9 @@ func (c *callSpans) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // release send carry their spans in their contexts.
 func TestRedisCallsAreChildrenOfTheSpans(t *testing.T) {
 	calls := &callSpans{}
-	r, registryKey := newRegistry(t, redistest.Shared(t).Client(t, calls))
+	r, _ := newRegistry(t, redistest.Shared(t).Client(t, calls))
 	s := newSpans(t)
-	s.instrument(t, r, registryKey)
+	s.instrument(t, r)
 	ctx, parent := s.parent(context.Background())
 	h, err := r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
@@ -167,7 +167,7 @@ func TestSpansOfAGrant(t *testing.T) {
 	ctx := context.Background()
 	r, other, registryKey, _ := contenders(t)
 	s := newSpans(t)
-	s.instrument(t, r, registryKey)
+	s.instrument(t, r)
 
 	held, err := other.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
@@ -196,7 +196,7 @@ func TestSpansOfFailures(t *testing.T) {
 	ctx := context.Background()
 	r, other, registryKey, _ := contenders(t, lockreg.WithRetryInterval(20*time.Millisecond))
 	s := newSpans(t)
-	s.instrument(t, r, registryKey)
+	s.instrument(t, r)
 
 	timesOut(t, r, other, "order-42")
 	h, err := r.Obtain("order-43").Acquire(ctx)
@@ -221,7 +221,7 @@ func TestSpansOfFailures(t *testing.T) {
 func TestSpansWithLockKeysAndAttributes(t *testing.T) {
 	r, other, registryKey, _ := contenders(t)
 	s := newSpans(t)
-	s.instrument(t, r, registryKey, lockregotel.WithLockKeys(), lockregotel.WithAttributes(attribute.String("deployment", "blue")))
+	s.instrument(t, r, lockregotel.WithLockKeys(), lockregotel.WithAttributes(attribute.String("deployment", "blue")))
 
 	timesOut(t, r, other, "order-42")
 
