@@ -18,13 +18,9 @@ const (
 	keyAttr       = attribute.Key("lockreg.key")       // a lock's key, with WithLockKeys only
 	outcomeAttr   = attribute.Key("lockreg.outcome")   // lockreg.Outcome
 	pathAttr      = attribute.Key("lockreg.path")      // lockreg.Path, of acquired holds
-	causeAttr     = attribute.Key("lockreg.cause")     // lockreg.LossCause, or causeUnknown
+	causeAttr     = attribute.Key("lockreg.cause")     // lockreg.LossCause
 	operationAttr = attribute.Key("lockreg.operation") // lockreg.RedisOp
 )
-
-// causeUnknown is the cause of a loss that the hold's release found:
-// Redis did not tell why the key was not the registry's any more.
-const causeUnknown = "unknown"
 
 // ErrNoRegistry is returned for a nil registry.
 var ErrNoRegistry = errors.New("lockregotel: no registry")

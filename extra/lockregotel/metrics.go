@@ -146,9 +146,9 @@ func (m *metrics) releaseDone(ctx context.Context, e lockreg.ReleaseEvent) {
 	m.live.add(e.Key, -1)
 	switch {
 	case e.WasLost: // its loss was measured
-	case errors.Is(e.Err, lockreg.ErrLockLost):
-		// The release found the key gone, and is the first to know.
-		m.ended(ctx, e.Key, causeUnknown, e.Held)
+	case e.FoundLost != 0:
+		// The release found the hold lost, and is the first to know.
+		m.ended(ctx, e.Key, e.FoundLost.String(), e.Held)
 	case m.keys:
 		m.holdDuration.Record(ctx, e.Held.Seconds(), recordWith(m.attrs(e.Key)...)...)
 	default:

@@ -177,8 +177,9 @@ func TestMetricsOfLosses(t *testing.T) {
 		name: "max_hold", cause: "max_hold", opts: []lockreg.Option{lockreg.WithMaxHold(10 * time.Millisecond)},
 		lose: func(*testing.T, string) {},
 	}, {
-		// Without renewal, nothing looks at the key before the release.
-		name: "found by the release", cause: "unknown", opts: []lockreg.Option{lockreg.WithRenewal(false), lockreg.WithExpireAfter(time.Minute)},
+		// Without renewal, nothing looks at the key before the release,
+		// which finds it not the registry's.
+		name: "found by the release", cause: "deleted", opts: []lockreg.Option{lockreg.WithRenewal(false), lockreg.WithExpireAfter(time.Minute)},
 		lose: func(t *testing.T, registryKey string) {
 			require.NoError(t, client.Del(ctx, registryKey+":{k}").Err())
 		},
