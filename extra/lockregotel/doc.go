@@ -28,10 +28,10 @@
 //     released yet. A lost hold counts until its owner releases it, as in
 //     Stats. With WithLockKeys, a key held no more has no series.
 //   - lockreg.lost, a counter: holds lost; lockreg.cause (expired,
-//     max_hold, deleted, restart, closed, as lockreg.LossCause names
-//     them). A loss that the hold's release found first counts then:
-//     expired or max_hold if its lease ran out, deleted if Redis said the
-//     key was not the registry's.
+//     max_hold, deleted, restart, closed, forced, as lockreg.LossCause
+//     names them). A loss that the hold's release found first counts
+//     then: expired or max_hold if its lease ran out, deleted if Redis
+//     said the key was not the registry's.
 //   - lockreg.redis.calls, an observed counter: calls sent to Redis;
 //     lockreg.operation (acquire, release, renew, token, withdraw, check).
 //

@@ -160,15 +160,15 @@ func TestMetricsOfLosses(t *testing.T) {
 			require.NoError(t, client.Del(ctx, registryKey+":{k}").Err())
 		},
 	}, {
-		// Registry.ForceUnlock is not in this tree: an operator's DEL and
-		// another owner's acquisition stand for it, which the holder's
-		// renewal finds as a deletion. With ForceUnlock, the cause is forced.
-		name: "forced", cause: "deleted",
+		// An operator's registry forces the key open; the holder hears of
+		// it through its subscription. Its lease is long, so that no
+		// renewal finds the key gone first (a deletion, to it).
+		name: "forced", cause: "forced", opts: []lockreg.Option{lockreg.WithExpireAfter(time.Minute)},
 		lose: func(t *testing.T, registryKey string) {
-			require.NoError(t, client.Del(ctx, registryKey+":{k}").Err())
-			other := openRegistry(t, client, registryKey)
-			_, err := other.Obtain("k").Acquire(ctx)
+			subscribed(t, client, registryKey)
+			found, err := openRegistry(t, client, registryKey).ForceUnlock(ctx, "k")
 			require.NoError(t, err)
+			require.True(t, found)
 		},
 	}, {
 		name: "expired", cause: "expired", opts: []lockreg.Option{lockreg.WithRenewal(false)},
