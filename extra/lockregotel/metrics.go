@@ -27,18 +27,28 @@ func InstrumentMetrics(reg *lockreg.Registry, opts ...Option) error {
 	if reg == nil {
 		return ErrNoRegistry
 	}
-	c := newConfig(reg, opts)
-	m, err := newMetrics(&c)
+	hooks, err := metricsHooks(reg.Key(), opts)
 	if err != nil {
 		return err
 	}
-	reg.AddHooks(lockreg.Hooks{
+	reg.AddHooks(hooks)
+	return nil
+}
+
+// metricsHooks are the hooks that InstrumentMetrics adds to a registry of
+// registryKey.
+func metricsHooks(registryKey string, opts []Option) (lockreg.Hooks, error) {
+	c := newConfig(registryKey, opts)
+	m, err := newMetrics(&c)
+	if err != nil {
+		return lockreg.Hooks{}, err
+	}
+	return lockreg.Hooks{
 		AcquireDone: m.acquireDone,
 		ReleaseDone: m.releaseDone,
 		Lost:        m.lose,
 		RedisCalls:  m.calls.add,
-	})
-	return nil
+	}, nil
 }
 
 // metrics are a registry's instruments, what they measure, and the

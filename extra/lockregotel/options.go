@@ -5,8 +5,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/lockreg/lockreg"
 )
 
 // An Option configures InstrumentMetrics or InstrumentTracing. Both take
@@ -22,8 +20,8 @@ type config struct {
 	keys     bool
 }
 
-func newConfig(reg *lockreg.Registry, opts []Option) config {
-	c := config{mp: otel.GetMeterProvider(), tp: otel.GetTracerProvider(), registry: reg.Key()}
+func newConfig(registryKey string, opts []Option) config {
+	c := config{mp: otel.GetMeterProvider(), tp: otel.GetTracerProvider(), registry: registryKey}
 	for _, opt := range opts {
 		opt(&c)
 	}

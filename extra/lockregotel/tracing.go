@@ -17,20 +17,26 @@ func InstrumentTracing(reg *lockreg.Registry, opts ...Option) error {
 	if reg == nil {
 		return ErrNoRegistry
 	}
-	c := newConfig(reg, opts)
+	reg.AddHooks(tracingHooks(reg.Key(), opts))
+	return nil
+}
+
+// tracingHooks are the hooks that InstrumentTracing adds to a registry of
+// registryKey.
+func tracingHooks(registryKey string, opts []Option) lockreg.Hooks {
+	c := newConfig(registryKey, opts)
 	t := &tracing{
 		tracer: c.tp.Tracer(scope),
 		start:  []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(c.baseAttributes()...)},
 		keys:   c.keys,
 	}
-	reg.AddHooks(lockreg.Hooks{
+	return lockreg.Hooks{
 		AcquireStart:   t.acquireStart,
 		AcquireAttempt: t.attempt,
 		AcquireDone:    t.acquireDone,
 		ReleaseStart:   t.releaseStart,
 		ReleaseDone:    t.releaseDone,
-	})
-	return nil
+	}
 }
 
 // tracing makes a registry's spans.
