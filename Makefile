@@ -102,6 +102,7 @@ bench-otel: redis-server
 	for i in 1 2 3 4 5 6 7 8 9 10; do $(GO) test -run '^$$' -bench . -count 1 ./extra/lockregotel || exit 1; done | tee bench-otel.txt
 	$(BENCHSTAT) -col /instrumentation -filter '.name:Uncontended' bench-otel.txt
 	$(BENCHSTAT) -filter '.name:UncontendedSideBySide' bench-otel.txt
+	$(BENCHSTAT) -col /instrumentation -filter '.name:HooksOfACycle' bench-otel.txt
 
 e2e-metrics: redis-server prometheus
 	$(GO) run ./extra/lockregotel/e2e

@@ -20,11 +20,10 @@ func (h *Hold) release(ctx context.Context) error {
 			ctx = hk.ReleaseStart(ctx, h.lock.key)
 		}
 	}
-	wasLost := h.isLost()
-	foundLost, err := h.releaseKey(ctx)
-	e := ReleaseEvent{Key: h.lock.key, Held: time.Since(h.taken), WasLost: wasLost, Err: err}
-	if !wasLost {
-		e.FoundLost = foundLost
+	loss, err := h.releaseKey(ctx)
+	e := ReleaseEvent{Key: h.lock.key, Held: time.Since(h.taken), WasLost: loss.signalled, Err: err}
+	if !loss.signalled {
+		e.FoundLost = loss.cause
 	}
 	for _, hk := range hooks {
 		if hk.ReleaseDone != nil {
@@ -34,29 +33,39 @@ func (h *Hold) release(ctx context.Context) error {
 	return err
 }
 
-// releaseKey is release's work. It returns why the hold was lost, if it
-// was (a cause found before, or by this release), and the error.
-func (h *Hold) releaseKey(ctx context.Context) (LossCause, error) {
+// releaseLoss is what a release knew of its hold's loss: its cause, if it
+// was lost, and whether it had been signalled before (Lost closed) or the
+// release found it.
+type releaseLoss struct {
+	cause     LossCause
+	signalled bool
+}
+
+// releaseKey is release's work. It returns what it knew of the hold's
+// loss, read under the hold's lock (once released, no loss is signalled),
+// and the error.
+func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	l, local := h.lock, h.local
 	r := l.r
 	h.mu.Lock()
 	if h.released {
 		h.mu.Unlock()
-		return lossNone, fmt.Errorf("%w: key %q: released already", ErrNotHeld, l.key)
+		return releaseLoss{}, fmt.Errorf("%w: key %q: released already", ErrNotHeld, l.key)
 	}
 	h.released = true
-	token, cause, lostErr, keyReleased := h.token, h.cause, h.lostErr, h.keyReleased
+	token, lostErr, keyReleased := h.token, h.lostErr, h.keyReleased
+	loss := releaseLoss{cause: h.cause, signalled: h.cause != lossNone}
 	h.mu.Unlock()
 
 	local.hold.Store(nil)
 	r.holdEnded()
 	if keyReleased {
 		l.unlockLocal(local)
-		return cause, lostErr
+		return loss, lostErr
 	}
 	if next := r.nextLocalHold(h, token, local); next != nil && local.unlock(handoff{hold: next}) {
 		r.locals.leave(l.key)
-		return lossNone, nil
+		return loss, nil
 	}
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
@@ -103,19 +112,19 @@ func (h *Hold) releaseKey(ctx context.Context) (LossCause, error) {
 	switch {
 	case lostErr != nil:
 	case leaseRanOut:
-		cause = r.lapseCause(h)
-		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, cause.explain())
+		loss.cause = r.lapseCause(h)
+		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, loss.cause.explain())
 	case err == nil && found.outcome == notOurs:
-		cause = LossDeleted
+		loss.cause = LossDeleted
 		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, lossUnknown)
 	}
 	if lostErr != nil && err != nil {
-		return cause, errors.Join(lostErr, err)
+		return loss, errors.Join(lostErr, err)
 	}
 	if lostErr != nil {
-		return cause, lostErr
+		return loss, lostErr
 	}
-	return lossNone, err
+	return loss, err
 }
 
 // releaseContext is the context of a release that must not be cut short

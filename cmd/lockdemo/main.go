@@ -146,7 +146,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		locks[i] = reg.Obtain(*key)
 	}
 	if *metricsAddr != "" {
-		stop, err := serveMetrics(*metricsAddr, *registryKey, registries, stderr)
+		stop, err := serveMetrics(*metricsAddr, registries, stderr)
 		if err != nil {
 			fmt.Fprintf(stderr, "lockdemo: -metrics %s: %v\n", *metricsAddr, err)
 			return 1

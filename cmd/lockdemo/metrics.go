@@ -19,10 +19,10 @@ import (
 	"github.com/lockreg/lockreg/extra/lockregotel"
 )
 
-// serveMetrics instruments the registries of registryKey with
-// lockregotel, and serves their metrics at http://addr/metrics through
-// OpenTelemetry's Prometheus exporter until stop is called.
-func serveMetrics(addr, registryKey string, registries []*lockreg.Registry, stderr io.Writer) (stop func(), err error) {
+// serveMetrics instruments the registries with lockregotel, and serves
+// their metrics at http://addr/metrics through OpenTelemetry's Prometheus
+// exporter until stop is called.
+func serveMetrics(addr string, registries []*lockreg.Registry, stderr io.Writer) (stop func(), err error) {
 	// A Prometheus registry of its own, without the Go runtime's metrics
 	// that the default one adds: the page shows lockreg's. Names in
 	// Prometheus's style (lockreg_acquire_duration_seconds), which every
