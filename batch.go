@@ -109,11 +109,18 @@ func (b *batcher) pipeline(ctx context.Context, batch []*call) {
 	}
 }
 
-// runPipeline sends calls as one pipeline (go-redis splits it by node on
-// Redis Cluster) and sets each call's cmd. If Redis lost the scripts (a
-// restart), the script calls it refused for that go again by EVAL, which
-// loads them.
+// runPipeline sends calls as one pipeline, one per node on Redis Cluster,
+// and sets each call's cmd. If Redis lost the scripts (a restart), the
+// script calls it refused for that go again by EVAL, which loads them.
 func runPipeline(ctx context.Context, client redis.UniversalClient, calls []*call) {
+	if cluster, ok := client.(*redis.ClusterClient); ok {
+		runClusterPipeline(ctx, cluster, calls)
+		return
+	}
+	runNodePipeline(ctx, client, calls)
+}
+
+func runNodePipeline(ctx context.Context, client redis.UniversalClient, calls []*call) {
 	send(ctx, client, calls, (*redis.Script).EvalSha)
 	var again []*call
 	for _, c := range calls {
@@ -138,6 +145,91 @@ func send(ctx context.Context, client redis.UniversalClient, calls []*call, eval
 		}
 		return nil
 	})
+}
+
+// runClusterPipeline splits calls by the primary of their slot and sends
+// each group as one pipeline on that node's own client. It does not use
+// ClusterClient's pipeline: when the first call of a node's batch gets a
+// retryable error (TRYAGAIN while a slot moves), go-redis v9 sends the
+// node's whole batch again, so calls that ran run twice (a release then
+// finds its key gone and reports a false loss), and a call it redirected
+// by ASK goes to two nodes at once (a data race in go-redis). The calls a
+// node refused without running them (see redirected) go again one by one
+// through the ClusterClient, which follows a single command's redirections.
+func runClusterPipeline(ctx context.Context, cluster *redis.ClusterClient, calls []*call) {
+	groups := make(map[*redis.Client][]*call)
+	var alone []*call
+	for _, c := range calls {
+		node, err := cluster.MasterForKey(ctx, c.firstKey())
+		if err != nil {
+			alone = append(alone, c)
+			continue
+		}
+		groups[node] = append(groups[node], c)
+	}
+	var wg sync.WaitGroup
+	for node, group := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runNodePipeline(ctx, node, group)
+		}()
+	}
+	wg.Wait()
+	for _, group := range groups {
+		for _, c := range group {
+			if redirected(c.cmd.Err()) {
+				alone = append(alone, c)
+			}
+		}
+	}
+	// At most maxInFlight at a time: after a failover a node's whole batch
+	// may come back MOVED.
+	slots := make(chan struct{}, maxInFlight)
+	for _, c := range alone {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			if c.script == nil {
+				c.cmd = cluster.Do(ctx, c.args...)
+			} else {
+				c.cmd = c.script.Run(ctx, cluster, c.keys, c.args...)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// firstKey is the key that places c on a Redis Cluster node: a script's
+// first key, or a plain command's first argument after its name. All the
+// keys of one call share a slot.
+func (c *call) firstKey() string {
+	if c.script != nil {
+		if len(c.keys) > 0 {
+			return c.keys[0]
+		}
+		return ""
+	}
+	if len(c.args) > 1 {
+		if key, ok := c.args[1].(string); ok {
+			return key
+		}
+	}
+	return ""
+}
+
+// redirected reports whether a Redis Cluster node refused a call without
+// running it, so that it may be sent again safely: the slot lives, or is
+// moving, elsewhere (MOVED, ASK, TRYAGAIN), or the node cannot serve it
+// now (CLUSTERDOWN, a primary turned replica, LOADING).
+func redirected(err error) bool {
+	for _, prefix := range []string{"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "READONLY", "LOADING"} {
+		if redis.HasErrorPrefix(err, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // slotMigrating reports whether Redis Cluster refused a call because a

@@ -434,3 +434,33 @@ func TestWaitReplicasRecoversAfterAClusterFailover(t *testing.T) {
 	requireTakenWithin(t, plain, 3*time.Second, "without WithWaitReplicas")
 	requireTakenWithin(t, replicated, 3*time.Second, "WithWaitReplicas")
 }
+
+// TestRedisClusterPipelineRunsEachCallOnce sends, in one pipeline to one
+// node, a call Redis refuses with TRYAGAIN (its slot is migrating and has
+// only one of its two keys) ahead of an INCR in another slot of that node.
+// go-redis's ClusterClient pipeline would send the node's whole batch again
+// on the TRYAGAIN, running the INCR up to four times; a release sent twice
+// reports a false loss. Each call must run once.
+func TestRedisClusterPipelineRunsEachCallOnce(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	client := clusterClient(t, addrs)
+	const present, absent = "{pipeline}a", "{pipeline}b"
+	require.NoError(t, client.Set(ctx, present, "1", 0).Err())
+	m := redistest.BeginSlotMigration(t, addrs, clusterSlot(present))
+	counter := ""
+	for i := 0; counter == ""; i++ {
+		key := "counter-" + strconv.Itoa(i)
+		node, err := client.MasterForKey(ctx, key)
+		require.NoError(t, err)
+		if node.Options().Addr == m.From && clusterSlot(key) != m.Slot {
+			counter = key
+		}
+	}
+
+	calls := []*call{{args: []any{"mget", present, absent}}, {args: []any{"incr", counter}}}
+	runPipeline(ctx, client, calls)
+	require.True(t, redis.HasErrorPrefix(calls[0].cmd.Err(), "TRYAGAIN"), "the split slot refuses the MGET: %v", calls[0].cmd.Err())
+	require.Equal(t, int64(1), calls[1].cmd.Val(), "the INCR's reply")
+	require.Equal(t, "1", client.Get(ctx, counter).Val(), "the INCR ran once")
+}
