@@ -176,12 +176,20 @@ func runClusterPipeline(ctx context.Context, cluster *redis.ClusterClient, calls
 		}()
 	}
 	wg.Wait()
+	stale := false
 	for _, group := range groups {
 		for _, c := range group {
-			if redirected(c.cmd.Err()) {
+			err := c.cmd.Err()
+			stale = stale || (err != nil && staleSlotMap(err))
+			if redirected(err) {
 				alone = append(alone, c)
 			}
 		}
+	}
+	if stale && ctx.Err() == nil {
+		// A node's pipeline does not tell the cluster client that its slot
+		// map is stale, as the client's own calls do.
+		cluster.ReloadState(ctx)
 	}
 	// At most maxInFlight at a time: after a failover a node's whole batch
 	// may come back MOVED.
