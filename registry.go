@@ -32,7 +32,10 @@ type Registry struct {
 // New creates a registry whose locks live in Redis under registryKey. The
 // registry gets a random client id: registries in any process that share a
 // registryKey exclude each other; registries with different registryKeys
-// never interfere.
+// never interfere. On a *redis.ClusterClient, the registry pipelines
+// calls on each node's client (batch.go says why): hooks added with
+// OnNewNode see them, hooks added to the ClusterClient itself see only
+// its single calls.
 func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Registry, error) {
 	cfg, err := newConfig(client, registryKey, opts)
 	if err != nil {
