@@ -2,6 +2,8 @@ package lockreg
 
 import (
 	"context"
+	"errors"
+	"os"
 	"sync/atomic"
 	"time"
 )
@@ -241,12 +243,29 @@ func (a *acquisition) firstAttemptHere() (*Hold, error) {
 }
 
 // failedWith records a Redis error of an attempt, logging it unless it
-// repeats the last one or ctx ended (it then says nothing new).
+// repeats the last one or ctx ended (it then says nothing new). An attempt
+// that ctx cut short keeps the error before it: the caller's error already
+// says that ctx ended, and what Redis last said (connection refused, an ACL
+// refusal) is what tells them why the lock was not obtained.
 func (a *acquisition) failedWith(err error) {
-	if prev := a.lastError(); (prev == nil || prev.Error() != err.Error()) && a.ctx.Err() == nil {
+	prev := a.lastError()
+	if a.ctx.Err() != nil {
+		if prev == nil || !cutShort(err) {
+			a.lastErr.Store(&err)
+		}
+		return
+	}
+	if prev == nil || prev.Error() != err.Error() {
 		a.l.r.cfg.logger.Warn("lockreg: Redis error while acquiring; retrying", "key", a.l.key, "error", err)
 	}
 	a.lastErr.Store(&err)
+}
+
+// cutShort says that err is a call's end at ctx's end: ctx's own error
+// (a dial, a wait for a connection) or, with go-redis's
+// ContextTimeoutEnabled, a read or write past ctx's deadline.
+func cutShort(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 func (a *acquisition) lastError() error {

@@ -226,3 +226,79 @@ func TestLockContextThatTimesOutWhileWaitingLeavesTheKeyFreeLocally(t *testing.T
 	}
 	holder.Obtain("k").Unlock()
 }
+
+// replyWatcher is a go-redis hook that records whether a reply carried
+// the error text it watches for.
+type replyWatcher struct {
+	text string
+	seen atomic.Bool
+}
+
+func (w *replyWatcher) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (w *replyWatcher) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		w.saw(err)
+		return err
+	}
+}
+func (w *replyWatcher) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			w.saw(cmd.Err())
+		}
+		return err
+	}
+}
+func (w *replyWatcher) saw(err error) {
+	if err != nil && strings.Contains(err.Error(), w.text) {
+		w.seen.Store(true)
+	}
+}
+
+func TestAnAttemptCutShortByCtxKeepsTheRedisErrorBeforeIt(t *testing.T) {
+	// The caller's error says that ctx ended; what Redis said before that
+	// is why the key was not taken, and it must not give way to the error
+	// of the last attempt, which ctx's end cut short: a read past ctx's
+	// deadline, or ctx's own error.
+	for _, ending := range []string{"deadline", "cancel"} {
+		t.Run(ending, func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.Start(t)
+			admin := srv.Client(t)
+			client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = client.Close() })
+			refused := &replyWatcher{text: "WRONGTYPE"}
+			client.AddHook(refused)
+			r := newRegistry(t, client, WithRetryInterval(20*time.Millisecond))
+			lock := r.Obtain("k")
+			require.NoError(t, admin.HSet(ctx, lock.keys.lock, "not", "a lock").Err()) // every attempt's GET fails
+
+			lockCtx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			defer cancel()
+			var cut atomic.Bool
+			r.AddHooks(Hooks{AcquireAttempt: func(context.Context, string) {
+				// Once Redis refused an attempt, the next one is cut short:
+				// Redis stops answering writes until after the deadline,
+				// or ctx is cancelled as the attempt starts.
+				if !refused.seen.Load() || !cut.CompareAndSwap(false, true) {
+					return
+				}
+				if ending == "cancel" {
+					cancel()
+				} else {
+					require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", 2000, "WRITE").Err())
+				}
+			}})
+
+			err := lock.LockContext(lockCtx)
+			require.True(t, cut.Load(), "an attempt was cut short")
+			require.ErrorIs(t, err, ErrNotObtained)
+			require.ErrorIs(t, err, lockCtx.Err())
+			require.ErrorIs(t, err, ErrRedis)
+			require.Contains(t, err.Error(), "WRONGTYPE", "the Redis error before the cut-short attempt")
+			require.NoError(t, admin.Do(ctx, "CLIENT", "UNPAUSE").Err())
+		})
+	}
+}
