@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/redisstat"
@@ -207,7 +208,7 @@ func TestForceUnlockFreesTheKeyAndTellsTheHolder(t *testing.T) {
 		next := make(chan *Hold)
 		go func() {
 			h, err := lock.Acquire(ctx)
-			require.NoError(t, err)
+			assert.NoError(t, err)
 			next <- h
 		}()
 		require.Eventually(t, func() bool { return refsOf(stuck, "k") == 2 }, time.Second, time.Millisecond)
