@@ -49,7 +49,11 @@ func startCluster(tb testing.TB, primaries, replicasEach int) []string {
 // LaunchCluster is StartCluster (replicasEach 0) or
 // StartClusterWithReplicas (1) outside of a test; stop stops every node.
 func LaunchCluster(primaries, replicasEach int) (c *Cluster, stop func(), err error) {
-	cli, err := exec.LookPath("redis-cli")
+	cli, err := program("", "redis-cli")
+	if err != nil {
+		return nil, nil, err
+	}
+	cli, err = exec.LookPath(cli)
 	if err != nil {
 		return nil, nil, fmt.Errorf("redistest: redis-cli not found (%v); install it (Debian/Ubuntu: apt-get install -y redis-tools, which redis-server pulls in)", err)
 	}

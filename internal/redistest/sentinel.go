@@ -62,9 +62,9 @@ func StartSentinelGroup(tb testing.TB) *SentinelGroup {
 // Sentinels' down-after-milliseconds; stop stops every process of the
 // group.
 func LaunchSentinelGroup(downAfter time.Duration) (g *SentinelGroup, stop func(), err error) {
-	bin := os.Getenv("REDIS_SENTINEL")
-	if bin == "" {
-		bin = "redis-sentinel"
+	bin, err := program("REDIS_SENTINEL", "redis-sentinel")
+	if err != nil {
+		return nil, nil, err
 	}
 	path, err := exec.LookPath(bin)
 	if err != nil {

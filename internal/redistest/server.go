@@ -4,7 +4,8 @@
 // A test gets a server from Shared (one per test binary, or the server named
 // by REDIS_ADDR) or from Start (a private one the test may stop and restart).
 // The binary is redis-server from PATH, or REDIS_SERVER (and redis-sentinel,
-// or REDIS_SENTINEL, for StartSentinelGroup). Servers listen on a free
+// or REDIS_SENTINEL, for StartSentinelGroup), or those of the server that
+// LOCKREG_SERVER names (see ServerEnv). Servers listen on a free
 // loopback port, keep no data on disk, and stop when the test (or, for the
 // shared one, the test binary) ends.
 package redistest
@@ -242,9 +243,9 @@ func (s *Server) awaitLink(primary *Server) error {
 }
 
 func start(args ...string) (*Server, error) {
-	bin := os.Getenv("REDIS_SERVER")
-	if bin == "" {
-		bin = "redis-server"
+	bin, err := program("REDIS_SERVER", "redis-server")
+	if err != nil {
+		return nil, err
 	}
 	path, err := exec.LookPath(bin)
 	if err != nil {
