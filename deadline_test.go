@@ -15,21 +15,19 @@ import (
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
-// setSender is a go-redis hook that records which goroutine sent the last
-// plain SET.
+// setSender records, through its go-redis hook, which goroutine sent the
+// last plain SET.
 type setSender struct{ gid atomic.Int64 }
 
-func (s *setSender) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (s *setSender) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (s *setSender) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "set" {
-			s.gid.Store(goroutineID())
+func (s *setSender) hook() redis.Hook {
+	return redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if cmd.Name() == "set" {
+				s.gid.Store(goroutineID())
+			}
+			return next(ctx, cmd)
 		}
-		return next(ctx, cmd)
-	}
+	}}
 }
 
 func TestTheFirstAttemptRunsOnTheCallersGoroutineOnlyIfItCannotOutlastCtx(t *testing.T) {
@@ -73,7 +71,7 @@ func TestTheFirstAttemptRunsOnTheCallersGoroutineOnlyIfItCannotOutlastCtx(t *tes
 			client := c.client(t)
 			t.Cleanup(func() { _ = client.Close() })
 			sender := &setSender{}
-			client.AddHook(sender)
+			client.AddHook(sender.hook())
 			lock := newRegistry(t, client).Obtain("k")
 
 			ctx, cancel := c.ctx()
@@ -140,25 +138,24 @@ func TestAnInlineAttemptThatFindsTheKeyTakenWaitsForIt(t *testing.T) {
 	require.Less(t, time.Since(start), 2*time.Second, "woken by the release, not by the retry 5s later")
 }
 
-// holdSets is a go-redis hook that keeps the plain SETs of keys containing
-// "busy" from going out until release is closed, counting them in held.
+// holdSets, through its go-redis hook, keeps the plain SETs of keys
+// containing "busy" from going out until release is closed, counting them
+// in held.
 type holdSets struct {
 	held    atomic.Int64
 	release chan struct{}
 }
 
-func (h *holdSets) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *holdSets) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h *holdSets) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "set" && strings.Contains(fmt.Sprint(cmd.Args()[1]), "busy") {
-			h.held.Add(1)
-			<-h.release
+func (h *holdSets) hook() redis.Hook {
+	return redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if cmd.Name() == "set" && strings.Contains(fmt.Sprint(cmd.Args()[1]), "busy") {
+				h.held.Add(1)
+				<-h.release
+			}
+			return next(ctx, cmd)
 		}
-		return next(ctx, cmd)
-	}
+	}}
 }
 
 func TestAnInlineAttemptDoesNotQueueBehindSlowCalls(t *testing.T) {
@@ -168,7 +165,7 @@ func TestAnInlineAttemptDoesNotQueueBehindSlowCalls(t *testing.T) {
 	srv := redistest.Shared(t)
 	slow := &holdSets{release: make(chan struct{})}
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-	client.AddHook(slow)
+	client.AddHook(slow.hook())
 	t.Cleanup(func() { _ = client.Close() })
 	r := newRegistry(t, client)
 	var busy sync.WaitGroup
@@ -227,28 +224,31 @@ func TestLockContextThatTimesOutWhileWaitingLeavesTheKeyFreeLocally(t *testing.T
 	holder.Obtain("k").Unlock()
 }
 
-// replyWatcher is a go-redis hook that records whether a reply carried
-// the error text it watches for.
+// replyWatcher records, through its go-redis hook, whether a reply
+// carried the error text it watches for.
 type replyWatcher struct {
 	text string
 	seen atomic.Bool
 }
 
-func (w *replyWatcher) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (w *replyWatcher) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		w.saw(err)
-		return err
-	}
-}
-func (w *replyWatcher) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, cmd := range cmds {
-			w.saw(cmd.Err())
-		}
-		return err
+func (w *replyWatcher) hook() redis.Hook {
+	return redistest.Hook{
+		Process: func(next redis.ProcessHook) redis.ProcessHook {
+			return func(ctx context.Context, cmd redis.Cmder) error {
+				err := next(ctx, cmd)
+				w.saw(err)
+				return err
+			}
+		},
+		ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+			return func(ctx context.Context, cmds []redis.Cmder) error {
+				err := next(ctx, cmds)
+				for _, cmd := range cmds {
+					w.saw(cmd.Err())
+				}
+				return err
+			}
+		},
 	}
 }
 func (w *replyWatcher) saw(err error) {
@@ -270,7 +270,7 @@ func TestAnAttemptCutShortByCtxKeepsTheRedisErrorBeforeIt(t *testing.T) {
 			client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 			t.Cleanup(func() { _ = client.Close() })
 			refused := &replyWatcher{text: "WRONGTYPE"}
-			client.AddHook(refused)
+			client.AddHook(refused.hook())
 			r := newRegistry(t, client, WithRetryInterval(20*time.Millisecond))
 			lock := r.Obtain("k")
 			require.NoError(t, admin.HSet(ctx, lock.keys.lock, "not", "a lock").Err()) // every attempt's GET fails

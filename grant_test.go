@@ -221,14 +221,14 @@ func TestWaiterThatGivesUpWithdrawsItsMark(t *testing.T) {
 func TestAWithdrawalSparesTheMarkOfTheGoroutineThatWaitsNext(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Shared(t)
-	slowWithdrawal := pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	slowWithdrawal := redistest.Hook{ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 		return func(ctx context.Context, cmds []redis.Cmder) error {
 			if slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "zrem" }) {
 				time.Sleep(100 * time.Millisecond)
 			}
 			return next(ctx, cmds)
 		}
-	})
+	}}
 	holder := newRegistry(t, srv.Client(t))
 	waiter := newRegistry(t, srv.Client(t, slowWithdrawal), WithRetryInterval(2*time.Second))
 	held := holder.Obtain("g")
@@ -330,7 +330,7 @@ func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
 // would be), and closes done once the first has run.
 func slowGiveBack(delay time.Duration, done chan struct{}) redis.Hook {
 	var once sync.Once
-	return processHook(func(next redis.ProcessHook) redis.ProcessHook {
+	return redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
 		return func(ctx context.Context, cmd redis.Cmder) error {
 			args := cmd.Args()
 			// evalsha, sha, 4, four keys, then ARGV: ARGV[6] is args[12].
@@ -342,7 +342,7 @@ func slowGiveBack(delay time.Duration, done chan struct{}) redis.Hook {
 			once.Do(func() { close(done) })
 			return err
 		}
-	})
+	}}
 }
 
 // TestALateGiveBackSparesAHoldTakenSince: a registry's waiter gave up just

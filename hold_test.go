@@ -285,7 +285,7 @@ func TestHoldsWhoseKeysSurviveAReconnectStayHeld(t *testing.T) {
 	var gets sync.WaitGroup
 	gets.Add(1)
 	var once sync.Once
-	checked := pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	checked := redistest.Hook{ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 		return func(ctx context.Context, cmds []redis.Cmder) error {
 			err := next(ctx, cmds)
 			if cmds[0].Name() == "get" {
@@ -293,7 +293,7 @@ func TestHoldsWhoseKeysSurviveAReconnectStayHeld(t *testing.T) {
 			}
 			return err
 		}
-	})
+	}}
 	r := newRegistry(t, srv.Client(t, checked))
 	h, err := r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)

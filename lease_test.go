@@ -415,7 +415,7 @@ func TestHoldAnsweredPastItsLeaseIsLostAtOnce(t *testing.T) {
 func TestLostFiresOnTimeWhileARenewalHangs(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	var hang atomic.Bool
-	slowRenewals := pipelineHook(func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	slowRenewals := redistest.Hook{ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 		return func(ctx context.Context, cmds []redis.Cmder) error {
 			if hang.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool {
 				args := c.Args()
@@ -425,7 +425,7 @@ func TestLostFiresOnTimeWhileARenewalHangs(t *testing.T) {
 			}
 			return next(ctx, cmds)
 		}
-	})
+	}}
 	r := newRegistry(t, redistest.Shared(t).Client(t, slowRenewals), WithExpireAfter(lease), WithRetryInterval(50*time.Millisecond))
 	lock := r.Obtain("k")
 	lock.Lock()

@@ -302,30 +302,28 @@ func TestOtherGoroutinesOfTheOwnerWaitLocally(t *testing.T) {
 	require.Zero(t, r.locals.size())
 }
 
-// inFlight is a go-redis hook that records how many acquisition scripts run
-// at once.
+// inFlight records, through its go-redis hook, how many acquisition
+// scripts run at once.
 type inFlight struct {
 	now, max, total atomic.Int64
 }
 
-func (f *inFlight) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (f *inFlight) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (f *inFlight) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() != "evalsha" && cmd.Name() != "eval" {
+func (f *inFlight) hook() redis.Hook {
+	return redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if cmd.Name() != "evalsha" && cmd.Name() != "eval" {
+				return next(ctx, cmd)
+			}
+			f.total.Add(1)
+			n := f.now.Add(1)
+			for m := f.max.Load(); n > m && !f.max.CompareAndSwap(m, n); m = f.max.Load() {
+			}
+			// Widen the window in which a second caller would overlap.
+			time.Sleep(2 * time.Millisecond)
+			defer f.now.Add(-1)
 			return next(ctx, cmd)
 		}
-		f.total.Add(1)
-		n := f.now.Add(1)
-		for m := f.max.Load(); n > m && !f.max.CompareAndSwap(m, n); m = f.max.Load() {
-		}
-		// Widen the window in which a second caller would overlap.
-		time.Sleep(2 * time.Millisecond)
-		defer f.now.Add(-1)
-		return next(ctx, cmd)
-	}
+	}}
 }
 
 func TestOnlyOneGoroutinePerRegistryPollsRedis(t *testing.T) {
@@ -336,7 +334,7 @@ func TestOnlyOneGoroutinePerRegistryPollsRedis(t *testing.T) {
 
 	var flight inFlight
 	const interval = 20 * time.Millisecond
-	waiters := newRegistry(t, srv.Client(t, &flight), WithRetryInterval(interval))
+	waiters := newRegistry(t, srv.Client(t, flight.hook()), WithRetryInterval(interval))
 	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -574,7 +572,7 @@ func TestLockContextReturnsAtItsDeadlineWhileSubscribing(t *testing.T) {
 	holder := newRegistry(t, srv.Client(t))
 	holder.Obtain("k").Lock()
 	hang := &afterScript{do: func() { srv.Pause(t) }}
-	waiter := newRegistry(t, srv.Client(t, hang))
+	waiter := newRegistry(t, srv.Client(t, hang.hook()))
 
 	elapsed, err := lockWithin(waiter.Obtain("k"), 200*time.Millisecond)
 	srv.Resume(t)
@@ -588,25 +586,23 @@ func TestLockContextReturnsAtItsDeadlineWhileSubscribing(t *testing.T) {
 	holder.Obtain("k").Unlock()
 }
 
-// afterScript is a go-redis hook that runs do once, after the first script
-// call that Redis answered without an error.
+// afterScript, through its go-redis hook, runs do once, after the first
+// script call that Redis answered without an error.
 type afterScript struct {
 	done atomic.Bool
 	do   func()
 }
 
-func (a *afterScript) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (a *afterScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (a *afterScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && err == nil && a.done.CompareAndSwap(false, true) {
-			a.do()
+func (a *afterScript) hook() redis.Hook {
+	return redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
+			if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && err == nil && a.done.CompareAndSwap(false, true) {
+				a.do()
+			}
+			return err
 		}
-		return err
-	}
+	}}
 }
 
 func TestUnlockContextHonoursCtxAsFarAsTheClientDoes(t *testing.T) {
@@ -698,24 +694,6 @@ func TestCloseStopsAcquisitions(t *testing.T) {
 	require.Zero(t, r.locals.size())
 }
 
-// processHook makes a go-redis hook of a wrapper of single commands.
-type processHook func(next redis.ProcessHook) redis.ProcessHook
-
-func (h processHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h processHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h processHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return h(next) }
-
-// pipelineHook makes a go-redis hook of a wrapper of pipelines.
-type pipelineHook func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook
-
-func (h pipelineHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h pipelineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return h(next)
-}
-func (h pipelineHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-
 // gate stops the first command named name before it goes out, until
 // released is closed.
 type gate struct {
@@ -729,7 +707,7 @@ func newGate(name string) *gate {
 }
 
 func (g *gate) hook() redis.Hook {
-	return processHook(func(next redis.ProcessHook) redis.ProcessHook {
+	return redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
 		return func(ctx context.Context, cmd redis.Cmder) error {
 			if cmd.Name() == g.name {
 				g.once.Do(func() {
@@ -739,7 +717,7 @@ func (g *gate) hook() redis.Hook {
 			}
 			return next(ctx, cmd)
 		}
-	})
+	}}
 }
 
 // TestAnAcquisitionThatCloseOvertakesFailsAndGivesTheKeyBack: Close

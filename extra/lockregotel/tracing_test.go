@@ -109,8 +109,8 @@ func TestSpansOfAcquisitionsAndReleases(t *testing.T) {
 	}
 }
 
-// callSpans is a go-redis hook that notes the span in the context of each
-// call the client sends, as redisotel's would parent its spans.
+// callSpans notes, through its go-redis hook, the span in the context of
+// each call the client sends, as redisotel's would parent its spans.
 type callSpans struct {
 	mu  sync.Mutex
 	ids []trace.SpanID
@@ -122,19 +122,20 @@ func (c *callSpans) note(ctx context.Context) {
 	c.ids = append(c.ids, trace.SpanContextFromContext(ctx).SpanID())
 }
 
-func (c *callSpans) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *callSpans) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.note(ctx)
-		return next(ctx, cmd)
-	}
-}
-
-func (c *callSpans) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.note(ctx)
-		return next(ctx, cmds)
+func (c *callSpans) hook() redis.Hook {
+	return redistest.Hook{
+		Process: func(next redis.ProcessHook) redis.ProcessHook {
+			return func(ctx context.Context, cmd redis.Cmder) error {
+				c.note(ctx)
+				return next(ctx, cmd)
+			}
+		},
+		ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+			return func(ctx context.Context, cmds []redis.Cmder) error {
+				c.note(ctx)
+				return next(ctx, cmds)
+			}
+		},
 	}
 }
 
@@ -142,7 +143,7 @@ func (c *callSpans) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // release send carry their spans in their contexts.
 func TestRedisCallsAreChildrenOfTheSpans(t *testing.T) {
 	calls := &callSpans{}
-	r, _ := newRegistry(t, redistest.Shared(t).Client(t, calls))
+	r, _ := newRegistry(t, redistest.Shared(t).Client(t, calls.hook()))
 	s := newSpans(t)
 	s.instrument(t, r)
 	ctx, parent := s.parent(context.Background())
