@@ -19,8 +19,7 @@ func TestSentinelGroupFailsOverAndRejoins(t *testing.T) {
 	t.Cleanup(stop)
 	primary, replica := g.Primary, g.Replica
 	for round := range 2 {
-		require.NoError(t, primary.Client(t).Set(ctx, "k", round, 0).Err())
-		require.NoError(t, primary.Client(t).Do(ctx, "WAIT", 1, 1000).Err())
+		setAndWait(t, primary.Client(t), "k", round)
 		crashed := time.Now()
 		primary.Crash()
 		promoted, err := g.AwaitFailover(primary, 20*time.Second)
@@ -47,8 +46,7 @@ func TestClusterFailsOverAndRejoins(t *testing.T) {
 	primary, replica, err := c.Shard(slot)
 	require.NoError(t, err)
 	require.NotNil(t, replica)
-	require.NoError(t, client.Set(ctx, "k", "v", 0).Err())
-	require.NoError(t, primary.Client(t).Do(ctx, "WAIT", 1, 1000).Err())
+	setAndWait(t, primary.Client(t), "k", "v")
 
 	crashed := time.Now()
 	primary.Crash()
@@ -68,6 +66,17 @@ func TestClusterFailsOverAndRejoins(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, primaries, 3)
 	require.Contains(t, primaries, replica.Addr())
+}
+
+// setAndWait sets key on c and waits until the replica has it. WAIT waits
+// for the writes of its own connection, so both go on c: on a connection of
+// its own it would return at once. A replica that has just synced gets the
+// primary's writes only once it acknowledged the sync, up to a second later.
+func setAndWait(t *testing.T, c *redis.Client, key string, value any) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, c.Set(ctx, key, value, 0).Err())
+	require.Equal(t, int64(1), c.Do(ctx, "WAIT", 1, 5000).Val(), "the replica acknowledged the write")
 }
 
 func mustInt(t *testing.T, cmd *redis.StringCmd) int64 {
