@@ -14,10 +14,11 @@ import (
 // maxListed bounds the violations a result spells out; all are counted.
 const maxListed = 20
 
-// Result is what the checker concludes from one History (or, merged, from
+// result is what the checker concludes from one history (or, merged, from
 // all of a run's). The docs/RELIABILITY.md section "Definitions" says what
-// each count means.
-type Result struct {
+// each count means. Its fields stay exported: -json writes them, as do
+// those of faultResult, tally and recovery.
+type result struct {
 	Keys           int            `json:"keys,omitempty"`
 	Seconds        float64        `json:"seconds"`
 	Workers        int            `json:"workers_started"`
@@ -50,11 +51,11 @@ type Result struct {
 	Acknowledged   bool                `json:"acknowledged_holds"`
 	TokenOrder     int                 `json:"token_order_violations"`
 	DuplicateToken int                 `json:"duplicate_tokens"`
-	StaleReads     Tally               `json:"stale_reads"`
-	StaleWrites    Tally               `json:"stale_writes"`
+	StaleReads     tally               `json:"stale_reads"`
+	StaleWrites    tally               `json:"stale_writes"`
 	RaceRejected   int                 `json:"rejected_in_race"`
 	StoreRejected  int64               `json:"rejected_by_store"`
-	LateOps        Tally               `json:"ops_after_lease"`
+	LateOps        tally               `json:"ops_after_lease"`
 	StoreFailed    int                 `json:"store_calls_failed"`
 	Increments     int64               `json:"increments_accepted"`
 	IncrementsSeen int64               `json:"increments_reported"`
@@ -63,21 +64,21 @@ type Result struct {
 	Timeouts       int                 `json:"timeouts"`
 	NeverAcquired  int                 `json:"never_acquired"`
 	Unrecovered    int                 `json:"unrecovered_faults"`
-	Recovery       map[string]Recovery `json:"recovery"`
-	RecoveryAll    Recovery            `json:"recovery_all"`
-	Takeover       Recovery            `json:"takeover"`
+	Recovery       map[string]recovery `json:"recovery"`
+	RecoveryAll    recovery            `json:"recovery_all"`
+	Takeover       recovery            `json:"takeover"`
 	// Promotion: from each failover's kill to the promotion, by variant;
 	// Failovers lists each with its recovery.
-	Promotion map[string]Recovery `json:"promotion"`
-	Failovers []FaultResult       `json:"failovers,omitempty"`
+	Promotion map[string]recovery `json:"promotion"`
+	Failovers []faultResult       `json:"failovers,omitempty"`
 	// ViolationCount counts every violation; Violations spells out the
 	// first maxListed.
 	ViolationCount int      `json:"violation_count"`
 	Violations     []string `json:"violations"`
 }
 
-// FaultResult is one fault's takeover and recovery (-1: none).
-type FaultResult struct {
+// faultResult is one fault's takeover and recovery (-1: none).
+type faultResult struct {
 	Kind       string  `json:"kind"`
 	Variant    string  `json:"variant"`
 	Note       string  `json:"note"`
@@ -85,15 +86,15 @@ type FaultResult struct {
 	RecoveryMs float64 `json:"recovery_ms"`
 }
 
-// Tally splits fenced-store calls by the store's answer.
-type Tally struct {
+// tally splits fenced-store calls by the store's answer.
+type tally struct {
 	Rejected int `json:"rejected"`
 	Accepted int `json:"accepted"`
 }
 
-// Recovery summarizes times measured from faults: to the next fresh
+// recovery summarizes times measured from faults: to the next fresh
 // acquisition after each, or to another worker's takeover of a victim's key.
-type Recovery struct {
+type recovery struct {
 	N        int     `json:"n"`
 	MedianMs float64 `json:"median_ms"`
 	MaxMs    float64 `json:"max_ms"`
@@ -101,16 +102,16 @@ type Recovery struct {
 }
 
 // recoveries summarizes samples by kind.
-func recoveries(samples map[string][]time.Duration) map[string]Recovery {
-	out := make(map[string]Recovery, len(samples))
+func recoveries(samples map[string][]time.Duration) map[string]recovery {
+	out := make(map[string]recovery, len(samples))
 	for k, s := range samples {
 		out[k] = newRecovery(s)
 	}
 	return out
 }
 
-func newRecovery(samples []time.Duration) Recovery {
-	r := Recovery{N: len(samples), samples: samples}
+func newRecovery(samples []time.Duration) recovery {
+	r := recovery{N: len(samples), samples: samples}
 	if len(samples) > 0 {
 		s := slices.Sorted(slices.Values(samples))
 		r.MedianMs, r.MaxMs = ms(s[len(s)/2]), ms(s[len(s)-1])
@@ -120,23 +121,23 @@ func newRecovery(samples []time.Duration) Recovery {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func (r *Result) violation(format string, a ...any) {
+func (r *result) violation(format string, a ...any) {
 	r.ViolationCount++
 	if len(r.Violations) < maxListed {
 		r.Violations = append(r.Violations, fmt.Sprintf(format, a...))
 	}
 }
 
-// analysis holds the indexes Analyze builds over a History.
+// analysis holds the indexes analyze builds over a history.
 type analysis struct {
-	h        *History
-	res      *Result
+	h        *history
+	res      *result
 	lease    int64
-	restarts []Fault          // sorted by Start
-	renewals map[wk][]Renewal // in sending order
+	restarts []fault          // sorted by start
+	renewals map[wk][]renewal // in sending order
 	death    map[int]int64    // when a worker stopped acting: its kill, or the end
 	live     []int64          // per hold, the end of its live interval
-	byKey    map[string][]int // hold indexes, in Enter order
+	byKey    map[string][]int // hold indexes, in enter order
 	// lostAtFailover: the holds another overlapped across a failover.
 	lostAtFailover map[int]bool
 }
@@ -146,18 +147,18 @@ type wk struct {
 	key    string
 }
 
-// Analyze checks a History and reports what it found.
-func Analyze(h *History) *Result {
+// analyze checks a history and reports what it found.
+func analyze(h *history) *result {
 	a := &analysis{
 		h:              h,
-		res:            &Result{Keys: h.Keys, Faults: make(map[string]int), Recovery: make(map[string]Recovery), Promotion: make(map[string]Recovery), Acknowledged: h.Acknowledged},
+		res:            &result{Keys: h.keys, Faults: make(map[string]int), Recovery: make(map[string]recovery), Promotion: make(map[string]recovery), Acknowledged: h.acknowledged},
 		lostAtFailover: make(map[int]bool),
-		lease:          int64(h.Lease),
-		renewals:       make(map[wk][]Renewal),
+		lease:          int64(h.lease),
+		renewals:       make(map[wk][]renewal),
 		death:          make(map[int]int64),
 		byKey:          make(map[string][]int),
 	}
-	for _, e := range h.Errors {
+	for _, e := range h.errors {
 		a.res.violation("%s", e)
 	}
 	a.index()
@@ -173,34 +174,34 @@ func Analyze(h *History) *Result {
 
 func (a *analysis) index() {
 	h := a.h
-	for _, f := range h.Faults {
-		if f.Kind == faultRestart {
+	for _, f := range h.faults {
+		if f.kind == faultRestart {
 			a.restarts = append(a.restarts, f)
 		}
 	}
-	slices.SortFunc(a.restarts, func(x, y Fault) int { return cmp.Compare(x.Start, y.Start) })
-	for _, r := range h.Renewals {
-		k := wk{r.Worker, r.Key}
+	slices.SortFunc(a.restarts, func(x, y fault) int { return cmp.Compare(x.start, y.start) })
+	for _, r := range h.renewals {
+		k := wk{r.worker, r.key}
 		a.renewals[k] = append(a.renewals[k], r)
 	}
 	for _, s := range a.renewals {
-		slices.SortFunc(s, func(x, y Renewal) int { return cmp.Compare(x.Sent, y.Sent) })
+		slices.SortFunc(s, func(x, y renewal) int { return cmp.Compare(x.sent, y.sent) })
 	}
-	for _, w := range h.Workers {
-		a.death[w.ID] = h.End
-		if w.Killed > 0 {
-			a.death[w.ID] = w.Killed
+	for _, w := range h.workers {
+		a.death[w.id] = h.end
+		if w.killed > 0 {
+			a.death[w.id] = w.killed
 		}
 	}
-	for i, hd := range h.Holds {
-		a.byKey[hd.Key] = append(a.byKey[hd.Key], i)
+	for i, hd := range h.holds {
+		a.byKey[hd.key] = append(a.byKey[hd.key], i)
 	}
 	for _, idx := range a.byKey {
-		slices.SortFunc(idx, func(x, y int) int { return cmp.Compare(h.Holds[x].Enter, h.Holds[y].Enter) })
+		slices.SortFunc(idx, func(x, y int) int { return cmp.Compare(h.holds[x].enter, h.holds[y].enter) })
 	}
-	a.live = make([]int64, len(h.Holds))
-	for i := range h.Holds {
-		a.live[i] = a.liveEnd(&h.Holds[i])
+	a.live = make([]int64, len(h.holds))
+	for i := range h.holds {
+		a.live[i] = a.liveEnd(&h.holds[i])
 	}
 }
 
@@ -212,29 +213,29 @@ func (a *analysis) cover(sent, lease int64) int64 {
 	end := sent + lease
 	// The first restart that was not over when the call was sent: a call
 	// sent while Redis restarted may have reached the old server.
-	i := sort.Search(len(a.restarts), func(i int) bool { return a.restarts[i].End > sent })
+	i := sort.Search(len(a.restarts), func(i int) bool { return a.restarts[i].end > sent })
 	if i < len(a.restarts) {
-		end = min(end, a.restarts[i].Start)
+		end = min(end, a.restarts[i].start)
 	}
 	return end
 }
 
-// liveEnd is when hd's live interval [Enter, liveEnd) ends: at its exit,
+// liveEnd is when hd's live interval [enter, liveEnd) ends: at its exit,
 // when Lost fired, or when the lease its obtain and renewals carried ran
-// out, whichever came first. A hold is live nowhere if liveEnd <= Enter.
-func (a *analysis) liveEnd(hd *Hold) int64 {
-	if hd.Root == 0 {
-		return hd.Enter // no observed obtain explains it: an error was filed
+// out, whichever came first. A hold is live nowhere if liveEnd <= enter.
+func (a *analysis) liveEnd(hd *hold) int64 {
+	if hd.root == 0 {
+		return hd.enter // no observed obtain explains it: an error was filed
 	}
-	last := hd.Exit
+	last := hd.exit
 	if last == 0 {
-		last = a.death[hd.Worker]
+		last = a.death[hd.worker]
 	}
 	lease := a.lease
-	if hd.RootLease > 0 {
-		lease = int64(hd.RootLease)
+	if hd.rootLease > 0 {
+		lease = int64(hd.rootLease)
 	}
-	end := a.cover(hd.Root, lease)
+	end := a.cover(hd.root, lease)
 	// A renewal only succeeds while the key still holds the registry's
 	// client id, and the hold's registry cannot have taken it back in
 	// between (the hold keeps its local mutex), so a successful renewal
@@ -242,89 +243,89 @@ func (a *analysis) liveEnd(hd *Hold) int64 {
 	// carries the lease on. One answered after the hold ended may have run
 	// after the registry's next hold of the key took it back, so it proves
 	// nothing for this one.
-	renewals := a.renewals[wk{hd.Worker, hd.Key}]
-	from, _ := slices.BinarySearchFunc(renewals, hd.Root, func(r Renewal, root int64) int { return cmp.Compare(r.Sent, root) })
+	renewals := a.renewals[wk{hd.worker, hd.key}]
+	from, _ := slices.BinarySearchFunc(renewals, hd.root, func(r renewal, root int64) int { return cmp.Compare(r.sent, root) })
 	for _, r := range renewals[from:] {
-		if r.Sent > last {
+		if r.sent > last {
 			break
 		}
-		if r.Done <= last {
-			end = max(end, a.cover(r.Sent, a.lease))
+		if r.done <= last {
+			end = max(end, a.cover(r.sent, a.lease))
 		}
 	}
-	if hd.Exit > 0 {
-		end = min(end, hd.Exit)
+	if hd.exit > 0 {
+		end = min(end, hd.exit)
 	}
-	if hd.Lost > 0 {
-		end = min(end, hd.Lost)
+	if hd.lost > 0 {
+		end = min(end, hd.lost)
 	}
 	return end
 }
 
-func (a *analysis) isLive(i int) bool { return a.live[i] > a.h.Holds[i].Enter }
+func (a *analysis) isLive(i int) bool { return a.live[i] > a.h.holds[i].enter }
 
 func (a *analysis) describe(i int) string {
-	hd := &a.h.Holds[i]
+	hd := &a.h.holds[i]
 	out := "still inside when killed"
-	if hd.Exit > 0 {
-		out = "exit " + a.at(hd.Exit)
+	if hd.exit > 0 {
+		out = "exit " + a.at(hd.exit)
 	}
 	return fmt.Sprintf("worker %d goroutine %d token %d (enter %s, live until %s, %s)",
-		hd.Worker, hd.G, hd.Token, a.at(hd.Enter), a.at(a.live[i]), out)
+		hd.worker, hd.g, hd.token, a.at(hd.enter), a.at(a.live[i]), out)
 }
 
 // at renders a time as seconds into the run.
 func (a *analysis) at(t int64) string {
-	return fmt.Sprintf("+%.6fs", float64(t-a.h.Start)/1e9)
+	return fmt.Sprintf("+%.6fs", float64(t-a.h.start)/1e9)
 }
 
 func (a *analysis) counts() {
 	h, r := a.h, a.res
-	r.Seconds = float64(h.End-h.Start) / 1e9
-	r.Workers = len(h.Workers)
-	r.Acquisitions = len(h.Holds)
-	r.LostUnlocks = h.LostUnlocks
-	r.NoTokens = h.NoTokens
+	r.Seconds = float64(h.end-h.start) / 1e9
+	r.Workers = len(h.workers)
+	r.Acquisitions = len(h.holds)
+	r.LostUnlocks = h.lostUnlocks
+	r.NoTokens = h.noTokens
 	var maxWait int64
-	for i, hd := range h.Holds {
-		if hd.Fresh {
+	for i, hd := range h.holds {
+		if hd.fresh {
 			r.Fresh++
 		} else {
 			r.Handoffs++
 		}
-		maxWait = max(maxWait, hd.Enter-hd.Acq)
+		maxWait = max(maxWait, hd.enter-hd.acq)
 		switch {
 		case !a.isLive(i):
 			r.NeverLive++
-		case hd.Exit == 0:
+		case hd.exit == 0:
 			r.KilledInside++
-		case a.live[i] < hd.Exit:
+		case a.live[i] < hd.exit:
 			r.Outlived++
 		}
 		if a.isLive(i) {
 			r.Live++
 		}
-		if hd.Lost > 0 && (hd.Exit == 0 || hd.Lost <= hd.Exit) {
+		if hd.lost > 0 && (hd.exit == 0 || hd.lost <= hd.exit) {
 			r.LostSignals++
 		}
-		for _, op := range []Op{hd.Read, hd.Write} {
-			if op.Outcome == Failed {
+		for _, op := range []storeCall{hd.read, hd.write} {
+			if op.Outcome == storeFailed {
 				r.StoreFailed++
 			}
-			if op.Outcome == NotTried || op.Sent < a.live[i] {
+			if op.Outcome == storeNotTried || op.Sent < a.live[i] {
 				continue
 			}
 			switch op.Outcome {
-			case Accepted:
+			case storeAccepted:
 				r.LateOps.Accepted++
-			case Rejected:
+			case storeRejected:
 				r.LateOps.Rejected++
 			}
 		}
 	}
 	r.MaxWaitMs = ms(time.Duration(maxWait))
-	for _, f := range h.Faults {
-		r.Faults[f.Kind]++
+	for _, f := range h.faults {
+		r.Faults[f.kind]++
 	}
 	r.VictimsHolding = a.victimsHolding()
 }
@@ -333,20 +334,20 @@ func (a *analysis) counts() {
 // inside a critical section when the fault began.
 func (a *analysis) victimsHolding() int {
 	starts := make(map[int][]int64) // by victim, sorted
-	for _, f := range a.h.Faults {
-		if victimFault(f.Kind) {
-			starts[f.Worker] = append(starts[f.Worker], f.Start)
+	for _, f := range a.h.faults {
+		if victimFault(f.kind) {
+			starts[f.worker] = append(starts[f.worker], f.start)
 		}
 	}
 	for _, s := range starts {
 		slices.Sort(s)
 	}
 	hit := make(map[[2]int64]bool)
-	for _, hd := range a.h.Holds {
-		s := starts[hd.Worker]
-		i, _ := slices.BinarySearch(s, hd.Enter)
-		for ; i < len(s) && (hd.Exit == 0 || s[i] < hd.Exit); i++ {
-			hit[[2]int64{int64(hd.Worker), s[i]}] = true
+	for _, hd := range a.h.holds {
+		s := starts[hd.worker]
+		i, _ := slices.BinarySearch(s, hd.enter)
+		for ; i < len(s) && (hd.exit == 0 || s[i] < hd.exit); i++ {
+			hit[[2]int64{int64(hd.worker), s[i]}] = true
 		}
 	}
 	return len(hit)
@@ -362,31 +363,31 @@ func (a *analysis) tokens() {
 	for key, idx := range a.byKey {
 		seen := make(map[int64]int, len(idx))
 		for _, i := range idx {
-			if j, dup := seen[h.Holds[i].Token]; dup {
+			if j, dup := seen[h.holds[i].token]; dup {
 				a.res.DuplicateToken++
 				a.res.violation("duplicate token on key %s: %s and %s", key, a.describe(j), a.describe(i))
 			}
-			seen[h.Holds[i].Token] = i
+			seen[h.holds[i].token] = i
 		}
 		// top[n] is the hold with the highest token among the first n+1
 		// to enter.
 		top := make([]int, len(idx))
 		for n, i := range idx {
 			top[n] = i
-			if n > 0 && h.Holds[top[n-1]].Token > h.Holds[i].Token {
+			if n > 0 && h.holds[top[n-1]].token > h.holds[i].token {
 				top[n] = top[n-1]
 			}
 		}
 		for _, i := range idx {
-			hd := &h.Holds[i]
-			if !hd.Fresh {
+			hd := &h.holds[i]
+			if !hd.fresh {
 				continue
 			}
-			n := sort.Search(len(idx), func(n int) bool { return h.Holds[idx[n]].Enter >= hd.Acq })
-			if n > 0 && h.Holds[top[n-1]].Token >= hd.Token {
+			n := sort.Search(len(idx), func(n int) bool { return h.holds[idx[n]].enter >= hd.acq })
+			if n > 0 && h.holds[top[n-1]].token >= hd.token {
 				a.res.TokenOrder++
 				a.res.violation("token order on key %s: %s, acquired from %s, got a token not above %s",
-					key, a.describe(i), a.at(hd.Acq), a.describe(top[n-1]))
+					key, a.describe(i), a.at(hd.acq), a.describe(top[n-1]))
 			}
 		}
 	}
@@ -394,7 +395,7 @@ func (a *analysis) tokens() {
 
 // storeOp is one answered fenced-store call.
 type storeOp struct {
-	Op
+	storeCall
 	token int64
 	write bool
 	hold  int
@@ -407,17 +408,17 @@ type storeOp struct {
 func (a *analysis) fencing() {
 	h := a.h
 	ops := make(map[string][]storeOp)
-	for i, hd := range h.Holds {
-		for n, op := range []Op{hd.Read, hd.Write} {
-			if op.Outcome == Accepted || op.Outcome == Rejected {
-				ops[hd.Key] = append(ops[hd.Key], storeOp{Op: op, token: hd.Token, write: n == 1, hold: i})
+	for i, hd := range h.holds {
+		for n, op := range []storeCall{hd.read, hd.write} {
+			if op.Outcome == storeAccepted || op.Outcome == storeRejected {
+				ops[hd.key] = append(ops[hd.key], storeOp{storeCall: op, token: hd.token, write: n == 1, hold: i})
 			}
 		}
 	}
 	for key, list := range ops {
 		var accepted []storeOp
 		for _, op := range list {
-			if op.Outcome == Accepted {
+			if op.Outcome == storeAccepted {
 				accepted = append(accepted, op)
 			}
 		}
@@ -437,13 +438,13 @@ func (a *analysis) fencing() {
 				tally, kind = &a.res.StaleWrites, "write"
 			}
 			switch {
-			case newest.token > op.token && op.Outcome == Rejected:
+			case newest.token > op.token && op.Outcome == storeRejected:
 				tally.Rejected++
 			case newest.token > op.token:
 				tally.Accepted++
 				a.res.violation("stale %s accepted on key %s: %s sent it at %s, after token %d was accepted at %s",
 					kind, key, a.describe(op.hold), a.at(op.Sent), newest.token, a.at(newest.Done))
-			case op.Outcome == Rejected:
+			case op.Outcome == storeRejected:
 				// The newer call overlapped this one in time, or its worker
 				// died before it could report it.
 				a.res.RaceRejected++
@@ -461,26 +462,26 @@ func (a *analysis) increments() {
 	seen := make(map[string]int64)
 	writes := make(map[string]map[int64]int)
 	rejected := make(map[string]int64)
-	for i, hd := range h.Holds {
-		for _, op := range []Op{hd.Read, hd.Write} {
-			if op.Outcome == Rejected {
-				rejected[hd.Key]++
+	for i, hd := range h.holds {
+		for _, op := range []storeCall{hd.read, hd.write} {
+			if op.Outcome == storeRejected {
+				rejected[hd.key]++
 			}
 		}
-		if hd.Write.Outcome != Accepted {
+		if hd.write.Outcome != storeAccepted {
 			continue
 		}
-		seen[hd.Key]++
-		if writes[hd.Key] == nil {
-			writes[hd.Key] = make(map[int64]int)
+		seen[hd.key]++
+		if writes[hd.key] == nil {
+			writes[hd.key] = make(map[int64]int)
 		}
-		if j, dup := writes[hd.Key][hd.WriteValue]; dup {
-			r.violation("lost increment on key %s: %s and %s both wrote %d", hd.Key, a.describe(j), a.describe(i), hd.WriteValue)
+		if j, dup := writes[hd.key][hd.writeValue]; dup {
+			r.violation("lost increment on key %s: %s and %s both wrote %d", hd.key, a.describe(j), a.describe(i), hd.writeValue)
 		}
-		writes[hd.Key][hd.WriteValue] = i
+		writes[hd.key][hd.writeValue] = i
 	}
-	for _, key := range slices.Sorted(maps.Keys(h.Records)) {
-		rec := h.Records[key]
+	for _, key := range slices.Sorted(maps.Keys(h.records)) {
+		rec := h.records[key]
 		r.Increments += rec.Accepted
 		r.StoreRejected += rec.RejectedReads + rec.RejectedWrites
 		r.IncrementsSeen += seen[key]
@@ -504,22 +505,22 @@ func (a *analysis) increments() {
 // fair chance and are left out.
 func (a *analysis) waiters() {
 	h, r := a.h, a.res
-	for _, t := range h.Timeouts {
+	for _, t := range h.timeouts {
 		r.Timeouts++
 		r.violation("worker %d goroutine %d waited for key %s from %s to %s without getting it",
-			t.Worker, t.G, t.Key, a.at(t.Acq), a.at(t.At))
+			t.worker, t.g, t.key, a.at(t.acq), a.at(t.at))
 	}
-	for _, g := range h.Goroutines {
-		if g.Acquisitions == 0 && g.First > 0 && h.End-g.First >= int64(h.Wait) {
+	for _, g := range h.goroutines {
+		if g.Acquisitions == 0 && g.First > 0 && h.end-g.First >= int64(h.wait) {
 			r.NeverAcquired++
-			r.violation("worker %d goroutine %d tried from %s on and never got a lock", g.Worker, g.G, a.at(g.First))
+			r.violation("worker %d goroutine %d tried from %s on and never got a lock", g.worker, g.G, a.at(g.First))
 		}
 	}
 }
 
 // merge sums the results of a run's phases.
-func merge(parts []*Result) *Result {
-	t := &Result{Faults: make(map[string]int), Recovery: make(map[string]Recovery), Promotion: make(map[string]Recovery)}
+func merge(parts []*result) *result {
+	t := &result{Faults: make(map[string]int), Recovery: make(map[string]recovery), Promotion: make(map[string]recovery)}
 	byKind := make(map[string][]time.Duration)
 	promotions := make(map[string][]time.Duration)
 	var all, takeovers []time.Duration

@@ -47,14 +47,14 @@ const (
 // failover kills -9 the Sentinel group's primary, waits until the Sentinels
 // have promoted the replica, and brings the old primary back as its
 // replica.
-func (in *injector) failover(ctx context.Context, t *sentinelGroup) (Fault, error) {
+func (in *injector) failover(ctx context.Context, t *sentinelGroup) (fault, error) {
 	fast, lagging := failoverVariant(*in.failovers)
 	*in.failovers++
 	primary, replica := t.g.Primary, t.g.Replica
 	if replica.Role() == "master" {
 		primary, replica = replica, primary
 	}
-	f := Fault{Kind: faultFailover, Worker: -1, Keys: in.ph.keys, Variant: variant(fast)}
+	f := fault{kind: faultFailover, worker: -1, keys: in.ph.keys, variant: variant(fast)}
 	note, err := in.kill(ctx, &f, primary, replica, lagging)
 	if err != nil {
 		return f, err
@@ -70,43 +70,43 @@ func (in *injector) failover(ctx context.Context, t *sentinelGroup) (Fault, erro
 	if err != nil {
 		return f, err
 	}
-	f.End = time.Now().UnixNano()
+	f.end = time.Now().UnixNano()
 	rejoined, err := timed(func() error { return t.g.Rejoin(primary, promoted, rejoinTimeout) })
-	f.Note = fmt.Sprintf("%s; %s promoted, %s rejoined as its replica in %v", note, promoted.Addr(), primary.Addr(), rejoined)
+	f.note = fmt.Sprintf("%s; %s promoted, %s rejoined as its replica in %v", note, promoted.Addr(), primary.Addr(), rejoined)
 	return f, err
 }
 
 // clusterFailover kills -9 the primary of a key that is held now, waits
 // until its replica serves the key's slot, and brings the killed node back,
 // which turns into the new primary's replica.
-func (in *injector) clusterFailover(ctx context.Context, t *cluster, last time.Time) (Fault, error) {
+func (in *injector) clusterFailover(ctx context.Context, t *cluster, last time.Time) (fault, error) {
 	_, keys, ok := in.pickHolder(ctx, last)
 	if !ok {
-		return Fault{}, nil
+		return fault{}, nil
 	}
 	key := keys[in.rng.IntN(len(keys))]
 	slot, err := t.slot(ctx, key)
 	if err != nil {
-		return Fault{}, err
+		return fault{}, err
 	}
 	primary, replica, err := t.c.Shard(slot)
 	if err != nil {
-		return Fault{}, err
+		return fault{}, err
 	}
 	if replica == nil {
-		return Fault{}, fmt.Errorf("%s, primary of slot %d, has no replica", primary.Addr(), slot)
+		return fault{}, fmt.Errorf("%s, primary of slot %d, has no replica", primary.Addr(), slot)
 	}
 	fast, lagging := failoverVariant(*in.failovers)
 	*in.failovers++
-	f := Fault{Kind: faultClusterFailover, Worker: -1, Variant: variant(fast)}
-	if f.Keys, err = t.serves(ctx, primary.Addr(), in.ph.keys); err != nil {
+	f := fault{kind: faultClusterFailover, worker: -1, variant: variant(fast)}
+	if f.keys, err = t.serves(ctx, primary.Addr(), in.ph.keys); err != nil {
 		return f, err
 	}
 	note, err := in.kill(ctx, &f, primary, replica, lagging)
 	if err != nil {
 		return f, err
 	}
-	note = fmt.Sprintf("%s (slot %d of %s, keys %v)", note, slot, key, f.Keys)
+	note = fmt.Sprintf("%s (slot %d of %s, keys %v)", note, slot, key, f.keys)
 	if fast {
 		note += in.trigger(ctx, "CLUSTER FAILOVER FORCE", func() error {
 			c := redis.NewClient(&redis.Options{Addr: replica.Addr()})
@@ -117,16 +117,16 @@ func (in *injector) clusterFailover(ctx context.Context, t *cluster, last time.T
 	if err := t.c.AwaitFailover(slot, replica, promotionTimeout); err != nil {
 		return f, err
 	}
-	f.End = time.Now().UnixNano()
+	f.end = time.Now().UnixNano()
 	rejoined, err := timed(func() error { return t.c.Rejoin(primary, rejoinTimeout) })
-	f.Note = fmt.Sprintf("%s; %s took over, %s rejoined as its replica in %v", note, replica.Addr(), primary.Addr(), rejoined)
+	f.note = fmt.Sprintf("%s; %s took over, %s rejoined as its replica in %v", note, replica.Addr(), primary.Addr(), rejoined)
 	return f, err
 }
 
 // kill kills primary with SIGKILL and files the kill as f's start; if
 // lagging, it first freezes replica and cuts its link, and lets it go on
 // after the kill.
-func (in *injector) kill(ctx context.Context, f *Fault, primary, replica *redistest.Server, lagging bool) (string, error) {
+func (in *injector) kill(ctx context.Context, f *fault, primary, replica *redistest.Server, lagging bool) (string, error) {
 	note := "kill -9 " + primary.Addr()
 	if lagging {
 		if err := replica.Signal(syscall.SIGSTOP); err != nil {
@@ -143,7 +143,7 @@ func (in *injector) kill(ctx context.Context, f *Fault, primary, replica *redist
 		sleepCtx(ctx, lag)
 		note = fmt.Sprintf("%s, its replica cut off %v before", note, lag.Round(time.Millisecond))
 	}
-	f.Start = time.Now().UnixNano()
+	f.start = time.Now().UnixNano()
 	primary.Crash()
 	if lagging {
 		if err := replica.Signal(syscall.SIGCONT); err != nil {
@@ -175,21 +175,21 @@ func timed(fn func() error) (time.Duration, error) {
 // lease between steps: the slot marked migrating, each of its keys (the
 // lock, its fence, its waiting marker and queue) moved, the slot handed
 // over.
-func (in *injector) migrate(ctx context.Context, t *cluster, last time.Time) (Fault, error) {
+func (in *injector) migrate(ctx context.Context, t *cluster, last time.Time) (fault, error) {
 	_, keys, ok := in.pickHolder(ctx, last)
 	if !ok {
-		return Fault{}, nil
+		return fault{}, nil
 	}
 	key, waited := in.waitedKey(ctx, t, keys)
 	slot, err := t.slot(ctx, key)
 	if err != nil {
-		return Fault{}, err
+		return fault{}, err
 	}
 	primaries, err := t.c.Primaries()
 	if err != nil {
-		return Fault{}, err
+		return fault{}, err
 	}
-	f := Fault{Kind: faultMigrate, Worker: -1, Keys: []string{key}, Start: time.Now().UnixNano()}
+	f := fault{kind: faultMigrate, worker: -1, keys: []string{key}, start: time.Now().UnixNano()}
 	m, err := redistest.StartSlotMigration(primaries, slot)
 	if err != nil {
 		return f, err
@@ -211,8 +211,8 @@ func (in *injector) migrate(ctx context.Context, t *cluster, last time.Time) (Fa
 	if err := m.Complete(); err != nil {
 		return f, err
 	}
-	f.End = time.Now().UnixNano()
-	f.Note = fmt.Sprintf("slot %d of %s (held, %s) from %s to %s, %d Redis keys moved one by one", slot, key, waited, m.From, m.To, moved)
+	f.end = time.Now().UnixNano()
+	f.note = fmt.Sprintf("slot %d of %s (held, %s) from %s to %s, %d Redis keys moved one by one", slot, key, waited, m.From, m.To, moved)
 	return f, nil
 }
 

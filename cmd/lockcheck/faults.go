@@ -56,11 +56,11 @@ func (in *injector) run(ctx context.Context, first time.Time, every time.Duratio
 			return fmt.Errorf("%s fault: %w", kind, err)
 		}
 		at = later(at.Add(every), time.Now().Add(lease))
-		if f.Kind == "" {
+		if f.kind == "" {
 			continue // nothing to strike before the schedule ended
 		}
 		in.ph.col.fault(f)
-		in.log("%s fault %-16s %7s  %s", time.Unix(0, f.Start).Format("15:04:05.000"), f.Kind, time.Duration(f.End-f.Start).Round(time.Millisecond), f.Note)
+		in.log("%s fault %-16s %7s  %s", time.Unix(0, f.start).Format("15:04:05.000"), f.kind, time.Duration(f.end-f.start).Round(time.Millisecond), f.note)
 	}
 	return nil
 }
@@ -72,9 +72,9 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-func (in *injector) inject(ctx context.Context, kind string, last time.Time) (Fault, error) {
+func (in *injector) inject(ctx context.Context, kind string, last time.Time) (fault, error) {
 	lease := in.ph.cfg.lease
-	f := Fault{Kind: kind, Worker: -1}
+	f := fault{kind: kind, worker: -1}
 	switch kind {
 	case faultNetStall, faultNetDelay, faultNetReset:
 		return in.network(ctx, kind, last)
@@ -87,20 +87,20 @@ func (in *injector) inject(ctx context.Context, kind string, last time.Time) (Fa
 	case faultStop, faultKill:
 		w, keys, ok := in.pickHolder(ctx, last)
 		if !ok {
-			return Fault{}, nil
+			return fault{}, nil
 		}
-		f.Worker, f.Keys = w.id, keys
-		f.Start = time.Now().UnixNano()
+		f.worker, f.keys = w.id, keys
+		f.start = time.Now().UnixNano()
 		if kind == faultKill {
 			if err := in.ph.kill(w); err != nil {
 				return f, err
 			}
-			f.End = f.Start
+			f.end = f.start
 			repl, err := in.ph.startWorker()
 			if err != nil {
 				return f, err
 			}
-			f.Note = fmt.Sprintf("worker %d (held %v); worker %d replaces it", w.id, keys, repl)
+			f.note = fmt.Sprintf("worker %d (held %v); worker %d replaces it", w.id, keys, repl)
 			return f, nil
 		}
 		if err := w.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
@@ -110,11 +110,11 @@ func (in *injector) inject(ctx context.Context, kind string, last time.Time) (Fa
 		// being told to end.
 		sleepCtx(ctx, stopFor(lease))
 		err := w.cmd.Process.Signal(syscall.SIGCONT)
-		f.End = time.Now().UnixNano()
-		f.Note = fmt.Sprintf("worker %d (held %v)", w.id, keys)
+		f.end = time.Now().UnixNano()
+		f.note = fmt.Sprintf("worker %d (held %v)", w.id, keys)
 		return f, err
 	case faultClientKill:
-		f.Start = time.Now().UnixNano()
+		f.start = time.Now().UnixNano()
 		var killed int64
 		for _, typ := range []string{"normal", "pubsub"} {
 			n, err := in.admin.ClientKillByFilter(ctx, "TYPE", typ, "SKIPME", "yes").Result()
@@ -123,19 +123,19 @@ func (in *injector) inject(ctx context.Context, kind string, last time.Time) (Fa
 			}
 			killed += n
 		}
-		f.End = time.Now().UnixNano()
-		f.Note = fmt.Sprintf("%d connections", killed)
+		f.end = time.Now().UnixNano()
+		f.note = fmt.Sprintf("%d connections", killed)
 	case faultRestart:
 		lock := in.topo.(*singleServer).srv
-		f.Start = time.Now().UnixNano()
+		f.start = time.Now().UnixNano()
 		lock.Crash()
 		if err := lock.Relaunch(); err != nil {
 			return f, err
 		}
-		f.End = time.Now().UnixNano()
+		f.end = time.Now().UnixNano()
 	case faultPause:
 		d := pauseFor(lease)
-		f.Start = time.Now().UnixNano()
+		f.start = time.Now().UnixNano()
 		if err := in.admin.Do(ctx, "CLIENT", "PAUSE", d.Milliseconds(), "ALL").Err(); err != nil {
 			return f, err
 		}
@@ -143,14 +143,14 @@ func (in *injector) inject(ctx context.Context, kind string, last time.Time) (Fa
 		if err := in.admin.Ping(ctx).Err(); err != nil {
 			return f, err
 		}
-		f.End = time.Now().UnixNano()
+		f.end = time.Now().UnixNano()
 	case faultSleep:
 		d := sleepFor(lease)
-		f.Start = time.Now().UnixNano()
+		f.start = time.Now().UnixNano()
 		if err := in.admin.Do(ctx, "DEBUG", "SLEEP", strconv.FormatFloat(d.Seconds(), 'f', 3, 64)).Err(); err != nil {
 			return f, err
 		}
-		f.End = time.Now().UnixNano()
+		f.end = time.Now().UnixNano()
 	}
 	return f, nil
 }

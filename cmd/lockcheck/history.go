@@ -12,84 +12,85 @@ import (
 // the same clock, so times from the workers, the injector and Redis (whose
 // TTLs run on it too) compare directly.
 
-// Hold is one critical section: from the return of LockContext (Enter) to
-// the last act under the lock (Exit), which the worker records before it
+// hold is one critical section: from the return of LockContext (enter) to
+// the last act under the lock (exit), which the worker records before it
 // unlocks.
-type Hold struct {
-	Worker, G int
-	Key       string
-	Token     int64
-	// Fresh: the token came from obtain.lua; otherwise the hold was a
+type hold struct {
+	worker, g int
+	key       string
+	token     int64
+	// fresh: the token came from obtain.lua; otherwise the hold was a
 	// local hand-off within its registry, which rests on the same obtain.
-	Fresh bool
-	Acq   int64 // LockContext was called
-	Enter int64
-	// Root is when the obtain call the hold rests on was sent: the lease
+	fresh bool
+	acq   int64 // LockContext was called
+	enter int64
+	// root is when the obtain call the hold rests on was sent: the lease
 	// is counted from there, as the library counts it. For a grant (a
 	// release that passed the key to the hold's registry), it is when the
-	// failed attempt the grant followed was sent, and RootLease is the
-	// grant's lease; otherwise RootLease is 0 (the run's lease).
-	Root      int64
-	RootLease time.Duration
-	Exit      int64 // 0: the worker died inside (kill -9)
-	// Lost is when Lost() fired, before Exit or while the unlock ran
-	// (0: it did not); only a Lost before Exit ends the live interval.
-	Lost int64
-	// Unlock is what the hold's unlock returned; 0 if the worker died
+	// failed attempt the grant followed was sent, and rootLease is the
+	// grant's lease; otherwise rootLease is 0 (the run's lease).
+	root      int64
+	rootLease time.Duration
+	exit      int64 // 0: the worker died inside (kill -9)
+	// lost is when Lost() fired, before exit or while the unlock ran
+	// (0: it did not); only a Lost before exit ends the live interval.
+	lost int64
+	// unlock is what the hold's unlock returned; 0 if the worker died
 	// before it did.
-	Unlock Unlocked
-	Read   Op
-	// Write is only tried after an accepted read; WriteValue is the value
+	unlock unlocked
+	read   storeCall
+	// write is only tried after an accepted read; writeValue is the value
 	// it wrote (the read's value + 1).
-	Write      Op
-	WriteValue int64
+	write      storeCall
+	writeValue int64
 }
 
-// Op is one call to the fenced store: sent, answered, and the answer.
-type Op struct {
+// storeCall is one call to the fenced store: sent, answered, and the answer.
+// Its fields stay exported: the workers' events carry it as JSON.
+type storeCall struct {
 	Sent    int64   `json:"s,omitempty"`
 	Done    int64   `json:"d,omitempty"`
-	Outcome Outcome `json:"o,omitempty"`
+	Outcome outcome `json:"o,omitempty"`
 }
 
-// Unlocked is what an unlock returned.
-type Unlocked int8
+// unlocked is what an unlock returned.
+type unlocked int8
 
 const (
-	UnlockOK     Unlocked = iota + 1
-	UnlockLost            // ErrLockLost: the hold was told it may have lost the key
-	UnlockFailed          // another error (Redis failing)
+	unlockOK     unlocked = iota + 1
+	unlockLost            // ErrLockLost: the hold was told it may have lost the key
+	unlockFailed          // another error (Redis failing)
 )
 
-// Renewal is a renewal call that extended a worker's lease on key, sent
-// at Sent and answered at Done.
-type Renewal struct {
-	Worker     int
-	Key        string
-	Sent, Done int64
+// renewal is a renewal call that extended a worker's lease on key, sent
+// at sent and answered at done.
+type renewal struct {
+	worker     int
+	key        string
+	sent, done int64
 }
 
-// Timeout is an acquisition that waited the full -wait without the lock.
-type Timeout struct {
-	Worker, G int
-	Key       string
-	Acq, At   int64
+// timeout is an acquisition that waited the full -wait without the lock.
+type timeout struct {
+	worker, g int
+	key       string
+	acq, at   int64
 }
 
-// GoroutineRun is what a worker goroutine did over the run.
-type GoroutineRun struct {
-	Worker       int   `json:"-"`
+// goroutineRun is what a worker goroutine did over the run.
+type goroutineRun struct {
+	worker       int   // filled in by the collector, not sent
 	G            int   `json:"g"`
 	First        int64 `json:"first"` // its first attempt; 0: none
 	Acquisitions int   `json:"n"`
 }
 
-// WorkerRun is one worker process's life.
-type WorkerRun struct {
-	ID     int
-	Start  int64
-	Killed int64 // 0: not killed
-	Done   bool  // it finished the run and reported its goroutines
+// workerRun is one worker process's life.
+type workerRun struct {
+	id     int
+	start  int64
+	killed int64 // 0: not killed
+	done   bool  // it finished the run and reported its goroutines
 }
 
 // Fault kinds. The first six fault a single lock Redis; stop and kill-9
@@ -145,59 +146,59 @@ func victimFault(kind string) bool {
 	return false
 }
 
-// Fault is one injected fault. Worker and Keys name the victim and the keys
-// it held when the fault began (victim faults only; Worker is -1
-// otherwise); a failover's Keys are those the killed primary served, and a
-// migration's the key whose slot moved. A failover's Start is the kill,
-// its End the promotion.
-type Fault struct {
-	Kind       string   `json:"kind"`
-	Start, End int64    `json:"-"`
-	Worker     int      `json:"worker"`
-	Keys       []string `json:"keys,omitempty"`
-	Note       string   `json:"note,omitempty"`
-	// Variant is a failover's: forced or detected (see failover.go).
-	Variant string `json:"variant,omitempty"`
+// fault is one injected fault. worker and keys name the victim and the keys
+// it held when the fault began (victim faults only; worker is -1
+// otherwise); a failover's keys are those the killed primary served, and a
+// migration's the key whose slot moved. A failover's start is the kill,
+// its end the promotion.
+type fault struct {
+	kind       string
+	start, end int64
+	worker     int
+	keys       []string
+	note       string
+	// variant is a failover's: forced or detected (see failover.go).
+	variant string
 }
 
-// Switch is a replica that became a primary, injected or not, as the
-// checker's watcher saw it: at At, and not yet at Since, its previous look.
-// Until is when the primary it replaced was last seen as one: a write that
-// primary took until then may be lost. Keys are the run's keys the new
-// primary serves.
-type Switch struct {
-	Server           string   `json:"server"`
-	Since, At, Until int64    `json:"-"`
-	Keys             []string `json:"keys"`
+// primarySwitch is a replica that became a primary, injected or not, as
+// the checker's watcher saw it: at time at, and not yet at since, its
+// previous look. until is when the primary it replaced was last seen as
+// one: a write that primary took until then may be lost. keys are the
+// run's keys the new primary serves.
+type primarySwitch struct {
+	server           string
+	since, at, until int64
+	keys             []string
 }
 
-// History is everything one phase of a run recorded.
-type History struct {
-	Keys       int // how many lock keys the workers chose from
-	Lease      time.Duration
-	Wait       time.Duration
-	Start, End int64
-	Workers    []WorkerRun
-	Holds      []Hold
-	Renewals   []Renewal
-	Timeouts   []Timeout
-	Goroutines []GoroutineRun
-	Faults     []Fault
-	Switches   []Switch
-	// Acknowledged: every hold's acquisition waited for a replica's
+// history is everything one phase of a run recorded.
+type history struct {
+	keys       int // how many lock keys the workers chose from
+	lease      time.Duration
+	wait       time.Duration
+	start, end int64
+	workers    []workerRun
+	holds      []hold
+	renewals   []renewal
+	timeouts   []timeout
+	goroutines []goroutineRun
+	faults     []fault
+	switches   []primarySwitch
+	// acknowledged: every hold's acquisition waited for a replica's
 	// acknowledgement (-wait-replicas).
-	Acknowledged bool
-	Records      map[string]Record // the fenced store's final state, by key
-	// Errors are what workers found impossible (a token no observed obtain
+	acknowledged bool
+	records      map[string]recordState // the fenced store's final state, by key
+	// errors are what workers found impossible (a token no observed obtain
 	// explains, a failed acquisition other than a timeout): each is a
 	// violation, as the history cannot be trusted around it.
-	Errors []string
-	// LostUnlocks counts the unlocks that reported ErrLockLost.
-	LostUnlocks int
-	// NoTokens counts the holds that got no fencing token (lost, or Redis
+	errors []string
+	// lostUnlocks counts the unlocks that reported ErrLockLost.
+	lostUnlocks int
+	// noTokens counts the holds that got no fencing token (lost, or Redis
 	// failing, when it was drawn), which skip the store and are not in
-	// Holds.
-	NoTokens int
+	// holds.
+	noTokens int
 }
 
 // event is one line a worker writes to its stdout.
@@ -213,29 +214,29 @@ type event struct {
 	Root      int64         `json:"root,omitempty"`
 	RootLease time.Duration `json:"rl,omitempty"`
 	Lost      int64         `json:"lost,omitempty"`
-	Read      Op            `json:"r,omitzero"`
-	Write     Op            `json:"w,omitzero"`
+	Read      storeCall     `json:"r,omitzero"`
+	Write     storeCall     `json:"w,omitzero"`
 	Value     int64         `json:"v,omitempty"`
-	Unlock    Unlocked      `json:"u,omitempty"`
+	Unlock    unlocked      `json:"u,omitempty"`
 	// done: each goroutine's run, how many unlocks reported ErrLockLost
 	// and how many holds got no token.
-	Goroutines  []GoroutineRun `json:"gs,omitempty"`
+	Goroutines  []goroutineRun `json:"gs,omitempty"`
 	LostUnlocks int            `json:"lu,omitempty"`
 	NoTokens    int            `json:"nt,omitempty"`
 	Msg         string         `json:"msg,omitempty"`
 }
 
-// collector builds a phase's History from its workers' events, and knows
+// collector builds a phase's history from its workers' events, and knows
 // who holds what now, for the injector.
 type collector struct {
 	mu     sync.Mutex
-	h      History
+	h      history
 	open   map[[2]int]int // (worker, goroutine) → index of its open hold
 	exited map[[2]int]int // (worker, goroutine) → index of its last hold, once it exited
 	keys   map[string]string
 }
 
-func newCollector(h History, keys []string) *collector {
+func newCollector(h history, keys []string) *collector {
 	c := &collector{h: h, open: make(map[[2]int]int), exited: make(map[[2]int]int), keys: make(map[string]string)}
 	for _, k := range keys {
 		c.keys[k] = k
@@ -246,15 +247,15 @@ func newCollector(h History, keys []string) *collector {
 func (c *collector) workerStarted(id int, at time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.h.Workers = append(c.h.Workers, WorkerRun{ID: id, Start: at.UnixNano()})
+	c.h.workers = append(c.h.workers, workerRun{id: id, start: at.UnixNano()})
 }
 
 func (c *collector) workerKilled(id int, at time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i := range c.h.Workers {
-		if c.h.Workers[i].ID == id {
-			c.h.Workers[i].Killed = at.UnixNano()
+	for i := range c.h.workers {
+		if c.h.workers[i].id == id {
+			c.h.workers[i].killed = at.UnixNano()
 		}
 	}
 	for wg := range c.open {
@@ -264,22 +265,22 @@ func (c *collector) workerKilled(id int, at time.Time) {
 	}
 }
 
-func (c *collector) fault(f Fault) {
+func (c *collector) fault(f fault) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.h.Faults = append(c.h.Faults, f)
+	c.h.faults = append(c.h.faults, f)
 }
 
-func (c *collector) switched(s Switch) {
+func (c *collector) switched(s primarySwitch) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.h.Switches = append(c.h.Switches, s)
+	c.h.switches = append(c.h.switches, s)
 }
 
 func (c *collector) failed(format string, a ...any) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.h.Errors = append(c.h.Errors, fmt.Sprintf(format, a...))
+	c.h.errors = append(c.h.errors, fmt.Sprintf(format, a...))
 }
 
 // add files one event of worker w.
@@ -289,15 +290,15 @@ func (c *collector) add(w int, ev event) {
 	// Holds are many; share one string per key instead of one per event.
 	key, known := c.keys[ev.Key]
 	if ev.Key != "" && !known {
-		c.h.Errors = append(c.h.Errors, fmt.Sprintf("worker %d reported unknown key %q", w, ev.Key))
+		c.h.errors = append(c.h.errors, fmt.Sprintf("worker %d reported unknown key %q", w, ev.Key))
 		return
 	}
 	switch ev.E {
 	case "enter":
-		c.open[[2]int{w, ev.G}] = len(c.h.Holds)
-		c.h.Holds = append(c.h.Holds, Hold{
-			Worker: w, G: ev.G, Key: key, Token: ev.Token, Fresh: ev.Fresh,
-			Acq: ev.Acq, Enter: ev.At, Root: ev.Root, RootLease: ev.RootLease,
+		c.open[[2]int{w, ev.G}] = len(c.h.holds)
+		c.h.holds = append(c.h.holds, hold{
+			worker: w, g: ev.G, key: key, token: ev.Token, fresh: ev.Fresh,
+			acq: ev.Acq, enter: ev.At, root: ev.Root, rootLease: ev.RootLease,
 		})
 	case "exit":
 		i, ok := c.take(c.open, w, ev.G, "exited a hold it never entered")
@@ -305,38 +306,38 @@ func (c *collector) add(w int, ev event) {
 			return
 		}
 		c.exited[[2]int{w, ev.G}] = i
-		hd := &c.h.Holds[i]
-		hd.Exit, hd.Lost, hd.Read, hd.Write, hd.WriteValue = ev.At, ev.Lost, ev.Read, ev.Write, ev.Value
+		hd := &c.h.holds[i]
+		hd.exit, hd.lost, hd.read, hd.write, hd.writeValue = ev.At, ev.Lost, ev.Read, ev.Write, ev.Value
 	case "unlock":
 		i, ok := c.take(c.exited, w, ev.G, "unlocked a hold it never exited")
 		if !ok {
 			return
 		}
-		hd := &c.h.Holds[i]
-		hd.Unlock = ev.Unlock
-		if hd.Lost == 0 {
-			hd.Lost = ev.Lost
+		hd := &c.h.holds[i]
+		hd.unlock = ev.Unlock
+		if hd.lost == 0 {
+			hd.lost = ev.Lost
 		}
 	case "renew":
-		c.h.Renewals = append(c.h.Renewals, Renewal{Worker: w, Key: key, Sent: ev.At, Done: ev.Done})
+		c.h.renewals = append(c.h.renewals, renewal{worker: w, key: key, sent: ev.At, done: ev.Done})
 	case "timeout":
-		c.h.Timeouts = append(c.h.Timeouts, Timeout{Worker: w, G: ev.G, Key: key, Acq: ev.Acq, At: ev.At})
+		c.h.timeouts = append(c.h.timeouts, timeout{worker: w, g: ev.G, key: key, acq: ev.Acq, at: ev.At})
 	case "done":
 		for _, g := range ev.Goroutines {
-			g.Worker = w
-			c.h.Goroutines = append(c.h.Goroutines, g)
+			g.worker = w
+			c.h.goroutines = append(c.h.goroutines, g)
 		}
-		c.h.LostUnlocks += ev.LostUnlocks
-		c.h.NoTokens += ev.NoTokens
-		for i := range c.h.Workers {
-			if c.h.Workers[i].ID == w {
-				c.h.Workers[i].Done = true
+		c.h.lostUnlocks += ev.LostUnlocks
+		c.h.noTokens += ev.NoTokens
+		for i := range c.h.workers {
+			if c.h.workers[i].id == w {
+				c.h.workers[i].done = true
 			}
 		}
 	case "error":
-		c.h.Errors = append(c.h.Errors, fmt.Sprintf("worker %d: %s", w, ev.Msg))
+		c.h.errors = append(c.h.errors, fmt.Sprintf("worker %d: %s", w, ev.Msg))
 	default:
-		c.h.Errors = append(c.h.Errors, fmt.Sprintf("worker %d sent an unknown event %q", w, ev.E))
+		c.h.errors = append(c.h.errors, fmt.Sprintf("worker %d sent an unknown event %q", w, ev.E))
 	}
 }
 
@@ -346,7 +347,7 @@ func (c *collector) add(w int, ev event) {
 func (c *collector) take(holds map[[2]int]int, w, g int, what string) (int, bool) {
 	i, ok := holds[[2]int{w, g}]
 	if !ok {
-		c.h.Errors = append(c.h.Errors, fmt.Sprintf("worker %d goroutine %d %s", w, g, what))
+		c.h.errors = append(c.h.errors, fmt.Sprintf("worker %d goroutine %d %s", w, g, what))
 		return 0, false
 	}
 	delete(holds, [2]int{w, g})
@@ -360,12 +361,12 @@ func (c *collector) holders() map[int][]string {
 	defer c.mu.Unlock()
 	out := make(map[int][]string)
 	for wg, i := range c.open {
-		out[wg[0]] = append(out[wg[0]], c.h.Holds[i].Key)
+		out[wg[0]] = append(out[wg[0]], c.h.holds[i].key)
 	}
 	return out
 }
 
-func (c *collector) history() *History {
+func (c *collector) history() *history {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	h := c.h

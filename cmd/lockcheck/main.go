@@ -246,7 +246,7 @@ func tail(cfg config) time.Duration {
 
 // check runs one phase per key count on one lock Redis topology and one
 // store Redis, and analyzes each phase's history.
-func check(ctx context.Context, cfg config, stderr io.Writer, logf func(string, ...any)) ([]*Result, error) {
+func check(ctx context.Context, cfg config, stderr io.Writer, logf func(string, ...any)) ([]*result, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -271,7 +271,7 @@ func check(ctx context.Context, cfg config, stderr io.Writer, logf func(string, 
 
 	logf("%d workers x %d goroutines, lease %v, keys %s, %v per key count, faults %s, seed %d; %s, store Redis %s",
 		cfg.p, cfg.g, cfg.lease, cfg.keysFlag, cfg.perKeyCount, strings.Join(cfg.faults, ","), cfg.seed, topo.describe(), storeSrv.Addr())
-	var results []*Result
+	var results []*result
 	rotation, failovers := 0, 0
 	for n, keys := range cfg.keys {
 		ph := &phase{
@@ -294,8 +294,8 @@ func check(ctx context.Context, cfg config, stderr io.Writer, logf func(string, 
 		if err != nil {
 			return nil, fmt.Errorf("keys=%d: %w", keys, err)
 		}
-		res := Analyze(h)
-		logf("keys=%d: %d acquisitions, %d faults, %d failovers seen, %d violations", keys, res.Acquisitions, len(h.Faults), len(h.Switches), res.ViolationCount)
+		res := analyze(h)
+		logf("keys=%d: %d acquisitions, %d faults, %d failovers seen, %d violations", keys, res.Acquisitions, len(h.faults), len(h.switches), res.ViolationCount)
 		results = append(results, res)
 	}
 	return results, nil

@@ -27,27 +27,27 @@ func TestMain(m *testing.M) {
 func TestStoreFencesStaleTokens(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Start(t).Client(t)
-	step := func(name string, got, want Outcome) {
+	step := func(name string, got, want outcome) {
 		t.Helper()
 		if got != want {
 			t.Fatalf("%s: outcome %d, want %d", name, got, want)
 		}
 	}
 	v, o := storeRead(ctx, c, "r", 5)
-	step("first read", o, Accepted)
-	step("its write", storeWrite(ctx, c, "r", 5, v+1), Accepted)
+	step("first read", o, storeAccepted)
+	step("its write", storeWrite(ctx, c, "r", 5, v+1), storeAccepted)
 	_, o = storeRead(ctx, c, "r", 3)
-	step("a read with a lower token", o, Rejected)
-	step("a write with a lower token", storeWrite(ctx, c, "r", 3, 9), Rejected)
+	step("a read with a lower token", o, storeRejected)
+	step("a write with a lower token", storeWrite(ctx, c, "r", 3, 9), storeRejected)
 	v, o = storeRead(ctx, c, "r", 7)
-	step("a newer holder's read", o, Accepted)
-	step("the old holder's write after the newer read", storeWrite(ctx, c, "r", 5, 9), Rejected)
-	step("the newer holder's write", storeWrite(ctx, c, "r", 7, v+1), Accepted)
+	step("a newer holder's read", o, storeAccepted)
+	step("the old holder's write after the newer read", storeWrite(ctx, c, "r", 5, 9), storeRejected)
+	step("the newer holder's write", storeWrite(ctx, c, "r", 7, v+1), storeAccepted)
 	rec, err := readRecord(ctx, c, "r")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Record{Value: 2, Accepted: 2, RejectedReads: 1, RejectedWrites: 2}); rec != want {
+	if want := (recordState{Value: 2, Accepted: 2, RejectedReads: 1, RejectedWrites: 2}); rec != want {
 		t.Errorf("record %+v, want %+v", rec, want)
 	}
 }
@@ -80,7 +80,7 @@ func TestRunUnderFaults(t *testing.T) {
 			}
 			var out struct {
 				OK    bool
-				Total Result
+				Total result
 			}
 			if err := json.Unmarshal([]byte(stdout.String()), &out); err != nil {
 				t.Fatalf("%v\n%s", err, &stdout)

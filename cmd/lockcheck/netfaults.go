@@ -22,31 +22,31 @@ const (
 // network strikes the connections of a worker that holds a lock now,
 // through its router: every connection it has to Redis (Sentinels and
 // every cluster node included) and every one it dials meanwhile.
-func (in *injector) network(ctx context.Context, kind string, last time.Time) (Fault, error) {
+func (in *injector) network(ctx context.Context, kind string, last time.Time) (fault, error) {
 	if kind == faultNetDelay && time.Now().Add(delayFor).After(last) {
-		return Fault{}, nil // it would not end in time to recover from
+		return fault{}, nil // it would not end in time to recover from
 	}
 	w, keys, ok := in.pickHolder(ctx, last)
 	if !ok {
-		return Fault{}, nil
+		return fault{}, nil
 	}
-	f := Fault{Kind: kind, Worker: w.id, Keys: keys, Start: time.Now().UnixNano()}
+	f := fault{kind: kind, worker: w.id, keys: keys, start: time.Now().UnixNano()}
 	switch kind {
 	case faultNetStall:
 		w.router.Stall()
 		// Resume even when interrupted: the worker's calls wait on it.
 		sleepCtx(ctx, stallFor(in.ph.cfg.lease))
 		w.router.Resume()
-		f.Note = fmt.Sprintf("worker %d (held %v)", w.id, keys)
+		f.note = fmt.Sprintf("worker %d (held %v)", w.id, keys)
 	case faultNetDelay:
 		w.router.Delay(delayMin, delayMax)
 		sleepCtx(ctx, delayFor)
 		w.router.Delay(0, 0)
-		f.Note = fmt.Sprintf("worker %d (held %v)", w.id, keys)
+		f.note = fmt.Sprintf("worker %d (held %v)", w.id, keys)
 	case faultNetReset:
 		n := w.router.ResetConns()
-		f.Note = fmt.Sprintf("worker %d (held %v): %d connections", w.id, keys, n)
+		f.note = fmt.Sprintf("worker %d (held %v): %d connections", w.id, keys, n)
 	}
-	f.End = time.Now().UnixNano()
+	f.end = time.Now().UnixNano()
 	return f, nil
 }

@@ -21,7 +21,7 @@ func (a *analysis) overlaps() {
 			if !a.isLive(i) {
 				continue
 			}
-			if reach >= 0 && a.h.Holds[i].Enter < a.live[reach] {
+			if reach >= 0 && a.h.holds[i].enter < a.live[reach] {
 				a.overlap(key, reach, i)
 			}
 			if reach < 0 || a.live[i] > a.live[reach] {
@@ -34,22 +34,22 @@ func (a *analysis) overlaps() {
 
 // overlap files the overlap of hold later with the live hold earlier.
 func (a *analysis) overlap(key string, earlier, later int) {
-	r, e := a.res, &a.h.Holds[earlier]
-	reported := e.Lost > 0 || e.Unlock == UnlockLost
+	r, e := a.res, &a.h.holds[earlier]
+	reported := e.lost > 0 || e.unlock == unlockLost
 	r.Overlaps++
 	if reported {
 		r.OverlapsReported++
 	} else {
 		r.OverlapsSilent++
 	}
-	s, across := a.acrossFailover(key, e, &a.h.Holds[later])
+	s, across := a.acrossFailover(key, e, &a.h.holds[later])
 	switch {
 	case !across:
 		r.OverlapsOutsideFailover++
 		r.violation("overlap on key %s: %s entered while %s was live", key, a.describe(later), a.describe(earlier))
 	case !reported:
 		r.violation("silent overlap on key %s across the failover to %s at %s: %s entered while %s was live, which saw neither Lost nor ErrLockLost",
-			key, s.Server, a.at(s.At), a.describe(later), a.describe(earlier))
+			key, s.server, a.at(s.at), a.describe(later), a.describe(earlier))
 	}
 	if across {
 		a.lostAtFailover[earlier] = true
@@ -59,13 +59,13 @@ func (a *analysis) overlap(key string, earlier, later int) {
 // acrossFailover returns a failover of key's primary after the call
 // earlier rests on was sent (while the replaced primary may have taken
 // writes it never passed on) and before later entered.
-func (a *analysis) acrossFailover(key string, earlier, later *Hold) (Switch, bool) {
-	for _, s := range a.h.Switches {
-		if slices.Contains(s.Keys, key) && earlier.Root < max(s.At, s.Until) && later.Enter > s.Since {
+func (a *analysis) acrossFailover(key string, earlier, later *hold) (primarySwitch, bool) {
+	for _, s := range a.h.switches {
+		if slices.Contains(s.keys, key) && earlier.root < max(s.at, s.until) && later.enter > s.since {
 			return s, true
 		}
 	}
-	return Switch{}, false
+	return primarySwitch{}, false
 }
 
 // atFailovers counts the holds whose lease was live when a replica of
@@ -75,21 +75,21 @@ func (a *analysis) acrossFailover(key string, earlier, later *Hold) (Switch, boo
 // -wait-replicas, each such hold had been acknowledged by a replica.
 func (a *analysis) atFailovers() {
 	r := a.res
-	for _, s := range a.h.Switches {
+	for _, s := range a.h.switches {
 		r.Switches++
 		if !a.injected(s) {
 			r.Spontaneous++
 		}
 	}
-	for i := range a.h.Holds {
-		hd := &a.h.Holds[i]
+	for i := range a.h.holds {
+		hd := &a.h.holds[i]
 		if !a.isLive(i) {
 			continue
 		}
-		for _, s := range a.h.Switches {
-			if slices.Contains(s.Keys, hd.Key) && hd.Enter <= s.Since && a.live[i] > s.Since {
+		for _, s := range a.h.switches {
+			if slices.Contains(s.keys, hd.key) && hd.enter <= s.since && a.live[i] > s.since {
 				r.AtFailover++
-				if a.lostAtFailover[i] || hd.Lost > 0 || hd.Unlock == UnlockLost {
+				if a.lostAtFailover[i] || hd.lost > 0 || hd.unlock == unlockLost {
 					r.LostAtFailover++
 				}
 				break
@@ -100,9 +100,9 @@ func (a *analysis) atFailovers() {
 
 // injected reports whether s is the promotion an injected failover caused:
 // seen between its kill and a lease after the injector saw it.
-func (a *analysis) injected(s Switch) bool {
-	for _, f := range a.h.Faults {
-		if isFailover(f.Kind) && s.At >= f.Start && s.Since <= f.End+a.lease {
+func (a *analysis) injected(s primarySwitch) bool {
+	for _, f := range a.h.faults {
+		if isFailover(f.kind) && s.at >= f.start && s.since <= f.end+a.lease {
 			return true
 		}
 	}

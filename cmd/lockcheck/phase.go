@@ -49,12 +49,12 @@ type workerProc struct {
 	done   chan struct{} // its output is read, it has exited, its router is closed
 }
 
-func (ph *phase) run(ctx context.Context, in *injector, store *redis.Client) (*History, error) {
+func (ph *phase) run(ctx context.Context, in *injector, store *redis.Client) (*history, error) {
 	cfg := ph.cfg
 	start := time.Now()
 	ph.until = start.Add(cfg.perKeyCount)
-	ph.col = newCollector(History{
-		Keys: len(ph.keys), Lease: cfg.lease, Wait: cfg.wait, Start: start.UnixNano(), Acknowledged: cfg.waitReplica > 0,
+	ph.col = newCollector(history{
+		keys: len(ph.keys), lease: cfg.lease, wait: cfg.wait, start: start.UnixNano(), acknowledged: cfg.waitReplica > 0,
 	}, ph.keys)
 	watchCtx, stopWatching := context.WithCancel(ctx)
 	watching := make(chan struct{})
@@ -107,14 +107,14 @@ func (ph *phase) run(ctx context.Context, in *injector, store *redis.Client) (*H
 	stopWatching()
 	<-watching
 	h := ph.col.history()
-	h.End = time.Now().UnixNano()
-	h.Records = make(map[string]Record)
+	h.end = time.Now().UnixNano()
+	h.records = make(map[string]recordState)
 	for _, k := range ph.keys {
 		rec, err := readRecord(ctx, store, storeRecord(ph.registry, k))
 		if err != nil {
 			return nil, fmt.Errorf("read the store: %w", err)
 		}
-		h.Records[k] = rec
+		h.records[k] = rec
 	}
 	return h, nil
 }

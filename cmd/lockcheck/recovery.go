@@ -23,17 +23,17 @@ func (a *analysis) recovery() {
 	byKey := make(map[string][]int64)
 	byWorker := make(map[int][]int64)
 	var all []int64
-	takers := make(map[string][]int) // fresh holds by key, in Enter order
-	for _, hd := range h.Holds {
-		if hd.Fresh {
-			byKey[hd.Key] = append(byKey[hd.Key], hd.Enter)
-			byWorker[hd.Worker] = append(byWorker[hd.Worker], hd.Enter)
-			all = append(all, hd.Enter)
+	takers := make(map[string][]int) // fresh holds by key, in enter order
+	for _, hd := range h.holds {
+		if hd.fresh {
+			byKey[hd.key] = append(byKey[hd.key], hd.enter)
+			byWorker[hd.worker] = append(byWorker[hd.worker], hd.enter)
+			all = append(all, hd.enter)
 		}
 	}
 	for key, idx := range a.byKey {
 		for _, i := range idx {
-			if h.Holds[i].Fresh {
+			if h.holds[i].fresh {
 				takers[key] = append(takers[key], i)
 			}
 		}
@@ -48,42 +48,42 @@ func (a *analysis) recovery() {
 	byKind := make(map[string][]time.Duration)
 	var samples, takeovers []time.Duration
 	promotions := make(map[string][]time.Duration)
-	for _, f := range h.Faults {
+	for _, f := range h.faults {
 		var first int64
 		found := false
 		switch {
-		case f.Kind == faultNetStall || f.Kind == faultNetDelay || f.Kind == faultNetReset:
-			first, found = next(byWorker[f.Worker], f.End)
-		case len(f.Keys) == 0:
-			first, found = next(all, f.End)
+		case f.kind == faultNetStall || f.kind == faultNetDelay || f.kind == faultNetReset:
+			first, found = next(byWorker[f.worker], f.end)
+		case len(f.keys) == 0:
+			first, found = next(all, f.end)
 		default:
-			for _, k := range f.Keys {
-				if t, ok := next(byKey[k], f.End); ok && (!found || t < first) {
+			for _, k := range f.keys {
+				if t, ok := next(byKey[k], f.end); ok && (!found || t < first) {
 					first, found = t, true
 				}
 			}
 		}
-		fr := FaultResult{Kind: f.Kind, Variant: f.Variant, Note: f.Note, RecoveryMs: -1}
-		if isFailover(f.Kind) {
-			d := time.Duration(f.End - f.Start)
-			promotions[f.Variant] = append(promotions[f.Variant], d)
+		fr := faultResult{Kind: f.kind, Variant: f.variant, Note: f.note, RecoveryMs: -1}
+		if isFailover(f.kind) {
+			d := time.Duration(f.end - f.start)
+			promotions[f.variant] = append(promotions[f.variant], d)
 			fr.TakeoverMs = ms(d)
 		}
 		if !found {
 			r.Unrecovered++
-			r.violation("no fresh acquisition after the %s fault that ended at %s", f.Kind, a.at(f.End))
+			r.violation("no fresh acquisition after the %s fault that ended at %s", f.kind, a.at(f.end))
 		} else {
-			d := time.Duration(first - f.End)
-			byKind[f.Kind] = append(byKind[f.Kind], d)
+			d := time.Duration(first - f.end)
+			byKind[f.kind] = append(byKind[f.kind], d)
 			samples = append(samples, d)
 			fr.RecoveryMs = ms(d)
 		}
-		if isFailover(f.Kind) {
+		if isFailover(f.kind) {
 			r.Failovers = append(r.Failovers, fr)
 		}
-		if f.Kind == faultStop || f.Kind == faultKill || f.Kind == faultNetStall {
+		if f.kind == faultStop || f.kind == faultKill || f.kind == faultNetStall {
 			if taken, ok := a.takeover(f, takers); ok {
-				takeovers = append(takeovers, time.Duration(taken-f.Start))
+				takeovers = append(takeovers, time.Duration(taken-f.start))
 			}
 		}
 	}
@@ -104,15 +104,15 @@ func next(s []int64, t int64) (int64, bool) {
 
 // takeover returns when another worker first took a key the victim of f
 // held, fresh, after f began.
-func (a *analysis) takeover(f Fault, takers map[string][]int) (int64, bool) {
+func (a *analysis) takeover(f fault, takers map[string][]int) (int64, bool) {
 	first, found := int64(0), false
-	for _, k := range f.Keys {
+	for _, k := range f.keys {
 		idx := takers[k]
-		n := sort.Search(len(idx), func(n int) bool { return a.h.Holds[idx[n]].Enter >= f.Start })
+		n := sort.Search(len(idx), func(n int) bool { return a.h.holds[idx[n]].enter >= f.start })
 		for _, i := range idx[n:] {
-			if hd := &a.h.Holds[i]; hd.Worker != f.Worker {
-				if !found || hd.Enter < first {
-					first, found = hd.Enter, true
+			if hd := &a.h.holds[i]; hd.worker != f.worker {
+				if !found || hd.enter < first {
+					first, found = hd.enter, true
 				}
 				break
 			}

@@ -15,14 +15,14 @@ import (
 // labelWidth fits the longest label of the table.
 const labelWidth = 66
 
-func writeTable(w io.Writer, cfg config, phases []*Result, total *Result) error {
+func writeTable(w io.Writer, cfg config, phases []*result, total *result) error {
 	cols := phases
 	head := []string{""}
 	for _, p := range phases {
 		head = append(head, fmt.Sprintf("keys=%d", p.Keys))
 	}
 	if len(phases) > 1 {
-		cols = append(append([]*Result(nil), phases...), total)
+		cols = append(append([]*result(nil), phases...), total)
 		head = append(head, "total")
 	}
 	fmt.Fprintf(w, "lockcheck: topology %s, %d workers x %d goroutines, lease %v, retry %v, %v per key count, faults every %v, seed %d, %d CPUs",
@@ -42,15 +42,15 @@ func writeTable(w io.Writer, cfg config, phases []*Result, total *Result) error 
 	// Right-aligned numbers under left-aligned labels: tabwriter aligns
 	// whole columns, so the labels come padded.
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	row := func(label string, cell func(r *Result) string) {
+	row := func(label string, cell func(r *result) string) {
 		fmt.Fprintf(tw, "%-*s\t", labelWidth, label)
 		for _, r := range cols {
 			fmt.Fprintf(tw, "%s\t", cell(r))
 		}
 		fmt.Fprintln(tw)
 	}
-	num := func(f func(r *Result) int) func(*Result) string {
-		return func(r *Result) string { return fmt.Sprint(f(r)) }
+	num := func(f func(r *result) int) func(*result) string {
+		return func(r *result) string { return fmt.Sprint(f(r)) }
 	}
 	section := func(title string) {
 		fmt.Fprintf(tw, "%-*s\t", labelWidth, title)
@@ -60,12 +60,12 @@ func writeTable(w io.Writer, cfg config, phases []*Result, total *Result) error 
 		fmt.Fprintln(tw)
 	}
 	fmt.Fprintf(tw, "%-*s\t%s\t\n", labelWidth, "", strings.Join(head[1:], "\t"))
-	row("seconds", func(r *Result) string { return fmt.Sprintf("%.1f", r.Seconds) })
-	row("acquisitions", num(func(r *Result) int { return r.Acquisitions }))
-	row("  fresh from Redis", num(func(r *Result) int { return r.Fresh }))
-	row("  local hand-offs", num(func(r *Result) int { return r.Handoffs }))
-	row("longest wait for a lock (ms)", func(r *Result) string { return fmt.Sprintf("%.0f", r.MaxWaitMs) })
-	row("faults injected", num(func(r *Result) int {
+	row("seconds", func(r *result) string { return fmt.Sprintf("%.1f", r.Seconds) })
+	row("acquisitions", num(func(r *result) int { return r.Acquisitions }))
+	row("  fresh from Redis", num(func(r *result) int { return r.Fresh }))
+	row("  local hand-offs", num(func(r *result) int { return r.Handoffs }))
+	row("longest wait for a lock (ms)", func(r *result) string { return fmt.Sprintf("%.0f", r.MaxWaitMs) })
+	row("faults injected", num(func(r *result) int {
 		n := 0
 		for _, c := range r.Faults {
 			n += c
@@ -73,69 +73,69 @@ func writeTable(w io.Writer, cfg config, phases []*Result, total *Result) error 
 		return n
 	}))
 	for _, k := range kinds {
-		row("  "+k+": "+faultTitles[k], num(func(r *Result) int { return r.Faults[k] }))
+		row("  "+k+": "+faultTitles[k], num(func(r *result) int { return r.Faults[k] }))
 	}
-	row("  victims of stop, kill-9, net- inside a critical section", num(func(r *Result) int { return r.VictimsHolding }))
+	row("  victims of stop, kill-9, net- inside a critical section", num(func(r *result) int { return r.VictimsHolding }))
 	if replicated {
-		row("failovers seen (a replica promoted)", num(func(r *Result) int { return r.Switches }))
-		row("  ... that no injected failover caused", num(func(r *Result) int { return r.Spontaneous }))
+		row("failovers seen (a replica promoted)", num(func(r *result) int { return r.Switches }))
+		row("  ... that no injected failover caused", num(func(r *result) int { return r.Spontaneous }))
 		held := "holds whose lease was live at a failover"
 		if cfg.waitReplica > 0 {
 			held = "acknowledged holds whose lease was live at a failover"
 		}
-		row(held, num(func(r *Result) int { return r.AtFailover }))
-		row("  ... lost (told so, or overlapped)", num(func(r *Result) int { return r.LostAtFailover }))
+		row(held, num(func(r *result) int { return r.AtFailover }))
+		row("  ... lost (told so, or overlapped)", num(func(r *result) int { return r.LostAtFailover }))
 	}
-	row("holds whose lease was live when they entered", num(func(r *Result) int { return r.Live }))
-	row("  ... that outlived it (exited after it ended)", num(func(r *Result) int { return r.Outlived }))
-	row("  ... cut short by kill -9", num(func(r *Result) int { return r.KilledInside }))
-	row("holds whose lease had run out before they entered", num(func(r *Result) int { return r.NeverLive }))
-	row("Lost() fired during a hold", num(func(r *Result) int { return r.LostSignals }))
-	row("unlocks returning ErrLockLost", num(func(r *Result) int { return r.LostUnlocks }))
-	row("holds that got no token (lost or Redis failing when drawn)", num(func(r *Result) int { return r.NoTokens }))
+	row("holds whose lease was live when they entered", num(func(r *result) int { return r.Live }))
+	row("  ... that outlived it (exited after it ended)", num(func(r *result) int { return r.Outlived }))
+	row("  ... cut short by kill -9", num(func(r *result) int { return r.KilledInside }))
+	row("holds whose lease had run out before they entered", num(func(r *result) int { return r.NeverLive }))
+	row("Lost() fired during a hold", num(func(r *result) int { return r.LostSignals }))
+	row("unlocks returning ErrLockLost", num(func(r *result) int { return r.LostUnlocks }))
+	row("holds that got no token (lost or Redis failing when drawn)", num(func(r *result) int { return r.NoTokens }))
 	section("fencing")
-	row("  stale reads rejected", num(func(r *Result) int { return r.StaleReads.Rejected }))
-	row("  stale writes rejected", num(func(r *Result) int { return r.StaleWrites.Rejected }))
-	row("  other rejections (racing a newer token)", num(func(r *Result) int { return r.RaceRejected }))
-	row("  rejections the store counted", func(r *Result) string { return fmt.Sprint(r.StoreRejected) })
-	row("  store calls after the lease ended: rejected", num(func(r *Result) int { return r.LateOps.Rejected }))
-	row("  ... accepted (no newer token yet)", num(func(r *Result) int { return r.LateOps.Accepted }))
-	row("  increments accepted by the store", func(r *Result) string { return fmt.Sprint(r.Increments) })
-	row("  final value", func(r *Result) string { return fmt.Sprint(r.FinalValue) })
-	row("  store calls that failed", num(func(r *Result) int { return r.StoreFailed }))
+	row("  stale reads rejected", num(func(r *result) int { return r.StaleReads.Rejected }))
+	row("  stale writes rejected", num(func(r *result) int { return r.StaleWrites.Rejected }))
+	row("  other rejections (racing a newer token)", num(func(r *result) int { return r.RaceRejected }))
+	row("  rejections the store counted", func(r *result) string { return fmt.Sprint(r.StoreRejected) })
+	row("  store calls after the lease ended: rejected", num(func(r *result) int { return r.LateOps.Rejected }))
+	row("  ... accepted (no newer token yet)", num(func(r *result) int { return r.LateOps.Accepted }))
+	row("  increments accepted by the store", func(r *result) string { return fmt.Sprint(r.Increments) })
+	row("  final value", func(r *result) string { return fmt.Sprint(r.FinalValue) })
+	row("  store calls that failed", num(func(r *result) int { return r.StoreFailed }))
 	section("overlapping live holds, by what the earlier hold learnt")
-	row("  reported (Lost or ErrLockLost)", num(func(r *Result) int { return r.OverlapsReported }))
-	row("  silent", num(func(r *Result) int { return r.OverlapsSilent }))
+	row("  reported (Lost or ErrLockLost)", num(func(r *result) int { return r.OverlapsReported }))
+	row("  silent", num(func(r *result) int { return r.OverlapsSilent }))
 	section("violations (each must be 0)")
-	row("  overlaps that no failover explains", num(func(r *Result) int { return r.OverlapsOutsideFailover }))
+	row("  overlaps that no failover explains", num(func(r *result) int { return r.OverlapsOutsideFailover }))
 	if replicated {
-		row("  silent overlaps", num(func(r *Result) int { return r.OverlapsSilent }))
+		row("  silent overlaps", num(func(r *result) int { return r.OverlapsSilent }))
 	}
-	row("  fresh tokens not above earlier holds'", num(func(r *Result) int { return r.TokenOrder }))
-	row("  duplicate tokens", num(func(r *Result) int { return r.DuplicateToken }))
-	row("  stale reads accepted", num(func(r *Result) int { return r.StaleReads.Accepted }))
-	row("  stale writes accepted", num(func(r *Result) int { return r.StaleWrites.Accepted }))
-	row("  lost increments", func(r *Result) string { return fmt.Sprint(r.LostIncrements) })
-	row(fmt.Sprintf("  acquisitions that waited %v", cfg.wait), num(func(r *Result) int { return r.Timeouts }))
-	row("  goroutines that never got a lock", num(func(r *Result) int { return r.NeverAcquired }))
-	row("  faults never recovered from", num(func(r *Result) int { return r.Unrecovered }))
-	row("  all violations", num(func(r *Result) int { return r.ViolationCount }))
+	row("  fresh tokens not above earlier holds'", num(func(r *result) int { return r.TokenOrder }))
+	row("  duplicate tokens", num(func(r *result) int { return r.DuplicateToken }))
+	row("  stale reads accepted", num(func(r *result) int { return r.StaleReads.Accepted }))
+	row("  stale writes accepted", num(func(r *result) int { return r.StaleWrites.Accepted }))
+	row("  lost increments", func(r *result) string { return fmt.Sprint(r.LostIncrements) })
+	row(fmt.Sprintf("  acquisitions that waited %v", cfg.wait), num(func(r *result) int { return r.Timeouts }))
+	row("  goroutines that never got a lock", num(func(r *result) int { return r.NeverAcquired }))
+	row("  faults never recovered from", num(func(r *result) int { return r.Unrecovered }))
+	row("  all violations", num(func(r *result) int { return r.ViolationCount }))
 	section("recovery, ms: fault end to next fresh acquisition (median / max)")
-	rec := func(x Recovery) string {
+	rec := func(x recovery) string {
 		if x.N == 0 {
 			return "-"
 		}
 		return fmt.Sprintf("%.0f / %.0f", x.MedianMs, x.MaxMs)
 	}
 	for _, k := range kinds {
-		row("  "+k, func(r *Result) string { return rec(r.Recovery[k]) })
+		row("  "+k, func(r *result) string { return rec(r.Recovery[k]) })
 	}
-	row("  all faults", func(r *Result) string { return rec(r.RecoveryAll) })
+	row("  all faults", func(r *result) string { return rec(r.RecoveryAll) })
 	section("takeover, ms (median / max)")
-	row("  stop, kill-9, net-stall: to another worker taking the key", func(r *Result) string { return rec(r.Takeover) })
+	row("  stop, kill-9, net-stall: to another worker taking the key", func(r *result) string { return rec(r.Takeover) })
 	if replicated {
 		for _, v := range []string{"forced", "detected"} {
-			row("  failovers, "+v+": from the kill to the promotion", func(r *Result) string { return rec(r.Promotion[v]) })
+			row("  failovers, "+v+": from the kill to the promotion", func(r *result) string { return rec(r.Promotion[v]) })
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -156,13 +156,13 @@ func writeTable(w io.Writer, cfg config, phases []*Result, total *Result) error 
 	return nil
 }
 
-func writeJSON(w io.Writer, cfg config, phases []*Result, total *Result) error {
+func writeJSON(w io.Writer, cfg config, phases []*result, total *result) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(struct {
 		Config map[string]any `json:"config"`
-		Phases []*Result      `json:"phases"`
-		Total  *Result        `json:"total"`
+		Phases []*result      `json:"phases"`
+		Total  *result        `json:"total"`
 		OK     bool           `json:"ok"`
 	}{
 		Config: map[string]any{

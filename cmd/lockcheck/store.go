@@ -39,49 +39,50 @@ return 1
 `)
 )
 
-// Outcome is what the store answered to one read or write.
-type Outcome int8
+// outcome is what the store answered to one read or write.
+type outcome int8
 
 const (
-	NotTried Outcome = iota
-	Accepted
-	Rejected // a higher token had been seen
-	Failed   // the call failed: it may or may not have run
+	storeNotTried outcome = iota
+	storeAccepted
+	storeRejected // a higher token had been seen
+	storeFailed   // the call failed: it may or may not have run
 )
 
 // storeRead returns the record's value if token is not stale.
-func storeRead(ctx context.Context, c *redis.Client, record string, token int64) (value int64, outcome Outcome) {
+func storeRead(ctx context.Context, c *redis.Client, record string, token int64) (value int64, outcome outcome) {
 	v, err := fencedRead.Run(ctx, c, []string{record}, strconv.FormatInt(token, 10)).Int64()
 	switch {
 	case err != nil:
-		return 0, Failed
+		return 0, storeFailed
 	case v < 0:
-		return 0, Rejected
+		return 0, storeRejected
 	}
-	return v, Accepted
+	return v, storeAccepted
 }
 
-func storeWrite(ctx context.Context, c *redis.Client, record string, token, value int64) Outcome {
+func storeWrite(ctx context.Context, c *redis.Client, record string, token, value int64) outcome {
 	ok, err := fencedWrite.Run(ctx, c, []string{record}, strconv.FormatInt(token, 10), value).Int64()
 	switch {
 	case err != nil:
-		return Failed
+		return storeFailed
 	case ok == 0:
-		return Rejected
+		return storeRejected
 	}
-	return Accepted
+	return storeAccepted
 }
 
-// Record is a store record's final state.
-type Record struct {
+// recordState is a store record's final state. Its fields stay exported
+// for go-redis's Scan.
+type recordState struct {
 	Value          int64 `json:"value" redis:"value"`
 	Accepted       int64 `json:"accepted" redis:"accepted"`
 	RejectedReads  int64 `json:"rejected_reads" redis:"rejected_reads"`
 	RejectedWrites int64 `json:"rejected_writes" redis:"rejected_writes"`
 }
 
-func readRecord(ctx context.Context, c *redis.Client, record string) (Record, error) {
-	var r Record
+func readRecord(ctx context.Context, c *redis.Client, record string) (recordState, error) {
+	var r recordState
 	err := c.HMGet(ctx, record, "value", "accepted", "rejected_reads", "rejected_writes").Scan(&r)
 	return r, err
 }

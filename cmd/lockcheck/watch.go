@@ -24,7 +24,7 @@ type watcher struct {
 	col     *collector
 	clients map[string]*redis.Client // by address
 	seen    map[string]role          // the last role each server answered
-	pending []Switch                 // promotions whose old primary was still one
+	pending []primarySwitch          // promotions whose old primary was still one
 	olds    []string                 // and those primaries, in step with pending
 	last    time.Time                // the previous look
 }
@@ -61,7 +61,7 @@ func (w *watcher) run(ctx context.Context) {
 		case <-ctx.Done():
 			now := time.Now().UnixNano()
 			for _, s := range w.pending {
-				s.Until = now
+				s.until = now
 				w.col.switched(s)
 			}
 			return
@@ -91,7 +91,7 @@ func (w *watcher) look(ctx context.Context, now time.Time) {
 		if err != nil {
 			w.col.failed("watcher: what %s serves after its promotion: %v", addr, err)
 		}
-		w.pending = append(w.pending, Switch{Server: addr, Since: w.last.UnixNano(), At: at.UnixNano(), Keys: keys})
+		w.pending = append(w.pending, primarySwitch{server: addr, since: w.last.UnixNano(), at: at.UnixNano(), keys: keys})
 		w.olds = append(w.olds, before.primary)
 	}
 	for i := 0; i < len(w.pending); {
@@ -100,11 +100,11 @@ func (w *watcher) look(ctx context.Context, now time.Time) {
 			continue
 		}
 		s := w.pending[i]
-		s.Until = max(s.At, at.UnixNano())
+		s.until = max(s.at, at.UnixNano())
 		if _, alive := roles[w.olds[i]]; !alive {
 			// Dead at the last look already, or since: writes it took
 			// before are the ones at risk.
-			s.Until = s.At
+			s.until = s.at
 		}
 		w.col.switched(s)
 		w.pending = append(w.pending[:i], w.pending[i+1:]...)

@@ -19,7 +19,7 @@ func TestWatcherFilesPromotions(t *testing.T) {
 	ctx := context.Background()
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
-	col := newCollector(History{}, []string{"k"})
+	col := newCollector(history{}, []string{"k"})
 	topo := &sentinelGroup{g: &redistest.SentinelGroup{Primary: primary, Replica: replica}}
 	watching, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -35,7 +35,7 @@ func TestWatcherFilesPromotions(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(6 * watchEvery)
-	if s := col.history().Switches; len(s) != 0 {
+	if s := col.history().switches; len(s) != 0 {
 		t.Fatalf("filed %+v while the old primary was still one", s)
 	}
 	host, port, _ := net.SplitHostPort(replica.Addr())
@@ -43,15 +43,15 @@ func TestWatcherFilesPromotions(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for len(col.history().Switches) == 0 {
+	for len(col.history().switches) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("no switch filed after the old primary turned replica")
 		}
 		time.Sleep(watchEvery)
 	}
-	s := col.history().Switches[0]
-	if s.Server != replica.Addr() || !slices.Equal(s.Keys, []string{"k"}) || s.At < before || s.At <= s.Since || s.Until < s.At {
+	s := col.history().switches[0]
+	if s.server != replica.Addr() || !slices.Equal(s.keys, []string{"k"}) || s.at < before || s.at <= s.since || s.until < s.at {
 		t.Errorf("switch %+v (since +%v, at +%v, until +%v); want %s's, with k, since < at <= until", s,
-			time.Duration(s.Since-before), time.Duration(s.At-before), time.Duration(s.Until-before), replica.Addr())
+			time.Duration(s.since-before), time.Duration(s.at-before), time.Duration(s.until-before), replica.Addr())
 	}
 }

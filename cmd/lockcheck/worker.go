@@ -27,6 +27,8 @@ const workerEnv = "LOCKCHECK_WORKER"
 // (WithLocalHandoff), each of which raises the token by one.
 const maxHandoffs = 16
 
+// workerConfig is a worker's configuration. It travels to the worker as
+// JSON in workerEnv, so its fields stay exported.
 type workerConfig struct {
 	ID       int
 	Topology string
@@ -96,7 +98,7 @@ func runWorker(spec string) int {
 	}
 	defer stopWatching()
 	w := &worker{cfg: cfg, reg: reg, store: storeClient, leases: leases, out: out}
-	runs := make([]GoroutineRun, cfg.Goroutines)
+	runs := make([]goroutineRun, cfg.Goroutines)
 	var wg sync.WaitGroup
 	for g := range runs {
 		wg.Go(func() { runs[g] = w.loop(g) })
@@ -117,8 +119,8 @@ type worker struct {
 	noTokens    atomic.Int64
 }
 
-func (w *worker) loop(g int) GoroutineRun {
-	run := GoroutineRun{G: g}
+func (w *worker) loop(g int) goroutineRun {
+	run := goroutineRun{G: g}
 	rng := rand.New(rand.NewPCG(w.cfg.Seed, uint64(w.cfg.ID)<<32|uint64(g)))
 	for {
 		acq := time.Now()
@@ -191,7 +193,7 @@ func (w *worker) critical(g int, lock *lockreg.Lock, acq time.Time, rng *rand.Ra
 	ev.Read.Sent = time.Now().UnixNano()
 	value, ev.Read.Outcome = storeRead(ctx, w.store, record, token)
 	ev.Read.Done = time.Now().UnixNano()
-	if ev.Read.Outcome == Accepted {
+	if ev.Read.Outcome == storeAccepted {
 		switch {
 		case rng.Float64() < w.cfg.Long:
 			time.Sleep(w.cfg.Lease/2 + time.Duration(rng.Int64N(int64(w.cfg.Lease))))
@@ -220,15 +222,15 @@ func (w *worker) critical(g int, lock *lockreg.Lock, acq time.Time, rng *rand.Ra
 }
 
 // unlock unlocks lock and tells how it went.
-func (w *worker) unlock(ctx context.Context, lock *lockreg.Lock) Unlocked {
+func (w *worker) unlock(ctx context.Context, lock *lockreg.Lock) unlocked {
 	switch err := lock.UnlockContext(ctx); {
 	case err == nil:
-		return UnlockOK
+		return unlockOK
 	case errors.Is(err, lockreg.ErrLockLost):
 		w.lostUnlocks.Add(1)
-		return UnlockLost
+		return unlockLost
 	default:
-		return UnlockFailed
+		return unlockFailed
 	}
 }
 
