@@ -313,14 +313,6 @@ func TestRedisClusterRenewsInOneRoundTripPerNode(t *testing.T) {
 	}
 }
 
-// clusterClient returns a new client of the cluster at addrs, closed when
-// the test ends.
-func clusterClient(t *testing.T, addrs []string) *redis.ClusterClient {
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 // TestRedisClusterWaitsForReplicas runs WithWaitReplicas on a cluster whose
 // three primaries have a replica each. The WAIT must go to the primary of
 // each key's slot, on the connection that wrote the key: when LockContext

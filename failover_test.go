@@ -19,18 +19,6 @@ import (
 // and the last renewal before the crash may be a third of a lease old.
 const failoverLease = 15 * time.Second
 
-// holdKeys takes n locks of r named prefix-0, prefix-1, ..., as the
-// calling goroutine.
-func holdKeys(t *testing.T, r *Registry, prefix string, n int) []*Lock {
-	t.Helper()
-	locks := make([]*Lock, n)
-	for i := range locks {
-		locks[i] = r.Obtain(prefix + "-" + strconv.Itoa(i))
-		require.NoError(t, locks[i].LockContext(context.Background()))
-	}
-	return locks
-}
-
 // cutOffReplica freezes the group's replica and drops its link at the
 // primary, so that the primary goes on acknowledging writes the replica
 // will never see: what a lagging or partitioned replica does to
@@ -95,27 +83,6 @@ func tryLockWithin(t *testing.T, lock *Lock, limit time.Duration, msg string) {
 			t.Fatalf("%s: not locked within %v", msg, limit)
 		}
 	}
-}
-
-// requireHeldByAnother checks that r cannot take key because another owner
-// holds it, not because Redis failed.
-// requireReleased checks that a released key leaves Redis. When another
-// registry gave up waiting for it just before, the release may grant it to
-// that registry, which gives it back within a round trip or two.
-func requireReleased(t *testing.T, client redis.Cmdable, redisKey, msg string) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		return client.Exists(context.Background(), redisKey).Val() == 0
-	}, 2*time.Second, time.Millisecond, msg)
-}
-
-func requireHeldByAnother(t *testing.T, r *Registry, key, msg string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	err := r.Obtain(key).LockContext(ctx)
-	require.ErrorIs(t, err, ErrNotObtained, msg)
-	require.NotErrorIs(t, err, ErrRedis, msg)
 }
 
 // TestFailoverKeepsWorkingAndReportsLostHolds kills the primary of a

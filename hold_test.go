@@ -152,13 +152,6 @@ func TestAHoldHandsOffWithRisingTokens(t *testing.T) {
 	require.NoError(t, h3.Release(ctx))
 }
 
-func mustHoldToken(t *testing.T, h *Hold) int64 {
-	t.Helper()
-	token, err := h.Token(context.Background())
-	require.NoError(t, err)
-	return token
-}
-
 // TestAHoldsReleaseGrantsTheKeyToAWaitingRegistry: Release passes the key
 // to another process's waiter as Unlock does.
 func TestAHoldsReleaseGrantsTheKeyToAWaitingRegistry(t *testing.T) {

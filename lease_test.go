@@ -17,29 +17,6 @@ import (
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
-// requireFires waits for ch to close within limit and returns how long it
-// took.
-func requireFires(t *testing.T, ch <-chan struct{}, limit time.Duration, msg string) time.Duration {
-	t.Helper()
-	start := time.Now()
-	select {
-	case <-ch:
-		return time.Since(start)
-	case <-time.After(limit):
-		t.Fatalf("%s: no signal within %v", msg, limit)
-		return 0
-	}
-}
-
-func requireOpen(t *testing.T, ch <-chan struct{}, msg string) {
-	t.Helper()
-	select {
-	case <-ch:
-		t.Fatal(msg)
-	default:
-	}
-}
-
 func TestRenewalKeepsAHoldFiveTimesTheLease(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
@@ -432,13 +409,6 @@ func TestLostFiresOnTimeWhileARenewalHangs(t *testing.T) {
 	hang.Store(true)
 	requireFires(t, lock.Lost(), lease+lease/3+500*time.Millisecond, "the lease ran out while its renewal hung")
 	_ = lock.UnlockContext(context.Background())
-}
-
-// renewHolds runs one watchdog tick, its renewal round included, on the
-// caller's goroutine.
-func (r *Registry) renewHolds(ctx context.Context) {
-	r.renew(ctx, r.renewalBatches(r.dueForRenewal()))
-	r.loseLapsed()
 }
 
 // holdPastItsLease locks key in a new registry on client and makes the

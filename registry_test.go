@@ -1,16 +1,13 @@
 package lockreg
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"io/fs"
 	"log/slog"
 	"maps"
-	"os"
 	"regexp"
 	"runtime"
 	"slices"
@@ -25,100 +22,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/lockreg/lockreg/internal/redisstat"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
-
-func TestMain(m *testing.M) {
-	if spec := os.Getenv(contenderEnv); spec != "" {
-		os.Exit(runContender(spec))
-	}
-	// requireParksForGood leaves goroutines in parkForever on purpose.
-	goleak.VerifyTestMain(redistest.M(m), goleak.IgnoreTopFunction("github.com/lockreg/lockreg.parkForever"))
-}
-
-// requireParksForGood checks that fn, run in a goroutine of its own,
-// blocks for good in parkForever, and leaves that goroutine there.
-func requireParksForGood(t *testing.T, fn func(), msgAndArgs ...any) {
-	t.Helper()
-	parked := func() int {
-		buf := make([]byte, 1<<20)
-		return strings.Count(string(buf[:runtime.Stack(buf, true)]), "lockreg.parkForever(")
-	}
-	before := parked()
-	returned := make(chan struct{})
-	go func() {
-		fn()
-		close(returned)
-	}()
-	require.Eventually(t, func() bool { return parked() == before+1 }, 5*time.Second, time.Millisecond, msgAndArgs...)
-	select {
-	case <-returned:
-		require.Fail(t, "it returned", msgAndArgs...)
-	default:
-	}
-}
-
-// mustToken returns the calling goroutine's fencing token for l, failing
-// the test (without stopping it, so that goroutines may call it too) if
-// there is none.
-func mustToken(t testing.TB, l *Lock) int64 {
-	t.Helper()
-	token, err := l.Token(context.Background())
-	assert.NoError(t, err, "token of %q", l.Key())
-	return token
-}
-
-// newRegistry makes a registry on client, namespaced by the test's name and
-// closed when the test ends; registries of one test share the namespace.
-func newRegistry(t testing.TB, client redis.UniversalClient, opts ...Option) *Registry {
-	t.Helper()
-	opts = append([]Option{WithLogger(slog.New(slog.DiscardHandler))}, opts...)
-	r, err := New(client, "lockreg-test:"+t.Name(), opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, r.Close()) })
-	return r
-}
-
-// inGoroutine runs fn in a new goroutine, which is not the owner of anything
-// the caller holds, and waits for it.
-func inGoroutine(fn func()) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fn()
-	}()
-	<-done
-}
-
-// requireNoLocalState checks that r keeps no per-key state. An attempt
-// still in flight when its caller gave up settles once Redis answers, a
-// moment later, so it waits briefly for that.
-func requireNoLocalState(t *testing.T, r *Registry, msgAndArgs ...any) {
-	t.Helper()
-	require.Eventually(t, func() bool { return r.locals.size() == 0 }, time.Second, time.Millisecond, msgAndArgs...)
-}
-
-// syncBuffer is a log destination that tests can read while the registry
-// writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 func TestGoroutineIDMatchesRuntime(t *testing.T) {
 	// goid reads the id from the runtime's g struct; a Go release that moves
@@ -751,18 +658,6 @@ func TestAnAcquisitionThatCloseOvertakesFailsAndGivesTheKeyBack(t *testing.T) {
 	require.Zero(t, r.locals.size())
 }
 
-// refsOf is how many goroutines hold or wait for key in r.
-func refsOf(r *Registry, key string) int {
-	var refs int
-	r.locals.m.Compute(key, func(l *localLock, loaded bool) (*localLock, bool) {
-		if loaded {
-			refs = l.refs
-		}
-		return l, !loaded
-	})
-	return refs
-}
-
 func TestLocksOfOneKeyShareState(t *testing.T) {
 	r := newRegistry(t, redistest.Shared(t).Client(t))
 	a, b := r.Obtain("k"), r.Obtain("k")
@@ -867,47 +762,6 @@ func TestMutualExclusionStress(t *testing.T) {
 		registries = append(registries, newRegistry(t, srv.Client(t), WithRetryInterval(5*time.Millisecond)))
 	}
 	requireExclusiveIncrements(t, registries, srv.Client(t), "lockreg-test:"+t.Name()+":counter", 8, 250)
-}
-
-// requireExclusiveIncrements has goroutines of every registry increment a
-// counter under one lock, as a non-atomic GET then SET that only the lock
-// keeps exact, and checks that no two holders overlapped and no increment
-// was lost.
-func requireExclusiveIncrements(t *testing.T, registries []*Registry, counter redis.UniversalClient, counterKey string, goroutines, increments int) {
-	t.Helper()
-	ctx := context.Background()
-	require.NoError(t, counter.Del(ctx, counterKey).Err())
-	var inside, overlaps atomic.Int32
-	var wg sync.WaitGroup
-	for _, r := range registries {
-		for range goroutines {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				lock := r.Obtain("counter")
-				for range increments {
-					if !assert.NoError(t, lock.LockContext(ctx)) {
-						return
-					}
-					if inside.Add(1) != 1 {
-						overlaps.Add(1)
-					}
-					n, err := counter.Get(ctx, counterKey).Int()
-					if err != nil && !errors.Is(err, redis.Nil) {
-						t.Error(err)
-					}
-					assert.NoError(t, counter.Set(ctx, counterKey, n+1, 0).Err())
-					inside.Add(-1)
-					assert.NoError(t, lock.UnlockContext(ctx))
-				}
-			}()
-		}
-	}
-	wg.Wait()
-	require.Zero(t, overlaps.Load(), "two holders overlapped")
-	n, err := counter.Get(ctx, counterKey).Int()
-	require.NoError(t, err)
-	require.Equal(t, len(registries)*goroutines*increments, n)
 }
 
 // TestErrorsAreShortAndTheirDocsSayWhatToDo: an error's text is logged

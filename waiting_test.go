@@ -17,41 +17,6 @@ import (
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
-// waitUntilWaiting returns once r has failed an attempt and holds its
-// subscription (with pub/sub on), so that the next release must wake it.
-func waitUntilWaiting(t *testing.T, r *Registry) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		return r.Stats().FailedAttempts > 0 && (!r.cfg.pubSub || r.notes.subscribed.Load())
-	}, 5*time.Second, time.Millisecond)
-}
-
-// requireTaken waits until lockInBackground's goroutine took its lock.
-func requireTaken(t *testing.T, taken <-chan time.Time) {
-	t.Helper()
-	select {
-	case _, ok := <-taken:
-		require.True(t, ok, "the waiter's acquisition failed")
-	case <-time.After(5 * time.Second):
-		t.Fatal("the waiter did not acquire")
-	}
-}
-
-// lockInBackground starts lock.LockContext in a goroutine that unlocks at
-// once; the channel reports the error and when the lock was taken.
-func lockInBackground(ctx context.Context, lock *Lock) <-chan time.Time {
-	taken := make(chan time.Time, 1)
-	go func() {
-		if err := lock.LockContext(ctx); err != nil {
-			close(taken)
-			return
-		}
-		taken <- time.Now()
-		lock.Unlock()
-	}()
-	return taken
-}
-
 func TestNotificationWakesARemoteWaiterAtOnce(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	holder := newRegistry(t, client)

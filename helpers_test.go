@@ -1,0 +1,278 @@
+package lockreg
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(contenderEnv); spec != "" {
+		os.Exit(runContender(spec))
+	}
+	// requireParksForGood leaves goroutines in parkForever on purpose.
+	goleak.VerifyTestMain(redistest.M(m), goleak.IgnoreTopFunction("github.com/lockreg/lockreg.parkForever"))
+}
+
+// newRegistry makes a registry on client, namespaced by the test's name and
+// closed when the test ends; registries of one test share the namespace.
+func newRegistry(t testing.TB, client redis.UniversalClient, opts ...Option) *Registry {
+	t.Helper()
+	opts = append([]Option{WithLogger(slog.New(slog.DiscardHandler))}, opts...)
+	r, err := New(client, "lockreg-test:"+t.Name(), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, r.Close()) })
+	return r
+}
+
+// inGoroutine runs fn in a new goroutine, which is not the owner of anything
+// the caller holds, and waits for it.
+func inGoroutine(fn func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	<-done
+}
+
+// requireNoLocalState checks that r keeps no per-key state. An attempt
+// still in flight when its caller gave up settles once Redis answers, a
+// moment later, so it waits briefly for that.
+func requireNoLocalState(t *testing.T, r *Registry, msgAndArgs ...any) {
+	t.Helper()
+	require.Eventually(t, func() bool { return r.locals.size() == 0 }, time.Second, time.Millisecond, msgAndArgs...)
+}
+
+// refsOf is how many goroutines hold or wait for key in r.
+func refsOf(r *Registry, key string) int {
+	var refs int
+	r.locals.m.Compute(key, func(l *localLock, loaded bool) (*localLock, bool) {
+		if loaded {
+			refs = l.refs
+		}
+		return l, !loaded
+	})
+	return refs
+}
+
+// requireParksForGood checks that fn, run in a goroutine of its own,
+// blocks for good in parkForever, and leaves that goroutine there.
+func requireParksForGood(t *testing.T, fn func(), msgAndArgs ...any) {
+	t.Helper()
+	parked := func() int {
+		buf := make([]byte, 1<<20)
+		return strings.Count(string(buf[:runtime.Stack(buf, true)]), "lockreg.parkForever(")
+	}
+	before := parked()
+	returned := make(chan struct{})
+	go func() {
+		fn()
+		close(returned)
+	}()
+	require.Eventually(t, func() bool { return parked() == before+1 }, 5*time.Second, time.Millisecond, msgAndArgs...)
+	select {
+	case <-returned:
+		require.Fail(t, "it returned", msgAndArgs...)
+	default:
+	}
+}
+
+// mustToken returns the calling goroutine's fencing token for l, failing
+// the test (without stopping it, so that goroutines may call it too) if
+// there is none.
+func mustToken(t testing.TB, l *Lock) int64 {
+	t.Helper()
+	token, err := l.Token(context.Background())
+	assert.NoError(t, err, "token of %q", l.Key())
+	return token
+}
+
+func mustHoldToken(t *testing.T, h *Hold) int64 {
+	t.Helper()
+	token, err := h.Token(context.Background())
+	require.NoError(t, err)
+	return token
+}
+
+// requireFires waits for ch to close within limit and returns how long it
+// took.
+func requireFires(t *testing.T, ch <-chan struct{}, limit time.Duration, msg string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	select {
+	case <-ch:
+		return time.Since(start)
+	case <-time.After(limit):
+		t.Fatalf("%s: no signal within %v", msg, limit)
+		return 0
+	}
+}
+
+func requireOpen(t *testing.T, ch <-chan struct{}, msg string) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatal(msg)
+	default:
+	}
+}
+
+// waitUntilWaiting returns once r has failed an attempt and holds its
+// subscription (with pub/sub on), so that the next release must wake it.
+func waitUntilWaiting(t *testing.T, r *Registry) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return r.Stats().FailedAttempts > 0 && (!r.cfg.pubSub || r.notes.subscribed.Load())
+	}, 5*time.Second, time.Millisecond)
+}
+
+// lockInBackground starts lock.LockContext in a goroutine that unlocks at
+// once; the channel reports the error and when the lock was taken.
+func lockInBackground(ctx context.Context, lock *Lock) <-chan time.Time {
+	taken := make(chan time.Time, 1)
+	go func() {
+		if err := lock.LockContext(ctx); err != nil {
+			close(taken)
+			return
+		}
+		taken <- time.Now()
+		lock.Unlock()
+	}()
+	return taken
+}
+
+// requireTaken waits until lockInBackground's goroutine took its lock.
+func requireTaken(t *testing.T, taken <-chan time.Time) {
+	t.Helper()
+	select {
+	case _, ok := <-taken:
+		require.True(t, ok, "the waiter's acquisition failed")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter did not acquire")
+	}
+}
+
+// holdKeys takes n locks of r named prefix-0, prefix-1, ..., as the
+// calling goroutine.
+func holdKeys(t *testing.T, r *Registry, prefix string, n int) []*Lock {
+	t.Helper()
+	locks := make([]*Lock, n)
+	for i := range locks {
+		locks[i] = r.Obtain(prefix + "-" + strconv.Itoa(i))
+		require.NoError(t, locks[i].LockContext(context.Background()))
+	}
+	return locks
+}
+
+// requireReleased checks that a released key leaves Redis. When another
+// registry gave up waiting for it just before, the release may grant it to
+// that registry, which gives it back within a round trip or two.
+func requireReleased(t *testing.T, client redis.Cmdable, redisKey, msg string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return client.Exists(context.Background(), redisKey).Val() == 0
+	}, 2*time.Second, time.Millisecond, msg)
+}
+
+// requireHeldByAnother checks that r cannot take key because another owner
+// holds it, not because Redis failed.
+func requireHeldByAnother(t *testing.T, r *Registry, key, msg string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err := r.Obtain(key).LockContext(ctx)
+	require.ErrorIs(t, err, ErrNotObtained, msg)
+	require.NotErrorIs(t, err, ErrRedis, msg)
+}
+
+// requireExclusiveIncrements has goroutines of every registry increment a
+// counter under one lock, as a non-atomic GET then SET that only the lock
+// keeps exact, and checks that no two holders overlapped and no increment
+// was lost.
+func requireExclusiveIncrements(t *testing.T, registries []*Registry, counter redis.UniversalClient, counterKey string, goroutines, increments int) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, counter.Del(ctx, counterKey).Err())
+	var inside, overlaps atomic.Int32
+	var wg sync.WaitGroup
+	for _, r := range registries {
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lock := r.Obtain("counter")
+				for range increments {
+					if !assert.NoError(t, lock.LockContext(ctx)) {
+						return
+					}
+					if inside.Add(1) != 1 {
+						overlaps.Add(1)
+					}
+					n, err := counter.Get(ctx, counterKey).Int()
+					if err != nil && !errors.Is(err, redis.Nil) {
+						t.Error(err)
+					}
+					assert.NoError(t, counter.Set(ctx, counterKey, n+1, 0).Err())
+					inside.Add(-1)
+					assert.NoError(t, lock.UnlockContext(ctx))
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	require.Zero(t, overlaps.Load(), "two holders overlapped")
+	n, err := counter.Get(ctx, counterKey).Int()
+	require.NoError(t, err)
+	require.Equal(t, len(registries)*goroutines*increments, n)
+}
+
+// renewHolds runs one watchdog tick, its renewal round included, on the
+// caller's goroutine.
+func (r *Registry) renewHolds(ctx context.Context) {
+	r.renew(ctx, r.renewalBatches(r.dueForRenewal()))
+	r.loseLapsed()
+}
+
+// clusterClient returns a new client of the cluster at addrs, closed when
+// the test ends.
+func clusterClient(t *testing.T, addrs []string) *redis.ClusterClient {
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// syncBuffer is a log destination that tests can read while the registry
+// writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
