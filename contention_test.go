@@ -7,15 +7,85 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/redisstat"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
+
+// TestAContendedKeySkipsThePlainSet: an attempt on a key this registry
+// found taken goes straight to obtain.lua, as a plain SET would fail and
+// cost a round trip, until a lease has passed without contention.
+func TestAContendedKeySkipsThePlainSet(t *testing.T) {
+	ctx := context.Background()
+	const lease = 300 * time.Millisecond
+	var counter redisstat.Counter
+	srv := redistest.Shared(t)
+	client := srv.Client(t, &counter)
+	for _, script := range []*redis.Script{obtainScript, releaseScript} {
+		require.NoError(t, script.Load(ctx, client).Err())
+	}
+	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(10*time.Millisecond))
+	other := newRegistry(t, srv.Client(t))
+	key := "c" + strconv.FormatInt(time.Now().UnixNano(), 10)
+	calls := func() [2]int64 {
+		c := counter.Commands()
+		return [2]int64{c["set"], c["evalsha"]}
+	}
+	held := other.Obtain(key)
+	held.Lock()
+	lock := r.Obtain(key)
+	require.False(t, lock.TryLock())
+	require.Equal(t, [2]int64{1, 1}, calls(), "a plain SET, then obtain.lua to see whose the key is")
+	require.False(t, lock.TryLock())
+	require.Equal(t, [2]int64{1, 2}, calls(), "a key found taken: obtain.lua alone")
+	held.Unlock()
+	require.True(t, lock.TryLock())
+	lock.Unlock() // nobody waits, but the key still counts as contended
+	require.True(t, lock.TryLock())
+	lock.Unlock()
+	require.Equal(t, [2]int64{1, 6}, calls(), "obtain.lua and a release twice")
+
+	time.Sleep(lease) // a lease without contention
+	require.True(t, lock.TryLock())
+	require.Equal(t, [2]int64{2, 6}, calls(), "uncontended again: a plain SET")
+	lock.Unlock()
+}
+
+func TestFailedAttemptLeavesOwnerKeyUntouched(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client, WithExpireAfter(10*time.Second))
+	other := newRegistry(t, client, WithExpireAfter(1000*time.Second), WithRetryInterval(10*time.Millisecond))
+	redisKey := "lockreg-test:" + t.Name() + ":{k}"
+
+	holder.Obtain("k").Lock()
+	defer holder.Obtain("k").Unlock()
+	require.NoError(t, client.PExpire(ctx, redisKey, 5*time.Second).Err())
+
+	require.False(t, other.Obtain("k").TryLock())
+	tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, other.Obtain("k").LockContext(tctx), ErrNotObtained)
+
+	require.Equal(t, holder.clientID, client.Get(ctx, redisKey).Val())
+	ttl := client.PTTL(ctx, redisKey).Val()
+	require.LessOrEqual(t, ttl, 5*time.Second, "failed attempts never extend another owner's lease")
+	require.Greater(t, ttl, 4*time.Second)
+	requireNoLocalState(t, other)
+
+	// Nor does an unlock attempt by a registry that never held it.
+	inGoroutine(func() {
+		require.ErrorIs(t, other.Obtain("k").UnlockContext(ctx), ErrNotHeld)
+	})
+	require.Equal(t, holder.clientID, client.Get(ctx, redisKey).Val())
+}
 
 // contenderEnv makes the test binary a contender process instead of
 // running tests (see TestMain): BenchmarkContention starts several.

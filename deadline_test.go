@@ -251,6 +251,7 @@ func (w *replyWatcher) hook() redis.Hook {
 		},
 	}
 }
+
 func (w *replyWatcher) saw(err error) {
 	if err != nil && strings.Contains(err.Error(), w.text) {
 		w.seen.Store(true)
@@ -301,4 +302,100 @@ func TestAnAttemptCutShortByCtxKeepsTheRedisErrorBeforeIt(t *testing.T) {
 			require.NoError(t, admin.Do(ctx, "CLIENT", "UNPAUSE").Err())
 		})
 	}
+}
+
+func TestLockContextReturnsAtItsDeadlineWhileSubscribing(t *testing.T) {
+	// A waiter subscribes after its first failed attempt. If Redis hangs
+	// then, so does the subscription's call (go-redis reads the
+	// confirmation with no deadline), but the caller still gets its
+	// answer at its own deadline.
+	srv := redistest.Start(t)
+	holder := newRegistry(t, srv.Client(t))
+	holder.Obtain("k").Lock()
+	hang := &afterScript{do: func() { srv.Pause(t) }}
+	waiter := newRegistry(t, srv.Client(t, hang.hook()))
+
+	elapsed, err := lockWithin(waiter.Obtain("k"), 200*time.Millisecond)
+	srv.Resume(t)
+	require.True(t, hang.done.Load(), "the attempt failed, then Redis hung")
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, elapsed, time.Second, "returns at its deadline, not when Redis wakes")
+	// The subscription's call ends once Redis wakes, and the registry
+	// then drops the key's local state.
+	require.Eventually(t, func() bool { return waiter.locals.size() == 0 }, 5*time.Second, time.Millisecond)
+	holder.Obtain("k").Unlock()
+}
+
+// afterScript, through its go-redis hook, runs do once, after the first
+// script call that Redis answered without an error.
+type afterScript struct {
+	done atomic.Bool
+	do   func()
+}
+
+func (a *afterScript) hook() redis.Hook {
+	return redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
+			if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && err == nil && a.done.CompareAndSwap(false, true) {
+				a.do()
+			}
+			return err
+		}
+	}}
+}
+
+func TestAbandonedAttemptIsCleanedUp(t *testing.T) {
+	// The attempt reaches Redis, but its answer comes after the caller gave
+	// up: the key it took must not block other registries for the lease.
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	client := srv.Client(t)
+	r := newRegistry(t, client, WithExpireAfter(1000*time.Second))
+	other := newRegistry(t, admin)
+	r.Obtain("k").Lock() // loads the scripts: the attempt below must run, not fail NOSCRIPT
+	r.Obtain("k").Unlock()
+
+	require.NoError(t, admin.Ping(ctx).Err()) // connected, so DEBUG SLEEP goes out at once
+	slept := make(chan error, 1)
+	go func() { slept <- admin.Do(ctx, "DEBUG", "SLEEP", "0.5").Err() }()
+	time.Sleep(50 * time.Millisecond)
+	tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	require.ErrorIs(t, r.Obtain("k").LockContext(tctx), ErrNotObtained)
+	require.Less(t, time.Since(start), 300*time.Millisecond, "returns at its deadline, not when Redis wakes")
+	require.NoError(t, <-slept)
+
+	// The attempt ran once Redis woke; the registry settles it in the
+	// background and only then drops the key's local state.
+	require.Eventually(t, func() bool { return r.locals.size() == 0 }, 5*time.Second, time.Millisecond)
+	require.True(t, other.Obtain("k").TryLock(), "no key left behind for the 1000s lease")
+	other.Obtain("k").Unlock()
+}
+
+func TestUnlockContextHonoursCtxAsFarAsTheClientDoes(t *testing.T) {
+	// A go-redis client with ContextTimeoutEnabled applies ctx's deadline
+	// to its calls: UnlockContext then returns at that deadline while
+	// Redis hangs, with an ErrRedis error, and frees the lock locally.
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	lock.Lock()
+
+	srv.Pause(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := lock.UnlockContext(ctx)
+	elapsed := time.Since(start)
+	srv.Resume(t)
+	require.ErrorIs(t, err, ErrRedis)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, elapsed, time.Second, "returns at ctx's deadline, not at go-redis's 5s read timeout")
+	requireNoLocalState(t, r)
 }

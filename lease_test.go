@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/redisstat"
@@ -113,6 +112,39 @@ func TestMaxHoldStopsRenewal(t *testing.T) {
 	require.ErrorContains(t, err, "WithMaxHold(0s)")
 }
 
+func TestExpiredLockIsReportedLostAndSuccessorKept(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	var logs syncBuffer
+	r1 := newRegistry(t, client, WithExpireAfter(50*time.Millisecond), WithRetryInterval(10*time.Millisecond),
+		WithRenewal(false), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	r2 := newRegistry(t, client, WithExpireAfter(time.Minute))
+	redisKey := "lockreg-test:" + t.Name() + ":{k}"
+
+	lock := r1.Obtain("k")
+	lock.Lock()
+	// The holder outlives its lease and a second registry takes the key.
+	require.NoError(t, r2.Obtain("k").LockContext(ctx))
+	require.Equal(t, r2.clientID, client.Get(ctx, redisKey).Val())
+
+	err := lock.UnlockContext(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	require.Contains(t, err.Error(), `"k"`)
+	require.Equal(t, r2.clientID, client.Get(ctx, redisKey).Val(), "the successor's key survives")
+	require.Greater(t, client.PTTL(ctx, redisKey).Val(), 50*time.Second, "and keeps its lease")
+	require.Zero(t, r1.locals.size(), "the local mutex is freed")
+
+	// Unlock, which cannot return the error, logs it at warning level.
+	r2.Obtain("k").Unlock()
+	lock.Lock()
+	require.NoError(t, client.Set(ctx, redisKey, "someone-else", time.Minute).Err())
+	lock.Unlock()
+	require.Contains(t, logs.String(), "level=WARN")
+	require.Contains(t, logs.String(), ErrLockLost.Error())
+	require.Equal(t, "someone-else", client.Get(ctx, redisKey).Val())
+	require.NoError(t, client.Del(ctx, redisKey).Err())
+}
+
 func TestRenewalOutlastsTransientErrors(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
@@ -181,120 +213,6 @@ func TestCloseSignalsHeldLocksLost(t *testing.T) {
 	require.Zero(t, client.Exists(context.Background(), lock.keys.lock).Val(), "the key was released all the same")
 }
 
-func TestTokensIncreaseAcrossRegistries(t *testing.T) {
-	client := redistest.Shared(t).Client(t)
-	registries := []*Registry{newRegistry(t, client), newRegistry(t, client), newRegistry(t, client)}
-	var last int64
-	for i := range 30 {
-		lock := registries[i%3].Obtain("k")
-		_, err := lock.Token(context.Background())
-		require.ErrorIs(t, err, ErrNotHeld, "nothing held yet")
-		lock.Lock()
-		token := mustToken(t, lock)
-		require.Greater(t, token, last, "acquisition %d", i)
-		last = token
-
-		lock.Lock()
-		require.Equal(t, token, mustToken(t, lock), "a re-lock keeps the token")
-		inGoroutine(func() {
-			_, err := lock.Token(context.Background())
-			assert.ErrorIs(t, err, ErrNotHeld, "another goroutine holds nothing")
-		})
-		lock.Unlock()
-		lock.Unlock()
-	}
-}
-
-// TestTokensAreDrawnWhenAskedFor: a hold that never asks for its token
-// costs no more than its SET and its release; the first ask draws it in
-// one call, later asks and a hold handed on locally cost nothing.
-func TestTokensAreDrawnWhenAskedFor(t *testing.T) {
-	ctx := context.Background()
-	var counter redisstat.Counter
-	srv := redistest.Shared(t)
-	client := srv.Client(t, &counter)
-	for _, script := range []*redis.Script{obtainScript, releaseScript, tokenScript} {
-		require.NoError(t, script.Load(ctx, client).Err())
-	}
-	r := newRegistry(t, client)
-	lock := r.Obtain("k")
-	commands := func() map[string]int64 {
-		c := counter.Commands()
-		return map[string]int64{"set": c["set"], "evalsha": c["evalsha"]}
-	}
-
-	lock.Lock()
-	lock.Unlock()
-	require.Equal(t, map[string]int64{"set": 1, "evalsha": 1}, commands(), "a plain SET and the release")
-
-	lock.Lock()
-	first := mustToken(t, lock)
-	require.Equal(t, first, mustToken(t, lock), "asked again, the same token")
-	require.Equal(t, map[string]int64{"set": 2, "evalsha": 2}, commands(), "one draw for two asks")
-
-	next := make(chan int64)
-	go func() {
-		lock.Lock()
-		next <- mustToken(t, lock)
-		lock.Unlock()
-	}()
-	require.Eventually(t, func() bool { return refsOf(r, "k") == 2 }, 5*time.Second, time.Millisecond, "the goroutine queued")
-	lock.Unlock() // hands the hold to the goroutine
-	require.Equal(t, first+1, <-next, "a hold handed on locally gets the next token")
-	require.Eventually(t, func() bool { return commands()["evalsha"] == 3 }, 5*time.Second, time.Millisecond, "the release")
-	require.Equal(t, map[string]int64{"set": 2, "evalsha": 3}, commands(), "and no draw for the hand-off")
-	require.Equal(t, int64(1), r.Stats().LocalHandoffs)
-}
-
-// TestTokenOfALostHoldIsRefused: a hold whose key passed on gets no token;
-// the draw checks the owner in Redis, before the registry noticed.
-func TestTokenOfALostHoldIsRefused(t *testing.T) {
-	ctx := context.Background()
-	client := redistest.Shared(t).Client(t)
-	r := newRegistry(t, client)
-	other := newRegistry(t, client)
-	lock := r.Obtain("k")
-	lock.Lock()
-	require.NoError(t, client.Del(ctx, lock.keys.lock).Err()) // as if the lease ran out in a pause
-	taken := other.Obtain("k")
-	require.True(t, taken.TryLock())
-
-	_, err := lock.Token(ctx)
-	require.ErrorIs(t, err, ErrLockLost)
-	requireFires(t, lock.Lost(), time.Second, "the refused draw signals the loss")
-	_, err = lock.Token(ctx)
-	require.ErrorIs(t, err, ErrLockLost, "and stays refused")
-	require.Positive(t, mustToken(t, taken), "the new holder gets its token")
-	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
-	taken.Unlock()
-}
-
-func TestTokensIncreaseAcrossRedisDataLoss(t *testing.T) {
-	ctx := context.Background()
-	srv := redistest.Start(t)
-	client := srv.Client(t)
-	r := newRegistry(t, client)
-	lock := r.Obtain("k")
-	take := func() int64 {
-		lock.Lock()
-		defer lock.Unlock()
-		return mustToken(t, lock)
-	}
-	t1 := take()
-	t2 := take()
-	require.Greater(t, t2, t1)
-
-	srv.Restart(t) // no persistence: the lock, the stored token and the scripts are gone
-	t3 := take()
-	require.Greater(t, t3, t2, "a stored counter alone would restart at 1")
-
-	// While the stored token lives it wins over the clock, so a server clock
-	// stepping back cannot hand out a lower token.
-	future := t3 + int64(time.Hour/time.Microsecond)
-	require.NoError(t, client.Set(ctx, "lockreg-test:"+t.Name()+":{k}:fence", future, time.Minute).Err())
-	require.Equal(t, future+1, take())
-}
-
 func TestWaitReplicas(t *testing.T) {
 	ctx := context.Background()
 	primary := redistest.Start(t)
@@ -331,17 +249,6 @@ func TestWaitReplicas(t *testing.T) {
 func TestLostForNonHolderIsClosed(t *testing.T) {
 	r := newRegistry(t, redistest.Shared(t).Client(t))
 	requireFires(t, r.Obtain("k").Lost(), 10*time.Millisecond, "holding nothing")
-}
-
-func TestClusterSlot(t *testing.T) {
-	// Reference values from the Redis Cluster specification.
-	require.Equal(t, 12739, clusterSlot("123456789"))
-	require.Equal(t, clusterSlot("user1000"), clusterSlot("{user1000}.following"))
-	require.Equal(t, clusterSlot("user1000"), clusterSlot("{user1000}.followers"))
-	require.Equal(t, clusterSlot("bar"), clusterSlot("foo{bar}{zap}"))
-	require.Equal(t, clusterSlot("{bar"), clusterSlot("foo{{bar}}zap"))
-	require.NotEqual(t, clusterSlot("bar"), clusterSlot("foo{}{bar}"), "an empty tag hashes the whole key")
-	require.Equal(t, clusterSlot("k"), clusterSlot("reg:{k}:fence"), "a lock's keys share a slot")
 }
 
 // TestHoldAnsweredPastItsLeaseIsLostAtOnce pauses Redis for longer than the

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,19 @@ import (
 	"github.com/lockreg/lockreg/internal/redisstat"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
+
+func TestReleaseHandsOverWithoutWaitingForTheLease(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r1 := newRegistry(t, client, WithExpireAfter(1000*time.Second))
+	r2 := newRegistry(t, client, WithExpireAfter(1000*time.Second))
+	for range 3 {
+		r1.Obtain("k").Lock()
+		require.False(t, r2.Obtain("k").TryLock())
+		r1.Obtain("k").Unlock()
+		require.True(t, r2.Obtain("k").TryLock(), "free right after unlock, not after the 1000s lease")
+		r2.Obtain("k").Unlock()
+	}
+}
 
 func TestNotificationWakesARemoteWaiterAtOnce(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
@@ -144,6 +158,58 @@ func TestWithoutPubSubWaitersOnlyPoll(t *testing.T) {
 	require.Equal(t, int64(1), subs[holder.notes.channel], "the holder's subscription alone")
 	require.False(t, waiter.notes.subscribed.Load())
 	require.Zero(t, waiter.Stats().Notifications)
+}
+
+// inFlight records, through its go-redis hook, how many acquisition
+// scripts run at once.
+type inFlight struct {
+	now, max, total atomic.Int64
+}
+
+func (f *inFlight) hook() redis.Hook {
+	return redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if cmd.Name() != "evalsha" && cmd.Name() != "eval" {
+				return next(ctx, cmd)
+			}
+			f.total.Add(1)
+			n := f.now.Add(1)
+			for m := f.max.Load(); n > m && !f.max.CompareAndSwap(m, n); m = f.max.Load() {
+			}
+			// Widen the window in which a second caller would overlap.
+			time.Sleep(2 * time.Millisecond)
+			defer f.now.Add(-1)
+			return next(ctx, cmd)
+		}
+	}}
+}
+
+func TestOnlyOneGoroutinePerRegistryPollsRedis(t *testing.T) {
+	srv := redistest.Shared(t)
+	holder := newRegistry(t, srv.Client(t))
+	holder.Obtain("k").Lock()
+	defer holder.Obtain("k").Unlock()
+
+	var flight inFlight
+	const interval = 20 * time.Millisecond
+	waiters := newRegistry(t, srv.Client(t, flight.hook()), WithRetryInterval(interval))
+	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.ErrorIs(t, waiters.Obtain("k").LockContext(ctx), ErrNotObtained)
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, int64(1), flight.max.Load(), "at most one goroutine per registry and key talks to Redis")
+	// One poller makes about 400ms/(20ms+2ms) attempts; eight would make
+	// eight times as many.
+	require.Less(t, flight.total.Load(), int64(2*400/20), "attempts grow with time, not with waiters")
+	require.Greater(t, flight.total.Load(), int64(400/20/4), "the poller keeps retrying")
+	requireNoLocalState(t, waiters)
 }
 
 func TestLocalHandoffIsBoundedSoRemoteWaitersGetTheirTurn(t *testing.T) {

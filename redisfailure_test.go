@@ -1,0 +1,173 @@
+package lockreg
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+func TestRedisDown(t *testing.T) {
+	srv := redistest.Start(t)
+	r := newRegistry(t, srv.Client(t), WithRetryInterval(20*time.Millisecond))
+	// A client that gives up on a dead server at once, so that attempts
+	// fail inside the deadline rather than in go-redis's own retries.
+	failFast := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialerRetries: 1})
+	defer failFast.Close()
+	rFast := newRegistry(t, failFast, WithRetryInterval(20*time.Millisecond))
+	srv.Stop(t)
+
+	require.False(t, r.Obtain("k").TryLock())
+	for _, reg := range []*Registry{r, rFast} {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		start := time.Now()
+		err := reg.Obtain("k").LockContext(ctx)
+		cancel()
+		require.ErrorIs(t, err, ErrNotObtained)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Less(t, time.Since(start), time.Second, "returns by its deadline")
+		if reg == rFast {
+			require.ErrorIs(t, err, ErrRedis, "the last Redis error is joined")
+			require.Contains(t, err.Error(), "connection refused")
+		}
+	}
+	requireNoLocalState(t, rFast)
+	// The default client's attempt was cut short by the deadline while
+	// dialing; as it may have reached Redis, a background release clears it
+	// before the local state goes (here: once go-redis gives up dialing).
+	require.Eventually(t, func() bool { return r.locals.size() == 0 }, 10*time.Second, 10*time.Millisecond)
+
+	srv.Restart(t)
+	lock := r.Obtain("k")
+	require.NoError(t, lock.LockContext(context.Background()), "works again once Redis is back")
+	lock.Unlock()
+}
+
+func TestRedisRestartWhileHeldIsReportedAtRelease(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	lock.Lock()
+
+	srv.Restart(t) // no persistence: the key is gone
+
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
+	require.Zero(t, r.locals.size())
+	require.NoError(t, lock.LockContext(ctx), "the next acquisition works normally")
+	require.Equal(t, r.clientID, client.Get(ctx, "lockreg-test:"+t.Name()+":{k}").Val())
+	require.NoError(t, lock.UnlockContext(ctx))
+}
+
+func TestUnlockWhenRedisFailsStillFreesLocally(t *testing.T) {
+	srv := redistest.Start(t)
+	r := newRegistry(t, srv.Client(t))
+	lock := r.Obtain("k")
+	lock.Lock()
+	srv.Stop(t)
+
+	err := lock.UnlockContext(context.Background())
+	require.ErrorIs(t, err, ErrRedis)
+	require.NotErrorIs(t, err, ErrLockLost)
+	require.Zero(t, r.locals.size(), "the local mutex is freed even when Redis fails")
+}
+
+// silentRedis accepts connections and reads, but never answers; or, with
+// garbage set, answers the first answered reads of each connection with it
+// (all of them if answered is negative), then none.
+func silentRedis(t *testing.T, garbage string, answered int) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				buf := make([]byte, 4096)
+				for reads := 0; ; reads++ {
+					if _, err := conn.Read(buf); err != nil {
+						return
+					}
+					if garbage != "" && (answered < 0 || reads < answered) {
+						if _, err := conn.Write([]byte(garbage)); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func TestRedisThatHangsOrAnswersGarbage(t *testing.T) {
+	for name, garbage := range map[string]string{"hangs": "", "garbage": "%%not resp%%\r\n"} {
+		t.Run(name, func(t *testing.T) {
+			client := redis.NewClient(&redis.Options{
+				Addr: silentRedis(t, garbage, -1), ReadTimeout: 300 * time.Millisecond,
+				MaxRetries: -1, Protocol: 2, DisableIdentity: true,
+			})
+			defer client.Close()
+			r, err := New(client, "hostile", WithRetryInterval(20*time.Millisecond))
+			require.NoError(t, err)
+			defer r.Close() // waits for the attempt still in flight: goleak checks it ends
+
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			err = r.Obtain("k").LockContext(ctx)
+			require.ErrorIs(t, err, ErrNotObtained)
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.Less(t, time.Since(start), time.Second, "the context rules, not the server")
+			if garbage != "" {
+				require.ErrorIs(t, err, ErrRedis, "the cause is reported")
+			}
+			require.False(t, r.Obtain("k").TryLock())
+		})
+	}
+}
+
+// TestASubscriptionThatRedisNeverConfirmsFailsInTime: a failed attempt
+// subscribes, holding the lock Close takes, and go-redis reads the
+// confirmations with no deadline unless told one, whatever the client's
+// ReadTimeout; a Redis that answers the handshake and then falls silent
+// (stalled, or behind a black hole) must hold neither the acquisition nor
+// Close for ever.
+func TestASubscriptionThatRedisNeverConfirmsFailsInTime(t *testing.T) {
+	client := redis.NewClient(&redis.Options{
+		// Answers HELLO with an error, which makes go-redis go on in RESP2,
+		// then nothing.
+		Addr:       silentRedis(t, "-ERR unknown command 'HELLO'\r\n", 1),
+		MaxRetries: -1, DisableIdentity: true,
+	})
+	defer client.Close()
+	r, err := New(client, "hostile")
+	require.NoError(t, err)
+
+	start := time.Now()
+	err = r.subscribe(context.Background())
+	require.ErrorIs(t, err, ErrRedis, "the subscription failed, and says so")
+	require.Less(t, time.Since(start), subscribeTimeout+2*time.Second)
+	require.False(t, r.notes.subscribed.Load())
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		_ = r.Close()
+	}()
+	select {
+	case <-closed:
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close did not return")
+	}
+}

@@ -1,0 +1,124 @@
+package lockreg
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redisstat"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+func TestGoroutineIDMatchesRuntime(t *testing.T) {
+	// goid reads the id from the runtime's g struct; a Go release that moves
+	// it must fail here, not silently merge owners.
+	stackID := func() int64 {
+		buf := make([]byte, 64)
+		buf = buf[:runtime.Stack(buf, false)]
+		id, err := strconv.ParseInt(strings.Fields(string(buf))[1], 10, 64)
+		require.NoError(t, err)
+		return id
+	}
+	require.Equal(t, stackID(), goroutineID())
+	var ids [2]int64
+	inGoroutine(func() {
+		ids[0] = goroutineID()
+		ids[1] = stackID()
+	})
+	require.Equal(t, ids[1], ids[0])
+	require.NotEqual(t, goroutineID(), ids[0])
+}
+
+func TestReentrantLockingMakesNoRedisCalls(t *testing.T) {
+	ctx := context.Background()
+	var counter redisstat.Counter
+	srv := redistest.Shared(t)
+	client := srv.Client(t) // for checks, not counted
+	r := newRegistry(t, srv.Client(t, &counter))
+	lock := r.Obtain("k")
+	lock.Lock() // loads both scripts into Redis, so no NOSCRIPT fallback below
+	lock.Unlock()
+
+	lock.Lock()
+	before := counter.RoundTrips()
+	require.True(t, lock.TryLock())
+	require.NoError(t, lock.LockContext(ctx))
+	lock.Lock()
+	require.True(t, r.Obtain("k").TryLock(), "another Lock value of the same key shares the hold")
+	for range 4 {
+		require.NoError(t, lock.UnlockContext(ctx))
+	}
+	require.Equal(t, before, counter.RoundTrips(), "re-locking and inner unlocks stay local")
+	require.Equal(t, int64(1), client.Exists(ctx, "lockreg-test:"+t.Name()+":{k}").Val(), "still held at depth 1")
+
+	require.NoError(t, lock.UnlockContext(ctx))
+	require.Equal(t, before+1, counter.RoundTrips(), "the last unlock is one release call")
+	require.Zero(t, client.Exists(ctx, "lockreg-test:"+t.Name()+":{k}").Val())
+	require.Zero(t, r.locals.size())
+}
+
+func TestOtherGoroutinesOfTheOwnerWaitLocally(t *testing.T) {
+	var counter redisstat.Counter
+	r := newRegistry(t, redistest.Shared(t).Client(t, &counter))
+	lock := r.Obtain("k")
+	lock.Lock()
+
+	before := counter.RoundTrips()
+	inGoroutine(func() {
+		require.False(t, lock.TryLock(), "a goroutine started by the owner is not the owner")
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, lock.LockContext(ctx), ErrNotObtained)
+	})
+	require.Equal(t, before, counter.RoundTrips(), "waiting behind a local owner costs no Redis traffic")
+
+	acquired := make(chan struct{})
+	released := make(chan struct{})
+	go func() {
+		lock.Lock()
+		close(acquired)
+		lock.Unlock()
+		close(released)
+	}()
+	select {
+	case <-acquired:
+		t.Fatal("a second goroutine acquired a held lock")
+	case <-time.After(100 * time.Millisecond):
+	}
+	lock.Unlock()
+	<-acquired
+	<-released
+	require.Zero(t, r.locals.size())
+}
+
+func TestUnlockByNonOwner(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("order-7")
+
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrNotHeld, "never locked")
+	lock.Lock()
+	defer lock.Unlock()
+	inGoroutine(func() {
+		err := lock.UnlockContext(ctx)
+		require.ErrorIs(t, err, ErrNotHeld)
+		require.Contains(t, err.Error(), `"order-7"`)
+		defer func() {
+			v := recover()
+			err, ok := v.(error)
+			require.True(t, ok, "Unlock by a non-owner panics with an error, got %v", v)
+			require.ErrorIs(t, err, ErrNotHeld)
+			require.Contains(t, err.Error(), `"order-7"`)
+		}()
+		lock.Unlock()
+	})
+	require.Equal(t, r.clientID, client.Get(ctx, "lockreg-test:"+t.Name()+":{order-7}").Val(), "still held")
+	require.True(t, lock.TryLock(), "the owner still holds it (reentrantly)")
+	lock.Unlock()
+}

@@ -1,0 +1,128 @@
+package lockreg
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redisstat"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+func TestTokensIncreaseAcrossRegistries(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	registries := []*Registry{newRegistry(t, client), newRegistry(t, client), newRegistry(t, client)}
+	var last int64
+	for i := range 30 {
+		lock := registries[i%3].Obtain("k")
+		_, err := lock.Token(context.Background())
+		require.ErrorIs(t, err, ErrNotHeld, "nothing held yet")
+		lock.Lock()
+		token := mustToken(t, lock)
+		require.Greater(t, token, last, "acquisition %d", i)
+		last = token
+
+		lock.Lock()
+		require.Equal(t, token, mustToken(t, lock), "a re-lock keeps the token")
+		inGoroutine(func() {
+			_, err := lock.Token(context.Background())
+			assert.ErrorIs(t, err, ErrNotHeld, "another goroutine holds nothing")
+		})
+		lock.Unlock()
+		lock.Unlock()
+	}
+}
+
+// TestTokensAreDrawnWhenAskedFor: a hold that never asks for its token
+// costs no more than its SET and its release; the first ask draws it in
+// one call, later asks and a hold handed on locally cost nothing.
+func TestTokensAreDrawnWhenAskedFor(t *testing.T) {
+	ctx := context.Background()
+	var counter redisstat.Counter
+	srv := redistest.Shared(t)
+	client := srv.Client(t, &counter)
+	for _, script := range []*redis.Script{obtainScript, releaseScript, tokenScript} {
+		require.NoError(t, script.Load(ctx, client).Err())
+	}
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	commands := func() map[string]int64 {
+		c := counter.Commands()
+		return map[string]int64{"set": c["set"], "evalsha": c["evalsha"]}
+	}
+
+	lock.Lock()
+	lock.Unlock()
+	require.Equal(t, map[string]int64{"set": 1, "evalsha": 1}, commands(), "a plain SET and the release")
+
+	lock.Lock()
+	first := mustToken(t, lock)
+	require.Equal(t, first, mustToken(t, lock), "asked again, the same token")
+	require.Equal(t, map[string]int64{"set": 2, "evalsha": 2}, commands(), "one draw for two asks")
+
+	next := make(chan int64)
+	go func() {
+		lock.Lock()
+		next <- mustToken(t, lock)
+		lock.Unlock()
+	}()
+	require.Eventually(t, func() bool { return refsOf(r, "k") == 2 }, 5*time.Second, time.Millisecond, "the goroutine queued")
+	lock.Unlock() // hands the hold to the goroutine
+	require.Equal(t, first+1, <-next, "a hold handed on locally gets the next token")
+	require.Eventually(t, func() bool { return commands()["evalsha"] == 3 }, 5*time.Second, time.Millisecond, "the release")
+	require.Equal(t, map[string]int64{"set": 2, "evalsha": 3}, commands(), "and no draw for the hand-off")
+	require.Equal(t, int64(1), r.Stats().LocalHandoffs)
+}
+
+// TestTokenOfALostHoldIsRefused: a hold whose key passed on gets no token;
+// the draw checks the owner in Redis, before the registry noticed.
+func TestTokenOfALostHoldIsRefused(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	other := newRegistry(t, client)
+	lock := r.Obtain("k")
+	lock.Lock()
+	require.NoError(t, client.Del(ctx, lock.keys.lock).Err()) // as if the lease ran out in a pause
+	taken := other.Obtain("k")
+	require.True(t, taken.TryLock())
+
+	_, err := lock.Token(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	requireFires(t, lock.Lost(), time.Second, "the refused draw signals the loss")
+	_, err = lock.Token(ctx)
+	require.ErrorIs(t, err, ErrLockLost, "and stays refused")
+	require.Positive(t, mustToken(t, taken), "the new holder gets its token")
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
+	taken.Unlock()
+}
+
+func TestTokensIncreaseAcrossRedisDataLoss(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	take := func() int64 {
+		lock.Lock()
+		defer lock.Unlock()
+		return mustToken(t, lock)
+	}
+	t1 := take()
+	t2 := take()
+	require.Greater(t, t2, t1)
+
+	srv.Restart(t) // no persistence: the lock, the stored token and the scripts are gone
+	t3 := take()
+	require.Greater(t, t3, t2, "a stored counter alone would restart at 1")
+
+	// While the stored token lives it wins over the clock, so a server clock
+	// stepping back cannot hand out a lower token.
+	future := t3 + int64(time.Hour/time.Microsecond)
+	require.NoError(t, client.Set(ctx, "lockreg-test:"+t.Name()+":{k}:fence", future, time.Minute).Err())
+	require.Equal(t, future+1, take())
+}
