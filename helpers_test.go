@@ -243,6 +243,45 @@ func requireExclusiveIncrements(t *testing.T, registries []*Registry, counter re
 	require.Equal(t, len(registries)*goroutines*increments, n)
 }
 
+// waitingMark is a registry's mark on a key: member, waiting since since,
+// lapsing at lapse.
+type waitingMark struct {
+	member       string
+	since, lapse time.Time
+}
+
+// markWaiting puts a registry's mark on key, as a failed attempt would,
+// lapsing in a minute.
+func markWaiting(t *testing.T, client redis.Cmdable, lock *Lock, mark string) {
+	t.Helper()
+	putMarks(t, client, lock, waitingMark{mark, time.Now(), time.Now().Add(time.Minute)})
+}
+
+// putMarks leaves marks on lock's key as failed attempts would (see
+// markwaiting.lua): each in the marker, scored by its lapse, and in the queue, by
+// when it began to wait, both expiring with the latest lapse.
+func putMarks(t testing.TB, client redis.Cmdable, lock *Lock, marks ...waitingMark) {
+	t.Helper()
+	if len(marks) == 0 {
+		return
+	}
+	ctx := context.Background()
+	var last time.Time
+	_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, m := range marks {
+			p.ZAdd(ctx, lock.keys.marker, redis.Z{Score: float64(m.lapse.UnixMilli()), Member: m.member})
+			p.ZAdd(ctx, lock.keys.queue, redis.Z{Score: float64(m.since.UnixMilli()), Member: m.member})
+			if m.lapse.After(last) {
+				last = m.lapse
+			}
+		}
+		p.PExpire(ctx, lock.keys.marker, time.Until(last))
+		p.PExpire(ctx, lock.keys.queue, time.Until(last))
+		return nil
+	})
+	require.NoError(t, err)
+}
+
 // renewHolds runs one watchdog tick, its renewal round included, on the
 // caller's goroutine.
 func (r *Registry) renewHolds(ctx context.Context) {
