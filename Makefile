@@ -34,6 +34,16 @@
 #              make test does Redis), whose HTTP API must return the
 #              acquisitions, holds and Redis calls the demo reported
 #              (extra/lockregotel/e2e). About 20s.
+# make servers - scripts/servers install all: the servers of the matrix,
+#              redis-7.0 (the system's, installed as make test does),
+#              redis-8.0 and valkey-8.1 (Debian trixie's, run through
+#              trixie's own loader and libraries), each in a bin dir under
+#              ${XDG_CACHE_HOME:-$HOME/.cache}/lockreg/servers, or
+#              LOCKREG_SERVERS_DIR. LOCKREG_SERVER=<name> has the tests and
+#              lockcheck run on one of them (internal/redistest).
+# make test-servers - on each server of SERVERS in turn, every test with the
+#              race detector, and lockcheck for 60s on a single server and
+#              60s on a cluster. Long: about 10 minutes a server.
 
 GO ?= go
 BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
@@ -115,6 +125,23 @@ bench-lib: redis-server
 	$(BENCHSTAT) bench.txt
 	$(BENCHSTAT) bench-contention.txt
 	$(BENCHSTAT) -filter '.name:GoroutineID' -col /impl bench.txt
+
+# SERVERS are the servers of make test-servers (scripts/servers names them).
+SERVERS = redis-7.0 redis-8.0 valkey-8.1
+
+.PHONY: servers test-servers
+
+servers:
+	scripts/servers install all
+
+# One server at a time (one loop, even under make -j).
+test-servers: servers
+	for s in $(SERVERS); do \
+		echo "=== LOCKREG_SERVER=$$s"; \
+		LOCKREG_SERVER=$$s $(GO) test -race -count=1 $(PKGS) && \
+		LOCKREG_SERVER=$$s $(GO) run ./cmd/lockcheck -d 60s && \
+		LOCKREG_SERVER=$$s $(GO) run ./cmd/lockcheck -topology cluster -d 60s || exit 1; \
+	done
 
 redis-server:
 	@missing=; otherwise="install Redis 6.2 or later (server and sentinel) with your OS's package manager, or set REDIS_SERVER, REDIS_SENTINEL or REDIS_ADDR"; \
