@@ -58,6 +58,46 @@ func TestAContendedKeySkipsThePlainSet(t *testing.T) {
 	lock.Unlock()
 }
 
+// TestAReleaseOthersWaitForLetsThemTakeTheKeyFirst is docs/PROTOCOL.md's
+// yield rule: a release that deletes the key while another registry waits
+// keeps the releaser's next acquisition of it back (for 2ms, or a retry
+// interval with pub/sub off), so that the waiter gets its turn. The
+// releasing goroutine, which needs no notification, would otherwise take
+// the key again long before the waiter's next attempt.
+func TestAReleaseOthersWaitForLetsThemTakeTheKeyFirst(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	// With pub/sub off a release deletes the key rather than granting it,
+	// and the waiter hears of it only by polling, every 100ms; the
+	// releaser's next acquisition waits a retry interval of its own, 1s.
+	releaser := newRegistry(t, client, WithPubSub(false), WithRetryInterval(time.Second))
+	waiter := newRegistry(t, client, WithPubSub(false), WithRetryInterval(100*time.Millisecond))
+	lock := releaser.Obtain("k")
+	lock.Lock()
+	taken := lockInBackground(ctx, waiter.Obtain("k"))
+	waitUntilWaiting(t, waiter)
+	// Release just after one of the waiter's attempts failed: its mark,
+	// which that attempt renewed for two retry intervals, is live, and its
+	// next attempt is a retry interval away.
+	failed := waiter.Stats().FailedAttempts
+	require.Eventually(t, func() bool { return waiter.Stats().FailedAttempts > failed }, 5*time.Second, 100*time.Microsecond)
+	lock.Unlock()
+	lock.Lock() // at once, as a loop around the critical section would
+	again := time.Now()
+	lock.Unlock()
+
+	var at time.Time
+	select {
+	case got, ok := <-taken:
+		require.True(t, ok, "the waiter's acquisition failed")
+		at = got
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter did not acquire")
+	}
+	requireNoLocalState(t, waiter, "the waiter unlocked")
+	require.True(t, at.Before(again), "the waiter took the key %v after the releaser took it back", at.Sub(again))
+}
+
 func TestFailedAttemptLeavesOwnerKeyUntouched(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
