@@ -86,14 +86,7 @@ func TestAReleaseOthersWaitForLetsThemTakeTheKeyFirst(t *testing.T) {
 	again := time.Now()
 	lock.Unlock()
 
-	var at time.Time
-	select {
-	case got, ok := <-taken:
-		require.True(t, ok, "the waiter's acquisition failed")
-		at = got
-	case <-time.After(5 * time.Second):
-		t.Fatal("the waiter did not acquire")
-	}
+	at := requireTaken(t, taken)
 	requireNoLocalState(t, waiter, "the waiter unlocked")
 	require.True(t, at.Before(again), "the waiter took the key %v after the releaser took it back", at.Sub(again))
 }

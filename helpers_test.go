@@ -158,14 +158,17 @@ func lockInBackground(ctx context.Context, lock *Lock) <-chan time.Time {
 	return taken
 }
 
-// requireTaken waits until lockInBackground's goroutine took its lock.
-func requireTaken(t *testing.T, taken <-chan time.Time) {
+// requireTaken waits until lockInBackground's goroutine took its lock, and
+// returns when it did.
+func requireTaken(t *testing.T, taken <-chan time.Time) time.Time {
 	t.Helper()
 	select {
-	case _, ok := <-taken:
+	case at, ok := <-taken:
 		require.True(t, ok, "the waiter's acquisition failed")
+		return at
 	case <-time.After(5 * time.Second):
 		t.Fatal("the waiter did not acquire")
+		return time.Time{}
 	}
 }
 
