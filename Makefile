@@ -43,7 +43,7 @@
 #              lockcheck run on one of them (internal/redistest).
 # make test-servers - on each server of SERVERS in turn, every test with the
 #              race detector, and lockcheck for 60s on a single server and
-#              60s on a cluster. Long: about 10 minutes a server.
+#              60s on a cluster. Long: about 7 minutes a server.
 
 GO ?= go
 BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
