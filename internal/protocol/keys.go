@@ -1,0 +1,127 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Keys are one lock's keys in Redis. The lock itself is
+// <namespace>:{<key>}; the others extend it, and so share its hash tag and
+// Cluster slot. The key's braces and '%' are escaped (as %7B, %7D, %25),
+// so that the part in braces is exactly the key: no key can end the tag
+// early, and no two (namespace, key) pairs share a Redis key. Keys without
+// them, the usual case, appear as they are.
+type Keys struct {
+	Lock   string // the owner's client id, with the lease as its time to live
+	Fence  string // the last fencing token drawn (<lock>:fence)
+	Marker string // the waiting registries' marks, scored by when each lapses (<lock>:waiting)
+	Queue  string // the same registries, scored by when each began to wait (<lock>:queue)
+	// all are the four, in the order obtain.lua and release.lua take them.
+	all []string
+}
+
+// LockKeys are the keys of key's lock in namespace.
+func LockKeys(namespace, key string) Keys {
+	if strings.ContainsAny(key, "{}%") {
+		key = keyEscaper.Replace(key)
+	}
+	lock := namespace + ":{" + key + "}"
+	k := Keys{Lock: lock, Fence: lock + ":fence", Marker: lock + ":waiting", Queue: lock + ":queue"}
+	k.all = []string{k.Lock, k.Fence, k.Marker, k.Queue}
+	return k
+}
+
+var (
+	keyEscaper   = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+	keyUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}")
+)
+
+// lockAndFence are token.lua's and forceunlock.lua's keys.
+func (k Keys) lockAndFence() []string { return k.all[:2] }
+
+// KeyOf is the key of the namespace's lock whose Redis key is redisKey, if
+// it is one: <namespace>:{<escaped key>}, whose braces the key's escaping
+// leaves alone (a fence, a mark or another namespace's lock has more after
+// the brace, or braces inside it).
+func KeyOf(namespace, redisKey string) (string, bool) {
+	escaped, ok := strings.CutPrefix(redisKey, namespace+":{")
+	if !ok || !strings.HasSuffix(escaped, "}") {
+		return "", false
+	}
+	escaped = escaped[:len(escaped)-1]
+	if escaped == "" || strings.ContainsAny(escaped, "{}") {
+		return "", false
+	}
+	return keyUnescaper.Replace(escaped), true
+}
+
+// LockPattern matches, for SCAN, every Redis key that may be one of the
+// namespace's locks; KeyOf picks the locks out of what it finds.
+func LockPattern(namespace string) string { return globEscaper.Replace(namespace) + ":{*}" }
+
+// globEscaper escapes a namespace for SCAN's MATCH, which treats these
+// characters as patterns.
+var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`)
+
+// CheckNamespace refuses an empty namespace, and those whose locks' keys
+// would not share a Cluster slot: a hash tag in the namespace is fine (it
+// puts all of its locks in one slot), but an empty one, "{}", makes Redis
+// hash each whole key instead. Its error completes "namespace ...".
+func CheckNamespace(namespace string) error {
+	if namespace == "" {
+		return errors.New("is empty")
+	}
+	if open := strings.IndexByte(namespace, '{'); open >= 0 && strings.HasPrefix(namespace[open+1:], "}") {
+		return fmt.Errorf(`%q starts a Cluster hash tag with "{}", which would split a lock's keys across slots`, namespace)
+	}
+	return nil
+}
+
+// Slot is key's Redis Cluster hash slot: CRC16 (XMODEM) of its hash tag,
+// or of the whole key if it has none, modulo 16384.
+func Slot(key string) int {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
+			key = key[open+1 : open+1+n]
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}
+
+// OwnerKey is a registry's owner hash, of its name and since when it
+// lives (see OwnerFields).
+func OwnerKey(namespace, clientID string) string { return namespace + ownerInfix + clientID }
+
+// OwnerPattern matches, for SCAN, the owner hashes of every namespace;
+// NamespaceOf reads the namespace back.
+const OwnerPattern = "*" + ownerInfix + "*"
+
+const ownerInfix = ":owner:"
+
+// NamespaceOf is the namespace of an owner hash's Redis key.
+func NamespaceOf(ownerKey string) (string, bool) {
+	i := strings.LastIndex(ownerKey, ownerInfix)
+	if i <= 0 {
+		return "", false
+	}
+	return ownerKey[:i], true
+}
+
+// Channels: a namespace's waiters all listen to <namespace>:released; a
+// registry alone to <namespace>:released:<client id>, its grants.
+func ReleaseChannel(namespace string) string { return namespace + ":released" }
+func GrantChannel(namespace, clientID string) string {
+	return ReleaseChannel(namespace) + ":" + clientID
+}

@@ -1,0 +1,61 @@
+package protocol
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+)
+
+// Note is a notification, published by the scripts on a namespace's
+// channels (see Channels):
+//
+//   - a wake-up, 'w<key>', from release.lua, for every registry's waiter of
+//     key, and from forceunlock.lua;
+//   - a grant, 'g<token>:<client id>:<key>', from release.lua, of key to
+//     the registry of that client id, with that fencing token;
+//   - a forced unlock, 'f<client id>:<key>', from forceunlock.lua, telling
+//     that registry that its hold of key was forced open.
+type Note struct {
+	Kind     NoteKind
+	Key      string
+	ClientID string // the registry a grant or a forced unlock is for
+	Token    int64  // a grant's token
+}
+
+var errMalformedGrant = errors.New("malformed grant")
+
+// NoteKind is what a notification says.
+type NoteKind uint8
+
+const (
+	WakeNote NoteKind = iota
+	GrantNote
+	ForcedNote
+)
+
+var noteKinds = [...]string{"wake-up", "grant", "forced unlock"}
+
+func (k NoteKind) String() string { return name(noteKinds[:], int(k), "note kind") }
+
+// ParseNote reads a notification. known is false for a kind it does not
+// know (another version's), which the registry ignores; err is set for a
+// grant it cannot read, whose note names what it could read.
+func ParseNote(payload string) (n Note, known bool, err error) {
+	switch {
+	case strings.HasPrefix(payload, "w"):
+		return Note{Kind: WakeNote, Key: payload[1:]}, true, nil
+	case strings.HasPrefix(payload, "f"):
+		n.Kind = ForcedNote
+		n.ClientID, n.Key, _ = strings.Cut(payload[1:], ":")
+		return n, true, nil
+	case strings.HasPrefix(payload, "g"):
+		n.Kind = GrantNote
+		tokenText, rest, _ := strings.Cut(payload[1:], ":")
+		n.ClientID, n.Key, _ = strings.Cut(rest, ":")
+		if n.Token, err = strconv.ParseInt(tokenText, 10, 64); err != nil || n.Token <= 0 {
+			return Note{Kind: GrantNote, Key: n.Key, ClientID: n.ClientID}, true, errMalformedGrant
+		}
+		return n, true, nil
+	}
+	return Note{}, false, nil
+}

@@ -1,0 +1,61 @@
+package protocol
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseNote(t *testing.T) {
+	for _, c := range []struct {
+		name, payload string
+		want          Note
+		known         bool
+		malformed     bool
+	}{
+		{name: "wake-up", payload: "wk", want: Note{Kind: WakeNote, Key: "k"}, known: true},
+		{name: "wake-up of a key with ':'", payload: "wa:b", want: Note{Kind: WakeNote, Key: "a:b"}, known: true},
+		{name: "grant", payload: "g42:id:k", want: Note{Kind: GrantNote, Token: 42, ClientID: "id", Key: "k"}, known: true},
+		{name: "grant of a key with ':'", payload: "g42:id:a:b", want: Note{Kind: GrantNote, Token: 42, ClientID: "id", Key: "a:b"}, known: true},
+		{name: "forced unlock", payload: "fid:k", want: Note{Kind: ForcedNote, ClientID: "id", Key: "k"}, known: true},
+		{name: "forced unlock of a key with ':'", payload: "fid:a:b", want: Note{Kind: ForcedNote, ClientID: "id", Key: "a:b"}, known: true},
+		// A grant whose token cannot be trusted still names its key, so
+		// that its waiter can attempt.
+		{name: "grant without a number", payload: "gx:id:k", want: Note{Kind: GrantNote, ClientID: "id", Key: "k"}, known: true, malformed: true},
+		{name: "grant of token 0", payload: "g0:id:k", want: Note{Kind: GrantNote, ClientID: "id", Key: "k"}, known: true, malformed: true},
+		{name: "grant of a negative token", payload: "g-5:id:k", want: Note{Kind: GrantNote, ClientID: "id", Key: "k"}, known: true, malformed: true},
+		{name: "another version's kind", payload: "zid:k"},
+		{name: "empty", payload: ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n, known, err := ParseNote(c.payload)
+			require.Equal(t, c.known, known)
+			require.Equal(t, c.want, n)
+			if c.malformed {
+				require.ErrorIs(t, err, errMalformedGrant)
+			} else {
+				require.NoError(t, err)
+			}
+		})
+	}
+}
+
+// FuzzParseNote checks that no payload makes ParseNote panic, that an
+// unknown kind reads as nothing, and that a grant it reads without error
+// has a token to trust.
+func FuzzParseNote(f *testing.F) {
+	for _, seed := range []string{"", "w", "wk", "g", "g1", "g1:id:k", "g0:id:k", "g-1:id:k", "g9999999999999999999:id:k", "f", "fid:k", "x"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, payload string) {
+		n, known, err := ParseNote(payload)
+		if !known {
+			require.NoError(t, err)
+			require.Zero(t, n)
+			return
+		}
+		if n.Kind == GrantNote && err == nil {
+			require.Positive(t, n.Token, payload)
+		}
+	})
+}

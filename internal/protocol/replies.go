@@ -1,0 +1,141 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ReadSetIfFree reads SetIfFree's reply: whether the registry took the
+// key. A key another owner holds is no error.
+func ReadSetIfFree(cmd *redis.Cmd) (held bool, err error) {
+	switch err := cmd.Err(); {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, redis.Nil):
+		return false, nil
+	default:
+		return false, err
+	}
+}
+
+// ObtainReply is what an attempt found: obtain.lua's reply, or the plain
+// SET's.
+type ObtainReply struct {
+	Held bool // the registry holds the key now
+	// LastToken is the key's last token when the attempt failed and
+	// marked the registry as waiting, else 0: a grant that answers the
+	// mark carries a larger one.
+	LastToken int64
+}
+
+// ReadObtain reads obtain.lua's reply.
+func ReadObtain(cmd *redis.Cmd) (ObtainReply, error) {
+	n, err := cmd.Int64()
+	if err != nil {
+		return ObtainReply{}, err
+	}
+	if n == 1 {
+		return ObtainReply{Held: true}, nil
+	}
+	return ObtainReply{LastToken: -n}, nil
+}
+
+// ReleaseOutcome is what release.lua did.
+type ReleaseOutcome uint8
+
+const (
+	NotOurs        ReleaseOutcome = iota // the key had expired or has another owner, who keeps it
+	Deleted                              // deleted; no other registry waits
+	DeletedWaited                        // deleted, and waiting registries woken
+	Granted                              // granted to the registry that has waited longest
+	NeedsArguments                       // nothing done: a registry waits, and only the client id was sent
+)
+
+var releaseOutcomes = [...]string{"not ours", "deleted", "deleted while waited for", "granted", "needs all arguments"}
+
+func (o ReleaseOutcome) String() string { return name(releaseOutcomes[:], int(o), "release outcome") }
+
+// name is names[i], or a description of i if it names none: String methods
+// must not panic on a value another version sent, or a bug made.
+func name(names []string, i int, what string) string {
+	if i >= 0 && i < len(names) {
+		return names[i]
+	}
+	return what + " " + strconv.Itoa(i)
+}
+
+// ReleaseReply is release.lua's reply.
+type ReleaseReply struct {
+	Outcome ReleaseOutcome
+	// MarkToken, when the release granted the key and marked this
+	// registry as waiting (Release.MarkNext), is the grant's token: the
+	// mark's last token, as a failed attempt's would be.
+	MarkToken int64
+}
+
+// ReadRelease reads release.lua's reply.
+func ReadRelease(cmd *redis.Cmd) (ReleaseReply, error) {
+	n, err := cmd.Int64()
+	switch {
+	case err != nil:
+		return ReleaseReply{}, err
+	case n < 0:
+		return ReleaseReply{Outcome: Granted, MarkToken: -n}, nil
+	case n <= int64(NeedsArguments):
+		return ReleaseReply{Outcome: ReleaseOutcome(n)}, nil
+	}
+	return ReleaseReply{}, fmt.Errorf("release.lua answered %d", n)
+}
+
+// ReadRenew reads renew.lua's reply: whether each key was renewed.
+func ReadRenew(cmd *redis.Cmd) ([]bool, error) {
+	replies, err := cmd.Int64Slice()
+	ok := make([]bool, len(replies))
+	for i, n := range replies {
+		ok[i] = n == 1
+	}
+	return ok, err
+}
+
+// ReadToken reads token.lua's reply: the token, or 0 if the key was not
+// this registry's.
+func ReadToken(cmd *redis.Cmd) (int64, error) { return cmd.Int64() }
+
+// OwnerState is who holds a lock key, as this registry sees it.
+type OwnerState uint8
+
+const (
+	Ours  OwnerState = iota // this registry's client id
+	Gone                    // no value: deleted, expired, evicted or flushed
+	Other                   // another value: another registry's, or anyone's
+)
+
+// ReadOwner reads CheckOwner's (or Arm's) reply.
+func (p *Peer) ReadOwner(c *Call) (OwnerState, error) {
+	owner, err := c.Cmd.Text()
+	switch {
+	case err == nil && owner == p.clientID:
+		return Ours, nil
+	case err == nil:
+		return Other, nil
+	case errors.Is(err, redis.Nil):
+		return Gone, nil
+	}
+	return Gone, err
+}
+
+// ReadForceUnlock reads forceunlock.lua's reply: the client id of the
+// registry that held the key, if any did.
+func ReadForceUnlock(cmd *redis.Cmd) (holder string, held bool, err error) {
+	holder, err = cmd.Text()
+	switch {
+	case err == nil:
+		return holder, true, nil
+	case errors.Is(err, redis.Nil):
+		return "", false, nil
+	}
+	return "", false, err
+}

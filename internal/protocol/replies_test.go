@@ -1,0 +1,145 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// errConn stands for a real failure: a connection's, or a script's.
+var errConn = errors.New("connection reset")
+
+// reply is a Cmd as go-redis leaves it: a value, or an error.
+func reply(val any, err error) *redis.Cmd {
+	cmd := redis.NewCmd(context.Background())
+	if err != nil {
+		cmd.SetErr(err)
+	} else {
+		cmd.SetVal(val)
+	}
+	return cmd
+}
+
+// replyCase is a reply and what a reader must make of it; a case with
+// wantErr wants an error and ignores want.
+type replyCase[T any] struct {
+	name    string
+	cmd     *redis.Cmd
+	want    T
+	wantErr bool
+}
+
+// checkReplies runs read on each case.
+func checkReplies[T any](t *testing.T, read func(*redis.Cmd) (T, error), cases []replyCase[T]) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := read(c.cmd)
+			if c.wantErr {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, c.want, got)
+		})
+	}
+}
+
+func TestReadSetIfFree(t *testing.T) {
+	checkReplies(t, ReadSetIfFree, []replyCase[bool]{
+		{name: "taken", cmd: reply("OK", nil), want: true},
+		{name: "held by another, no error", cmd: reply(nil, redis.Nil), want: false},
+		{name: "a real error", cmd: reply(nil, errConn), wantErr: true},
+	})
+}
+
+func TestReadObtain(t *testing.T) {
+	checkReplies(t, ReadObtain, []replyCase[ObtainReply]{
+		{name: "held", cmd: reply(int64(1), nil), want: ObtainReply{Held: true}},
+		{name: "marked, with the last token", cmd: reply(int64(-42), nil), want: ObtainReply{LastToken: 42}},
+		{name: "not marked", cmd: reply(int64(0), nil), want: ObtainReply{}},
+		{name: "a real error", cmd: reply(nil, errConn), wantErr: true},
+		{name: "not an integer", cmd: reply("x", nil), wantErr: true},
+	})
+}
+
+func TestReadRelease(t *testing.T) {
+	checkReplies(t, ReadRelease, []replyCase[ReleaseReply]{
+		{name: "not ours", cmd: reply(int64(0), nil), want: ReleaseReply{Outcome: NotOurs}},
+		{name: "deleted", cmd: reply(int64(1), nil), want: ReleaseReply{Outcome: Deleted}},
+		{name: "deleted while waited for", cmd: reply(int64(2), nil), want: ReleaseReply{Outcome: DeletedWaited}},
+		{name: "granted", cmd: reply(int64(3), nil), want: ReleaseReply{Outcome: Granted}},
+		{name: "needs arguments", cmd: reply(int64(4), nil), want: ReleaseReply{Outcome: NeedsArguments}},
+		{name: "granted and marked", cmd: reply(int64(-7), nil), want: ReleaseReply{Outcome: Granted, MarkToken: 7}},
+		// Another version's outcome must not pass for one of ours.
+		{name: "an unknown outcome", cmd: reply(int64(5), nil), wantErr: true},
+		{name: "a far unknown outcome", cmd: reply(int64(200), nil), wantErr: true},
+		{name: "a real error", cmd: reply(nil, errConn), wantErr: true},
+	})
+}
+
+func TestReadRenew(t *testing.T) {
+	checkReplies(t, ReadRenew, []replyCase[[]bool]{
+		{name: "per key", cmd: reply([]any{int64(1), int64(0), int64(1)}, nil), want: []bool{true, false, true}},
+		{name: "no keys", cmd: reply([]any{}, nil), want: []bool{}},
+		{name: "a real error", cmd: reply(nil, errConn), wantErr: true},
+	})
+}
+
+func TestReadToken(t *testing.T) {
+	checkReplies(t, ReadToken, []replyCase[int64]{
+		{name: "a token", cmd: reply(int64(1_700_000_000_000_001), nil), want: 1_700_000_000_000_001},
+		{name: "not ours", cmd: reply(int64(0), nil), want: 0},
+		{name: "a real error", cmd: reply(nil, errConn), wantErr: true},
+	})
+}
+
+func TestReadOwner(t *testing.T) {
+	p := NewPeer(nil, Config{Namespace: "ns", ClientID: "ours"})
+	readOwner := func(cmd *redis.Cmd) (OwnerState, error) { return p.ReadOwner(&Call{Cmd: cmd}) }
+	checkReplies(t, readOwner, []replyCase[OwnerState]{
+		{name: "ours", cmd: reply("ours", nil), want: Ours},
+		{name: "another's", cmd: reply("theirs", nil), want: Other},
+		{name: "gone, no error", cmd: reply(nil, redis.Nil), want: Gone},
+		{name: "a real error", cmd: reply(nil, errConn), wantErr: true},
+	})
+}
+
+func TestReadForceUnlock(t *testing.T) {
+	type found struct {
+		holder string
+		held   bool
+	}
+	read := func(cmd *redis.Cmd) (found, error) {
+		holder, held, err := ReadForceUnlock(cmd)
+		return found{holder, held}, err
+	}
+	checkReplies(t, read, []replyCase[found]{
+		{name: "held", cmd: reply("their id", nil), want: found{"their id", true}},
+		{name: "not held", cmd: reply(nil, redis.Nil), want: found{}},
+		{name: "a real error", cmd: reply(nil, errConn), wantErr: true},
+	})
+}
+
+// String methods name every value the protocol knows, and describe the
+// rest rather than panic: another version may send one.
+func TestStringsNameEveryKnownValue(t *testing.T) {
+	outcomes := map[ReleaseOutcome]string{
+		NotOurs: "not ours", Deleted: "deleted", DeletedWaited: "deleted while waited for",
+		Granted: "granted", NeedsArguments: "needs all arguments",
+		ReleaseOutcome(200): "release outcome 200",
+	}
+	for o, want := range outcomes {
+		assert.Equal(t, want, o.String())
+	}
+	kinds := map[NoteKind]string{
+		WakeNote: "wake-up", GrantNote: "grant", ForcedNote: "forced unlock",
+		NoteKind(200): "note kind 200",
+	}
+	for k, want := range kinds {
+		assert.Equal(t, want, k.String())
+	}
+}

@@ -1,0 +1,309 @@
+package protocol
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The rules of docs/PROTOCOL.md's Scripts, each on the real server.
+
+func TestSetIfFreeTakesAFreeKeyWithTheClientIDAndTheLease(t *testing.T) {
+	e := newEnv(t)
+	p, k := e.holder()
+	require.Equal(t, p.ClientID(), e.owner(k))
+	require.Positive(t, e.pttl(k.Lock))
+	require.LessOrEqual(t, e.pttl(k.Lock), testLease)
+}
+
+func TestSetIfFreeDoesNotTakeAHeldKey(t *testing.T) {
+	e := newEnv(t)
+	holder, k := e.holder()
+	p := e.peer()
+	held, err := ReadSetIfFree(e.run(p.SetIfFree(k)))
+	require.NoError(t, err)
+	require.False(t, held)
+	require.Equal(t, holder.ClientID(), e.owner(k))
+}
+
+func TestObtainOfAHeldKeyMarksTheRegistryWaiting(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		grantLease time.Duration
+	}{
+		{"a registry that takes grants names its grant lease", testGrantLease},
+		{"a registry that takes none marks with its bare client id", 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			holder, k := e.holder()
+			p := e.peer(func(cfg *Config) { cfg.GrantLease = c.grantLease })
+			e.wait(p, k)
+			e.requireMarked(k, markOf(p, c.grantLease), true)
+			require.Equal(t, holder.ClientID(), e.owner(k), "the holder's key is untouched")
+		})
+	}
+}
+
+// Registries with longer retry intervals mark for longer: a short mark
+// must not cut the marker's time to live, which would delete theirs.
+func TestAShortMarkDoesNotCutTheMarkersTTL(t *testing.T) {
+	e := newEnv(t)
+	_, k := e.holder()
+	e.wait(e.peer(), k)
+	e.wait(e.peer(lapsing), k)
+	for _, set := range []string{k.Marker, k.Queue} {
+		require.Greater(t, e.pttl(set), 2*shortRetry, set)
+	}
+}
+
+func TestObtainOfAHeldKeyRepliesMinusTheKeysLastToken(t *testing.T) {
+	e := newEnv(t)
+	holder, k := e.holder()
+	p := e.peer()
+	token := e.drawToken(holder, k)
+	require.Equal(t, token, e.wait(p, k))
+}
+
+// The reply must be a token the grant that answers the mark can exceed,
+// even when the holder never drew one.
+func TestObtainDrawsTheLastTokenFromTheClockWhenNoneIsStored(t *testing.T) {
+	e := newEnv(t)
+	_, k := e.holder()
+	p := e.peer()
+	before := e.serverMicros()
+	token := e.wait(p, k)
+	require.GreaterOrEqual(t, token, before)
+	require.LessOrEqual(t, token, e.serverMicros())
+	require.Equal(t, token, e.fence(k), "the token drawn is stored")
+}
+
+// An attempt that will not wait leaves no mark, which a release would
+// grant to nobody.
+func TestObtainThatWillNotWaitLeavesNoMark(t *testing.T) {
+	e := newEnv(t)
+	_, k := e.holder()
+	p := e.peer()
+	found, err := ReadObtain(e.run(p.Obtain(k, false, false)))
+	require.NoError(t, err)
+	require.Equal(t, ObtainReply{}, found)
+	require.Empty(t, e.members(k.Marker))
+	require.Empty(t, e.members(k.Queue))
+}
+
+func TestObtainOfOurOwnKeyRefreshesTheLeaseAndDrawsANewerToken(t *testing.T) {
+	e := newEnv(t)
+	p, k := e.holder()
+	token := e.drawToken(p, k)
+	require.NoError(t, e.client.PExpire(e.ctx, k.Lock, time.Second).Err())
+	found, err := ReadObtain(e.run(p.Obtain(k, true, false)))
+	require.NoError(t, err)
+	require.True(t, found.Held)
+	require.Greater(t, e.pttl(k.Lock), time.Second, "the lease is refreshed")
+	require.Greater(t, e.fence(k), token, "a give-back of the grant's token now spares the key")
+}
+
+func TestASuccessfulObtainWithdrawsTheMark(t *testing.T) {
+	e := newEnv(t)
+	_, k := e.holder()
+	p := e.peer()
+	e.wait(p, k)
+	require.NoError(t, e.client.Del(e.ctx, k.Lock).Err())
+	found, err := ReadObtain(e.run(p.Obtain(k, true, true)))
+	require.NoError(t, err)
+	require.True(t, found.Held)
+	e.requireMarked(k, markOf(p, testGrantLease), false)
+}
+
+func TestRenewExtendsOnlyOurKeys(t *testing.T) {
+	e := newEnv(t)
+	p, other := e.peer(), e.peer()
+	ours, theirs, free := p.Keys("ours"), p.Keys("theirs"), p.Keys("free")
+	e.hold(p, ours)
+	e.hold(other, theirs)
+	for _, k := range []Keys{ours, theirs} {
+		require.NoError(t, e.client.PExpire(e.ctx, k.Lock, time.Second).Err())
+	}
+	renewed, err := ReadRenew(e.run(p.Renew([]string{ours.Lock, theirs.Lock, free.Lock})))
+	require.NoError(t, err)
+	require.Equal(t, []bool{true, false, false}, renewed)
+	require.Greater(t, e.pttl(ours.Lock), time.Second)
+	require.LessOrEqual(t, e.pttl(theirs.Lock), time.Second, "another owner's lease is untouched")
+	require.Empty(t, e.owner(free), "a free key stays free")
+}
+
+func TestDrawTokenGivesStrictlyRisingTokens(t *testing.T) {
+	e := newEnv(t)
+	p, k := e.holder()
+	last := e.drawToken(p, k)
+	for range 5 {
+		token := e.drawToken(p, k)
+		require.Greater(t, token, last)
+		last = token
+	}
+	// A stored token ahead of the clock (one that stepped back) still
+	// rises by one.
+	ahead := e.serverMicros() + int64(time.Hour/time.Microsecond)
+	require.NoError(t, e.client.Set(e.ctx, k.Fence, ahead, testLease).Err())
+	require.Equal(t, ahead+1, e.drawToken(p, k))
+}
+
+func TestDrawTokenIsZeroForAKeyThatIsNotOurs(t *testing.T) {
+	e := newEnv(t)
+	p, other := e.peer(), e.peer()
+	theirs, free := p.Keys("theirs"), p.Keys("free")
+	e.hold(other, theirs)
+	for _, k := range []Keys{theirs, free} {
+		token, err := ReadToken(e.run(p.DrawToken(k)))
+		require.NoError(t, err)
+		require.Zero(t, token, k.Lock)
+	}
+	require.Zero(t, e.fence(theirs), "no token is drawn")
+}
+
+// Redis may lose the fence (a restart, a failover): the clock keeps
+// tokens rising.
+func TestTokensKeepRisingAfterTheFenceIsLost(t *testing.T) {
+	e := newEnv(t)
+	p, k := e.holder()
+	token := e.drawToken(p, k)
+	require.NoError(t, e.client.Del(e.ctx, k.Fence).Err())
+	require.Greater(t, e.drawToken(p, k), token)
+}
+
+func TestForceUnlockDeletesTheKeyWhoeverHoldsIt(t *testing.T) {
+	const margin = 1000
+	for _, c := range []struct {
+		name string
+		// fence is the stored last token, given the server's clock; 0
+		// stores none.
+		fence func(now int64) int64
+	}{
+		{"past the last token by the margin", func(now int64) int64 { return now + int64(time.Hour/time.Microsecond) }},
+		{"past the clock by the margin", func(int64) int64 { return 0 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			holder, k := e.holder()
+			operator := e.peer(noGrants)
+			before := e.serverMicros()
+			last := c.fence(before)
+			if last != 0 {
+				require.NoError(t, e.client.Set(e.ctx, k.Fence, last, testLease).Err())
+			}
+			sub := e.subscribe(ReleaseChannel(e.namespace))
+			holderID, held, err := ReadForceUnlock(e.run(operator.ForceUnlock(k, "k", margin, 2*time.Second)))
+			require.NoError(t, err)
+			require.True(t, held)
+			require.Equal(t, holder.ClientID(), holderID)
+			require.Empty(t, e.owner(k))
+			require.GreaterOrEqual(t, e.fence(k), max(last, before)+margin)
+			require.LessOrEqual(t, e.fence(k), max(last, e.serverMicros())+margin)
+			require.Positive(t, e.pttl(k.Fence), "the raised fence expires")
+			e.received(sub, ReleaseChannel(e.namespace), "f"+holder.ClientID()+":k", "wk")
+		})
+	}
+}
+
+func TestForceUnlockOfAFreeKeyRepliesNotHeld(t *testing.T) {
+	e := newEnv(t)
+	p := e.peer()
+	k := p.Keys("k")
+	holder, held, err := ReadForceUnlock(e.run(p.ForceUnlock(k, "k", 1000, 2*time.Second)))
+	require.NoError(t, err)
+	require.False(t, held)
+	require.Empty(t, holder)
+	require.Zero(t, e.fence(k), "the fence is untouched")
+}
+
+func TestWithdrawRemovesThePeersMark(t *testing.T) {
+	e := newEnv(t)
+	_, k := e.holder()
+	p, other := e.peer(), e.peer()
+	e.wait(p, k)
+	e.wait(other, k)
+	e.runAll(p.Withdraw(k))
+	e.requireMarked(k, markOf(p, testGrantLease), false)
+	e.requireMarked(k, markOf(other, testGrantLease), true)
+}
+
+// While a lock's slot migrates, the scripts get its lock key alone and
+// must not touch the others.
+func TestOnTheLockKeyAloneObtainTakesAFreeKeyWithoutMarking(t *testing.T) {
+	e := newEnv(t)
+	holder, p := e.peer(), e.peer()
+	free, held := p.Keys("free"), p.Keys("held")
+	e.hold(holder, held)
+	for _, c := range []struct {
+		k    Keys
+		want ObtainReply
+	}{{free, ObtainReply{Held: true}}, {held, ObtainReply{}}} {
+		found, err := ReadObtain(e.run(p.Obtain(c.k, true, false).OnLockKeyOnly()))
+		require.NoError(t, err)
+		require.Equal(t, c.want, found, c.k.Lock)
+		require.Empty(t, e.members(c.k.Marker), "no mark")
+		require.Zero(t, e.fence(c.k), "no token")
+	}
+	require.Equal(t, p.ClientID(), e.owner(free))
+}
+
+func TestOnTheLockKeyAloneReleaseDeletesOurKeyDespiteAWaiter(t *testing.T) {
+	e := newEnv(t)
+	p, k := e.holder()
+	waiter := e.peer()
+	e.wait(waiter, k)
+	found, err := ReadRelease(e.run(p.Release(k, "k", Release{}).OnLockKeyOnly()))
+	require.NoError(t, err)
+	require.Equal(t, Deleted, found.Outcome)
+	require.Empty(t, e.owner(k))
+}
+
+func TestOnTheLockKeyAloneTokensAreTheClocks(t *testing.T) {
+	e := newEnv(t)
+	p, k := e.holder()
+	before := e.serverMicros()
+	token, err := ReadToken(e.run(p.DrawToken(k).OnLockKeyOnly()))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, token, before)
+	require.LessOrEqual(t, token, e.serverMicros())
+	require.Zero(t, e.fence(k))
+}
+
+// A restarted Redis has lost the scripts: a pipeline's script calls go
+// again by EVAL, which loads them.
+func TestRunPipelineRunsScriptsRedisDoesNotHaveYet(t *testing.T) {
+	e := newEnv(t)
+	p := e.peer()
+	k := p.Keys("k")
+	require.NoError(t, e.client.ScriptFlush(e.ctx).Err())
+	setIfFree, token, renew := p.SetIfFree(k), p.DrawToken(k), p.Renew([]string{k.Lock})
+	e.runAll([]*Call{&setIfFree, &token, &renew})
+	held, err := ReadSetIfFree(setIfFree.Cmd)
+	require.NoError(t, err)
+	require.True(t, held, "the plain command ran once, not again with the scripts")
+	tokenValue, err := ReadToken(token.Cmd)
+	require.NoError(t, err)
+	require.Positive(t, tokenValue)
+	renewed, err := ReadRenew(renew.Cmd)
+	require.NoError(t, err)
+	require.Equal(t, []bool{true}, renewed)
+	loaded, err := e.client.ScriptExists(e.ctx, e.scripts.token.Hash(), e.scripts.renew.Hash()).Result()
+	require.NoError(t, err)
+	require.Equal(t, []bool{true, true}, loaded)
+}
+
+// ObtainReplicated sends obtain.lua by EVALSHA in its pipeline, so it
+// loads a script Redis lost before it sends it again.
+func TestObtainReplicatedRunsAScriptRedisDoesNotHaveYet(t *testing.T) {
+	e := newEnv(t)
+	p := e.peer()
+	k := p.Keys("k")
+	require.NoError(t, e.client.ScriptFlush(e.ctx).Err())
+	found, acked, waitErr, err := ObtainReplicated(e.ctx, e.client, p.Obtain(k, true, false), 0, time.Second)
+	require.NoError(t, err)
+	require.NoError(t, waitErr)
+	require.True(t, found.Held)
+	require.Zero(t, acked, "no replicas")
+	require.Equal(t, p.ClientID(), e.owner(k))
+}
