@@ -3,15 +3,19 @@ package lockreg
 import (
 	"context"
 	"errors"
-	"os"
+	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
-// An acquisition takes a key in Redis for the goroutine or Hold that owns
-// the key's local mutex: it attempts (obtain.go), waits for a grant, a
-// wake-up or the retry interval, and attempts again, until it holds the
-// key or ends. Its Redis calls run one of two ways:
+// One acquisition, end to end. It takes the key's local mutex (locallock.go),
+// which may come with a hold a release handed off, or with a mark a release
+// left; else it takes the key in Redis: it attempts (attempt.go), waits for
+// a grant, a wake-up or the retry interval, takes a grant that came, and
+// attempts again, until it holds the key or gives up (abandons). Its Redis
+// calls run one of two ways:
 //
 //   - attemptsHere, on the caller's goroutine, when ctx cannot end;
 //   - attemptsAside, in a goroutine of its own, when it can, so that the
@@ -27,6 +31,94 @@ import (
 // ctx's deadline itself (go-redis's ContextTimeoutEnabled) the first
 // attempt runs on the caller's goroutine all the same (firstAttemptHere).
 
+// acquireHold takes the local mutex, then the key in Redis unless the
+// mutex came with a hold, and returns the new hold. It tells the hooks.
+func (l *Lock) acquireHold(ctx context.Context, wait bool) (*Hold, error) {
+	r := l.r
+	if err := l.checkAcquisition(ctx); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	hooks := r.hooks.all()
+	for _, hk := range hooks {
+		if hk.AcquireStart != nil {
+			ctx = hk.AcquireStart(ctx, l.key)
+		}
+	}
+	h, err := l.takeHold(ctx, wait, start)
+	if hooks != nil {
+		e := AcquireEvent{Key: l.key, Wait: time.Since(start), Outcome: OutcomeAcquired, Err: err}
+		switch {
+		case err == nil:
+			e.Path = h.via.path()
+		case errors.Is(err, ErrClosed):
+			e.Outcome = OutcomeClosed
+		case errors.Is(err, ErrNotObtained) || err == errBusy:
+			e.Outcome = OutcomeNotObtained
+		default:
+			e.Outcome = OutcomeError
+		}
+		for _, hk := range hooks {
+			if hk.AcquireDone != nil {
+				hk.AcquireDone(ctx, e)
+			}
+		}
+	}
+	return h, err
+}
+
+// checkAcquisition refuses an acquisition before it begins: bad input, or
+// a closed registry.
+func (l *Lock) checkAcquisition(ctx context.Context) error {
+	switch {
+	case l.key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalidKey)
+	case ctx == nil:
+		return errNilContext
+	case l.r.closing():
+		return fmt.Errorf("%w: cannot lock %q", ErrClosed, printedKey(l.key))
+	}
+	return nil
+}
+
+// takeHold is acquireHold's work, begun at start.
+func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold, error) {
+	r := l.r
+	if err := r.serversLooked(ctx); err != nil {
+		return nil, err
+	}
+	r.publishSoon() // waiters are named to inspectors too
+	local := r.locals.join(l.key)
+	got, err := local.lock(ctx, r.life.closing, wait)
+	if err != nil {
+		r.locals.leave(l.key)
+		return nil, l.notAcquired(ctx, err, nil)
+	}
+	h, handedOff := got.hold, got.hold != nil
+	if !handedOff {
+		a := &acquisition{l: l, ctx: ctx, wait: wait, local: local, mark: got.mark}
+		if h, err = a.takeKey(); err != nil {
+			return nil, err
+		}
+		h.local = local
+	}
+	local.hold.Store(h)
+	if !handedOff {
+		r.arm(h, LossDeleted)
+	}
+	r.stats.acquired(time.Since(start), handedOff)
+	// Close signals the holds it finds, after closing: a hold stored once
+	// it looked would never be signalled, nor renewed. Such an
+	// acquisition, which Close (or Shutdown) overtook, fails as the
+	// waiting ones do, and gives the key back.
+	if r.closing() {
+		_, _ = h.releaseKey(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("%w: cannot lock %q", ErrClosed, printedKey(l.key))
+	}
+	r.subscribeSoon()
+	return h, nil
+}
+
 // acquireState is what an acquisition does next.
 type acquireState uint8
 
@@ -38,8 +130,9 @@ const (
 	waiting
 )
 
-// acquisition is one acquisition's state, changed by one goroutine at a
-// time (the caller's, or attemptsAside's while it runs a call).
+// acquisition is the state of one acquisition that takes its key in Redis,
+// changed by one goroutine at a time (the caller's, or attemptsAside's
+// while it runs a call).
 type acquisition struct {
 	l     *Lock
 	ctx   context.Context
@@ -48,7 +141,7 @@ type acquisition struct {
 	state acquireState
 	// mark is this registry's mark as waiting for the key, as the last
 	// failed attempt (or the release that marked it) saw it; a grant is
-	// trusted against it (grant.go). Unset while the registry is unmarked.
+	// trusted against it (takeGrant). Unset while the registry is unmarked.
 	mark waitMark
 	// mayHoldKey says that the last call failed in a way that can come
 	// after Redis ran it (a timeout, a broken connection): ending the
@@ -58,18 +151,17 @@ type acquisition struct {
 	retry      *time.Timer
 }
 
-// obtainRedis takes the key in Redis, waiting unless wait is false; with
-// a mark that a release left, it first waits for the grant the mark asks
+// takeKey takes the key in Redis, waiting unless a.wait is false; with a
+// mark that a release left, it first waits for the grant the mark asks
 // for. Called with the local mutex owned; on failure it unlocks that.
-func (l *Lock) obtainRedis(ctx context.Context, wait bool, local *localLock, mark waitMark) (*Hold, error) {
-	a := &acquisition{l: l, ctx: ctx, wait: wait, local: local, mark: mark}
-	if mark.isSet() {
+func (a *acquisition) takeKey() (*Hold, error) {
+	if a.mark.isSet() {
 		a.state = waiting
 	}
 	if err := a.begin(); err != nil {
 		return nil, err
 	}
-	if ctx.Done() == nil {
+	if a.ctx.Done() == nil {
 		return a.run(a.attemptsHere)
 	}
 	if h, err := a.firstAttemptHere(); h != nil || err != nil {
@@ -85,7 +177,7 @@ func (a *acquisition) begin() error {
 	if a.state == attemptDue {
 		err := l.awaitPending(a.ctx)
 		if err == nil {
-			err = l.r.contention.yield(a.ctx, l.r.life.closed, l.key)
+			err = l.r.contention.yield(a.ctx, l.r.life.closing, l.key)
 		}
 		if err != nil {
 			l.unlockLocal(a.local)
@@ -179,100 +271,42 @@ func (a *acquisition) attemptsAside() (*Hold, error) {
 	}
 }
 
-// attempt makes the attempt that is due. It returns the hold, or the
-// error that ended the acquisition (TryLock's attempt failed), or neither
-// when the acquisition goes on.
-func (a *acquisition) attempt() (*Hold, error) {
-	sent := time.Now()
-	h, found, err := a.l.tryObtain(a.ctx, a.wait, a.mark.isSet())
-	if h != nil {
-		return h, nil
+// takeGrant returns the hold a grant that came gives, if the trust rule
+// holds (grant.go); else, if a grant came, the key is this registry's but
+// since when is unknown, and an attempt is due to find out.
+func (a *acquisition) takeGrant() *Hold {
+	token := a.local.grantedToken.Swap(0)
+	if token == 0 {
+		return nil
 	}
-	a.state, a.mayHoldKey = waiting, mayHaveRun(err)
-	switch {
-	case err != nil:
-		a.failedWith(err)
-	case a.wait: // another owner held it: obtain.lua marked this registry
-		a.mark = waitMark{sent: sent, token: found.lastToken}
-		a.l.r.publishSoon() // a long wait outlives the owner name's time to live
+	if h := a.l.acceptGrant(a.local, token, a.mark); h != nil {
+		return h
 	}
-	if !a.wait {
-		return nil, a.abandon(errBusy)
-	}
-	return nil, nil
-}
-
-// firstAttemptHere makes the first attempt on the calling goroutine, if
-// that cannot keep the caller past ctx's deadline: the client ends its
-// calls at the deadline itself, the attempt is a plain SET (a key not
-// seen contended, no WithWaitReplicas) and it can go out at once rather
-// than queue behind other calls. A cancellation of ctx before its
-// deadline then takes effect when the SET returns: one round trip, or
-// while Redis hangs, the deadline. It returns the hold, or the error that
-// ended the acquisition, or neither when the acquisition goes on aside:
-// the key was taken, the SET failed, or it did not run.
-func (a *acquisition) firstAttemptHere() (*Hold, error) {
-	l := a.l
-	if _, ok := a.ctx.Deadline(); !ok || !l.r.callsEndAtDeadline || a.state != attemptDue || !l.plainSetFirst(a.mark.isSet()) {
-		return nil, nil
-	}
-	sent := time.Now()
-	found, wentOut, err := l.setIfFree(a.ctx, false)
-	if wentOut {
-		l.r.attempting(a.ctx, l.key)
-	}
-	switch {
-	case !wentOut:
-		return nil, nil
-	case found.held:
-		return l.took(sent), nil
-	case err == nil:
-		// Another owner holds the key: obtain.lua follows aside, marking
-		// this registry as waiting.
-		l.r.contention.saw(l.key)
-		return nil, nil
-	}
-	l.r.stats.failed.Add(1)
-	a.mayHoldKey = mayHaveRun(err)
-	a.failedWith(err)
-	if a.ctx.Err() != nil {
-		return nil, a.abandon(a.ctx.Err())
-	}
-	a.state = waiting // the next attempt comes after a pause, as after any failed one
-	return nil, nil
-}
-
-// failedWith records a Redis error of an attempt, logging it unless it
-// repeats the last one or ctx ended (it then says nothing new). An attempt
-// that ctx cut short keeps the error before it: the caller's error already
-// says that ctx ended, and what Redis last said (connection refused, an ACL
-// refusal) is what tells them why the lock was not obtained.
-func (a *acquisition) failedWith(err error) {
-	prev := a.lastError()
-	if a.ctx.Err() != nil {
-		if prev == nil || !cutShort(err) {
-			a.lastErr.Store(&err)
-		}
-		return
-	}
-	if prev == nil || prev.Error() != err.Error() {
-		a.l.r.cfg.logger.Warn("lockreg: Redis error while acquiring; retrying", "key", a.l.key, "error", err)
-	}
-	a.lastErr.Store(&err)
-}
-
-// cutShort says that err is a call's end at ctx's end: ctx's own error
-// (a dial, a wait for a connection) or, with go-redis's
-// ContextTimeoutEnabled, a read or write past ctx's deadline.
-func cutShort(err error) bool {
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)
-}
-
-func (a *acquisition) lastError() error {
-	if err := a.lastErr.Load(); err != nil {
-		return *err
-	}
+	a.state = attemptDue
 	return nil
+}
+
+// acceptGrant returns the hold a grant of token gives, or nil if the trust
+// rule fails for mark or the registry is closing.
+func (l *Lock) acceptGrant(local *localLock, token int64, mark waitMark) *Hold {
+	r := l.r
+	if mark.token <= 0 || token <= mark.token {
+		return nil
+	}
+	h := newHold(l, token, mark.sent, r.grants.lease)
+	h.via = viaGrant
+	if h.leaseOver() {
+		return nil
+	}
+	// The hold itself begins now, for WithMaxHold and the run of local
+	// hand-offs.
+	h.taken = time.Now()
+	h.redisTaken = h.taken
+	if !r.extendLater(local, h) {
+		return nil // closing: the grant expires unextended
+	}
+	r.stats.grants.Add(1)
+	return h
 }
 
 // pause waits for the next attempt: a retry interval, or less if a
@@ -295,7 +329,7 @@ func (a *acquisition) pause() error {
 		return nil
 	case <-a.ctx.Done():
 		stop = a.ctx.Err()
-	case <-r.life.closed:
+	case <-r.life.closing:
 		stop = ErrClosed
 	}
 	a.retry.Stop()
@@ -326,8 +360,8 @@ func (a *acquisition) abandon(stop error) error {
 func (l *Lock) releaseThenUnlockLocal(ctx context.Context, local *localLock) {
 	ctx, cancel := context.WithTimeout(ctx, l.r.cfg.expireAfter)
 	defer cancel()
-	if _, err := l.releaseRedis(ctx, 0, false, ""); err != nil {
-		l.r.cfg.logger.Debug("lockreg: could not release the key of an abandoned attempt; it expires after the lease", "key", l.key, "error", err)
+	if _, err := l.releaseRedis(ctx, protocol.Release{}); err != nil {
+		l.r.cfg.logger.Debug("lockreg: could not release the key of an abandoned attempt; it expires after the lease", "key", printedKey(l.key), "error", err)
 	}
 	l.unlockLocal(local)
 }
@@ -337,4 +371,19 @@ func (l *Lock) releaseThenUnlockLocal(ctx context.Context, local *localLock) {
 func (l *Lock) unlockLocal(local *localLock) {
 	local.unlock(handoff{})
 	l.r.locals.leave(l.key)
+}
+
+// notAcquired turns the reason an acquisition stopped into its error: a
+// Redis error that retrying would not mend ends it with that error.
+func (l *Lock) notAcquired(ctx context.Context, reason, lastErr error) error {
+	switch {
+	case reason == errBusy:
+		return errBusy
+	case errors.Is(reason, ErrRedis):
+		return errors.Join(fmt.Errorf("%w: key %q", ErrNotObtained, printedKey(l.key)), reason)
+	case errors.Is(reason, ErrClosed):
+		return fmt.Errorf("%w: cannot lock %q", ErrClosed, printedKey(l.key))
+	default:
+		return errors.Join(fmt.Errorf("%w: key %q: %w", ErrNotObtained, printedKey(l.key), ctx.Err()), lastErr)
+	}
 }

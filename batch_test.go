@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redisstat"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
@@ -22,12 +23,14 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 	ctx := context.Background()
 	var sent redisstat.Counter
 	srv := redistest.Shared(t)
-	r := newRegistry(t, srv.Client(t, &sent))
+	client := srv.Client(t)
+	r := newRegistry(t, client)
+	client.AddHook(&sent) // after New's look at the server
 	require.NoError(t, srv.Client(t).ScriptFlush(ctx).Err(), "the pipeline must reload the script")
 
-	b := &r.calls
+	b := &r.batcher
 	b.mu.Lock()
-	b.inFlight = maxInFlight // as if that many calls were on the wire
+	b.inFlight = protocol.MaxInFlight // as if that many calls were on the wire
 	b.mu.Unlock()
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
@@ -45,7 +48,7 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 		}
 		queued := len(b.queue)
 		wg.Go(func() {
-			tokens[i], errs[i] = b.run(callCtx, obtainScript, lock.keys.script, r.args.obtainArgs(false, false)...).Int64()
+			tokens[i], errs[i] = b.run(callCtx, r.peer.Obtain(lock.keys, false, false)).Int64()
 		})
 		require.Eventually(t, func() bool {
 			b.mu.Lock()
@@ -60,7 +63,7 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 	for i := range callers {
 		require.NoError(t, errs[i], "caller %d", i)
 		require.Positive(t, tokens[i], "caller %d got a token", i)
-		owner, err := srv.Client(t).Get(ctx, r.Obtain(prefix+strconv.Itoa(i)).keys.lock).Result()
+		owner, err := srv.Client(t).Get(ctx, r.Obtain(prefix+strconv.Itoa(i)).keys.Lock).Result()
 		require.NoError(t, err)
 		require.Equal(t, r.clientID, owner)
 	}
@@ -70,7 +73,7 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	require.Equal(t, maxInFlight-1, b.inFlight, "the pipeline's slot is freed, the others are still taken")
+	require.Equal(t, protocol.MaxInFlight-1, b.inFlight, "the pipeline's slot is freed, the others are still taken")
 	require.Empty(t, b.queue)
 	b.inFlight = 0
 }
@@ -81,7 +84,9 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 func TestParallelCallsArePipelined(t *testing.T) {
 	var sent redisstat.Counter
 	srv := redistest.Shared(t)
-	r := newRegistry(t, srv.Client(t, &sent))
+	client := srv.Client(t)
+	r := newRegistry(t, client)
+	client.AddHook(&sent) // after New's look at the server
 	other := newRegistry(t, srv.Client(t))
 	const goroutines, cycles = 32, 50
 	var wg sync.WaitGroup

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redisstat"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
@@ -227,10 +228,10 @@ func BenchmarkGrantServerTime(b *testing.B) {
 	lock := r.Obtain("grant-time")
 	setUp := func() {
 		_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			p.Del(ctx, lock.keys.marker, lock.keys.queue)
-			p.Set(ctx, lock.keys.lock, r.clientID, time.Minute)
-			p.ZAdd(ctx, lock.keys.marker, redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "other:1000"})
-			p.ZAdd(ctx, lock.keys.queue, redis.Z{Score: float64(time.Now().UnixMilli()), Member: "other:1000"})
+			p.Del(ctx, lock.keys.Marker, lock.keys.Queue)
+			p.Set(ctx, lock.keys.Lock, r.clientID, time.Minute)
+			p.ZAdd(ctx, lock.keys.Marker, redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "other:1000"})
+			p.ZAdd(ctx, lock.keys.Queue, redis.Z{Score: float64(time.Now().UnixMilli()), Member: "other:1000"})
 			return nil
 		})
 		if err != nil {
@@ -238,8 +239,8 @@ func BenchmarkGrantServerTime(b *testing.B) {
 		}
 	}
 	grant := func() {
-		found, err := lock.releaseRedis(ctx, 0, true, "")
-		if err != nil || found.markToken == 0 {
+		found, err := lock.releaseRedis(ctx, protocol.Release{MarkNext: true})
+		if err != nil || found.MarkToken == 0 {
 			b.Fatalf("release: %+v, %v; want a grant that marks this registry", found, err)
 		}
 	}
@@ -478,7 +479,7 @@ func BenchmarkRenewalRound(b *testing.B) {
 	}
 	batches := r.renewalBatches(r.dueForRenewal())
 	rounds := map[string]func(){
-		"with":    func() { r.renew(ctx, batches, r.refreshCalls()...) },
+		"with":    func() { r.renew(ctx, batches, r.peer.RefreshOwner()...) },
 		"without": func() { r.renew(ctx, batches) },
 	}
 	var with, without time.Duration

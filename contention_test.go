@@ -23,14 +23,11 @@ import (
 // found taken goes straight to obtain.lua, as a plain SET would fail and
 // cost a round trip, until a lease has passed without contention.
 func TestAContendedKeySkipsThePlainSet(t *testing.T) {
-	ctx := context.Background()
 	const lease = 300 * time.Millisecond
 	var counter redisstat.Counter
 	srv := redistest.Shared(t)
 	client := srv.Client(t, &counter)
-	for _, script := range []*redis.Script{obtainScript, releaseScript} {
-		require.NoError(t, script.Load(ctx, client).Err())
-	}
+	loadScripts(t, client)
 	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(10*time.Millisecond))
 	other := newRegistry(t, srv.Client(t))
 	key := "c" + strconv.FormatInt(time.Now().UnixNano(), 10)

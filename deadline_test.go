@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
@@ -159,7 +160,7 @@ func (h *holdSets) hook() redis.Hook {
 }
 
 func TestAnInlineAttemptDoesNotQueueBehindSlowCalls(t *testing.T) {
-	// With maxInFlight calls on the wire, a call queues, and a queued call
+	// With protocol.MaxInFlight calls on the wire, a call queues, and a queued call
 	// waits for them whatever its ctx: the first attempt then goes to the
 	// background, and LockContext still returns at its deadline.
 	srv := redistest.Shared(t)
@@ -169,14 +170,14 @@ func TestAnInlineAttemptDoesNotQueueBehindSlowCalls(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 	r := newRegistry(t, client)
 	var busy sync.WaitGroup
-	for i := range maxInFlight {
+	for i := range protocol.MaxInFlight {
 		busy.Go(func() {
 			lock := r.Obtain(fmt.Sprint("busy", i))
 			lock.Lock()
 			lock.Unlock()
 		})
 	}
-	require.Eventually(t, func() bool { return slow.held.Load() == maxInFlight }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return slow.held.Load() == protocol.MaxInFlight }, 5*time.Second, time.Millisecond)
 	time.AfterFunc(2*time.Second, func() { close(slow.release) })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
@@ -270,11 +271,13 @@ func TestAnAttemptCutShortByCtxKeepsTheRedisErrorBeforeIt(t *testing.T) {
 			admin := srv.Client(t)
 			client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 			t.Cleanup(func() { _ = client.Close() })
-			refused := &replyWatcher{text: "WRONGTYPE"}
+			refused := &replyWatcher{text: "OOM"}
 			client.AddHook(refused.hook())
 			r := newRegistry(t, client, WithRetryInterval(20*time.Millisecond))
 			lock := r.Obtain("k")
-			require.NoError(t, admin.HSet(ctx, lock.keys.lock, "not", "a lock").Err()) // every attempt's GET fails
+			// Every attempt's SET fails with OOM, an error a retry may
+			// outlast (a permanent one ends the acquisition at once).
+			require.NoError(t, admin.ConfigSet(ctx, "maxmemory", "1").Err())
 
 			lockCtx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 			defer cancel()
@@ -289,6 +292,7 @@ func TestAnAttemptCutShortByCtxKeepsTheRedisErrorBeforeIt(t *testing.T) {
 				if ending == "cancel" {
 					cancel()
 				} else {
+					require.NoError(t, admin.ConfigSet(ctx, "maxmemory", "0").Err())
 					require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", 2000, "WRITE").Err())
 				}
 			}})
@@ -298,7 +302,7 @@ func TestAnAttemptCutShortByCtxKeepsTheRedisErrorBeforeIt(t *testing.T) {
 			require.ErrorIs(t, err, ErrNotObtained)
 			require.ErrorIs(t, err, lockCtx.Err())
 			require.ErrorIs(t, err, ErrRedis)
-			require.Contains(t, err.Error(), "WRONGTYPE", "the Redis error before the cut-short attempt")
+			require.Contains(t, err.Error(), "OOM", "the Redis error before the cut-short attempt")
 			require.NoError(t, admin.Do(ctx, "CLIENT", "UNPAUSE").Err())
 		})
 	}

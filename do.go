@@ -29,8 +29,13 @@ import (
 // with an unrelated context waits like any other acquisition, as does a
 // Do on a key the calling goroutine holds through Lock.
 func (r *Registry) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
-	if key == "" {
+	switch {
+	case key == "":
 		return fmt.Errorf("%w: Do with an empty key", ErrInvalidKey)
+	case ctx == nil:
+		return errNilContext
+	case fn == nil:
+		return errNilFunction
 	}
 	outer := scopeOf(ctx)
 	if s := outer.holding(r, key); s != nil {
@@ -57,8 +62,13 @@ func (r *Registry) Do(ctx context.Context, key string, fn func(ctx context.Conte
 // which is not canonical: to stay deadlock-free, nest only calls whose
 // keys come after the outer call's.
 func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context.Context) error) error {
-	if len(keys) == 0 {
+	switch {
+	case len(keys) == 0:
 		return fmt.Errorf("%w: DoAll with no keys", ErrInvalidKey)
+	case ctx == nil:
+		return errNilContext
+	case fn == nil:
+		return errNilFunction
 	}
 	outer := scopeOf(ctx)
 	var nestedIn []*scope
@@ -75,8 +85,8 @@ func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context
 		}
 		locks = append(locks, r.Obtain(key))
 	}
-	slices.SortFunc(locks, func(a, b *Lock) int { return strings.Compare(a.keys.lock, b.keys.lock) })
-	locks = slices.CompactFunc(locks, func(a, b *Lock) bool { return a.keys.lock == b.keys.lock })
+	slices.SortFunc(locks, func(a, b *Lock) int { return strings.Compare(a.keys.Lock, b.keys.Lock) })
+	locks = slices.CompactFunc(locks, func(a, b *Lock) bool { return a.keys.Lock == b.keys.Lock })
 	if len(locks) == 0 {
 		return runNested(ctx, nestedIn, fn)
 	}
@@ -100,6 +110,9 @@ func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context
 // holding key runs ctx (its fn's context, or one derived from it), or nil:
 // fn asks it for its fencing token, say.
 func (r *Registry) HoldFor(ctx context.Context, key string) *Hold {
+	if ctx == nil {
+		return nil
+	}
 	s := scopeOf(ctx).holding(r, key)
 	if s == nil {
 		return nil
@@ -153,7 +166,7 @@ func (s *scope) enter() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ended {
-		return fmt.Errorf("%w: the Do that held %q has returned", ErrNotObtained, s.holds[0].Key())
+		return fmt.Errorf("%w: the Do that held %q has returned", ErrNotObtained, printedKey(s.holds[0].Key()))
 	}
 	s.nested.Add(1)
 	return nil

@@ -59,7 +59,8 @@
 //     cannot block it for ever; while it is held, one watchdog goroutine
 //     per registry renews every held key each lease/3, in batches.
 //
-// docs/PROTOCOL.md has the keys, scripts, messages and waiting rules.
+// docs/PROTOCOL.md has the keys, scripts, messages and waiting rules;
+// internal/protocol is their one home in Go.
 //
 // # Operating
 //
@@ -73,10 +74,13 @@
 //
 // While a holder's lease is live, no other registry holds the key, and no
 // registry deletes or extends another owner's key. A holder learns that
-// its hold may be lost through Lost (or the end of Do's context): renewal
-// found the key gone or taken, the lease ran out unrenewed, or Redis came
-// back from a restart or failover without the key. Its release then
-// returns ErrLockLost, naming the cause.
+// its hold may be lost through Lost (or the end of Do's context), within a
+// round trip or two of the cause: its key was deleted, overwritten,
+// flushed or evicted behind its back (Redis tells the registry, through
+// CLIENT TRACKING), Redis came back from a restart or failover without the
+// key, or the lease ran out unrenewed. Its release then returns
+// ErrLockLost, naming the cause. A server that may evict lock keys is
+// refused (ErrServerEvicts) unless WithEvictionAllowed.
 //
 // What a lease cannot do: stop a holder that stalls past it (a GC pause, a
 // stopped process, a slow network) from acting after it lost the lock,
@@ -103,19 +107,38 @@
 // # Errors
 //
 // Every error is one of the package's sentinels or wraps one: ErrNotObtained
-// (the context ended first; it also matches the context's error),
-// ErrNotHeld, ErrLockLost, ErrClosed, ErrInvalidOption, ErrInvalidKey,
-// ErrRedis and ErrNotReplicated. Their messages are short; their doc
-// comments say what to do.
+// (the context ended first, and the error also matches the context's
+// error; or Redis refused the attempt for good, and it also matches
+// ErrRedis), ErrNotHeld, ErrLockLost, ErrClosed, ErrInvalidOption,
+// ErrInvalidKey, ErrInvalidArgument, ErrRedis, ErrNotReplicated and
+// ErrServerEvicts. Their messages are short, and cut a key longer than 200
+// bytes to its first bytes and its length; their doc comments say what to
+// do.
+//
+// An acquisition retries what may pass (no connection, a timeout, a server
+// loading, failing over or busy) until its context ends, and ends at once
+// on what retrying would not mend: a key of another type (WRONGTYPE), an
+// ACL that forbids a command (NOPERM), a closed client.
+//
+// Bad input is an error, never a panic: an empty key (ErrInvalidKey), a nil
+// context or function (ErrInvalidArgument), a nil client or an invalid
+// option (ErrInvalidOption), and the call changes nothing. Obtain, which
+// returns no error, returns for an empty key a Lock whose calls fail so;
+// Lock, which can return none either, panics with the error at the call,
+// as Unlock panics with ErrNotHeld.
 //
 // # Glossary
 //
 // One word for each act, in the code and its comments:
 //
+//   - obtain: Registry.Obtain hands out a key's Lock and takes nothing, as
+//     Spring's obtain does. (obtain.lua, the script an attempt runs once a
+//     plain SET found the key taken, keeps the name of Spring's.)
 //   - hold: one holding of a key, from acquisition to release (Hold).
-//   - acquire: take a key, waiting as needed; an acquisition tries in
-//     Redis by attempts, and waits between them.
-//   - obtain: take the key in Redis (the plain SET, obtain.lua).
+//   - acquire: take a key, waiting as needed: an acquisition takes the
+//     local mutex, then the key in Redis by attempts, waiting between them.
+//   - attempt: one try to take the key in Redis: a plain SET NX PX, or
+//     obtain.lua.
 //   - release: let go of a held key: hand it off, grant it, or delete it.
 //   - hand off: pass a hold to the next local waiter, the key staying held.
 //   - mark: record a registry as waiting for a key, in the key's marker and
@@ -128,4 +151,7 @@
 //   - yield: hold the next local acquisition back briefly after a release
 //     others waited for.
 //   - renew: extend a held key's lease; lose: signal a hold lost.
+//   - track: have Redis tell the registry when a held key changes; arm:
+//     read the key so that Redis tracks it; verify: read it again after
+//     Redis said it changed.
 package lockreg

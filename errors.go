@@ -1,6 +1,10 @@
 package lockreg
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+)
 
 // Errors returned by the registry and its locks. Every error lockreg returns
 // is one of these or wraps one, so callers can test with errors.Is. The
@@ -35,6 +39,10 @@ var (
 	// ErrInvalidKey: an empty key, or a DoAll with no keys. Name the
 	// resource to lock: any non-empty string is a key.
 	ErrInvalidKey = errors.New("lockreg: invalid key")
+	// ErrInvalidArgument: a nil context or a nil function. Pass
+	// context.Background() where no context is at hand, and the function
+	// to run under the lock.
+	ErrInvalidArgument = errors.New("lockreg: invalid argument")
 	// ErrRedis: a Redis call failed. While waiting, the lock retries; at
 	// release, the key is left to expire after its lease. Check that Redis
 	// is reachable and healthy, and that its ACL allows the commands the
@@ -44,4 +52,35 @@ var (
 	// an acquisition than required; the key was released and the attempt
 	// counts as failed. Check the replicas' health, or require fewer.
 	ErrNotReplicated = errors.New("lockreg: too few replicas acknowledged the lock")
+	// ErrServerEvicts: a Redis server has a memory limit (maxmemory) and
+	// an eviction policy other than noeviction, so it may evict lock keys,
+	// which have a time to live: another process would then take a key
+	// while its holder still works under it. Set maxmemory-policy to
+	// noeviction (CONFIG SET maxmemory-policy noeviction, or the managed
+	// service's parameter group), or keep the locks on a server of their
+	// own that does not evict; to accept the risk, pass WithEvictionAllowed,
+	// which reports each eviction of a held key as a loss (LossEvicted).
+	ErrServerEvicts = errors.New("lockreg: the server may evict lock keys")
 )
+
+var (
+	errNilContext  = fmt.Errorf("%w: nil context", ErrInvalidArgument)
+	errNilFunction = fmt.Errorf("%w: nil function", ErrInvalidArgument)
+)
+
+// printedKey is a key as errors and logs print it: a key longer than
+// 200 bytes is cut to its first 200 and its length, so that a huge key
+// does not make a huge error.
+type printedKey string
+
+const printedKeyMax = 200
+
+func (k printedKey) String() string {
+	if len(k) <= printedKeyMax {
+		return string(k)
+	}
+	return fmt.Sprintf("%s… (%d bytes)", k[:printedKeyMax], len(k))
+}
+
+// LogValue prints the key as String does, for slog's handlers.
+func (k printedKey) LogValue() slog.Value { return slog.StringValue(k.String()) }

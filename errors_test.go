@@ -21,6 +21,7 @@ func TestErrorsAreShortAndTheirDocsSayWhatToDo(t *testing.T) {
 	sentinels := map[string]error{
 		"ErrNotObtained": ErrNotObtained, "ErrNotHeld": ErrNotHeld, "ErrLockLost": ErrLockLost, "ErrClosed": ErrClosed,
 		"ErrInvalidOption": ErrInvalidOption, "ErrInvalidKey": ErrInvalidKey, "ErrRedis": ErrRedis, "ErrNotReplicated": ErrNotReplicated,
+		"ErrInvalidArgument": ErrInvalidArgument, "ErrServerEvicts": ErrServerEvicts,
 	}
 	for name, err := range sentinels {
 		require.Regexp(t, regexp.MustCompile(`^lockreg: [a-zA-Z][a-z A-Z]+$`), err.Error(), name)

@@ -2,11 +2,10 @@ package lockreg
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // forcedFenceTTL is the least time to live of a fence ForceUnlock raised:
@@ -35,26 +34,27 @@ func (r *Registry) ForceUnlock(ctx context.Context, key string) (bool, error) {
 	if key == "" {
 		return false, fmt.Errorf("%w: ForceUnlock with an empty key", ErrInvalidKey)
 	}
+	if ctx == nil {
+		return false, errNilContext
+	}
 	l := r.Obtain(key)
-	args := forceUnlockArgs(releaseChannel(r.registryKey), key, maxHandoffs, forcedFenceTTL)
-	holder, err := l.runScript(ctx, forceUnlockScript, lockAndFence(l.keys), args...).Text()
+	holder, held, err := protocol.ReadForceUnlock(l.runScript(ctx, r.peer.ForceUnlock(l.keys, key, maxHandoffs, forcedFenceTTL)))
 	switch {
-	case errors.Is(err, redis.Nil):
-		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("%w: force %q open: %w", ErrRedis, key, err)
+		return false, fmt.Errorf("%w: force %q open: %w", ErrRedis, printedKey(key), err)
+	case !held:
+		return false, nil
 	}
-	names, err := r.ownerNames(ctx, []string{holder})
-	if err != nil {
-		names = map[string]string{} // the warning goes out all the same
-	}
-	r.cfg.logger.Warn("lockreg: lock forced open", "key", key, "owner", names[holder], "owner_id", holder)
+	owners, _ := protocol.ReadOwners(ctx, r.client, r.registryKey, []string{holder}) // the warning goes out all the same
+	r.cfg.logger.Warn("lockreg: lock forced open", "key", printedKey(key), "owner", owners[holder].Name, "owner_id", holder)
 	return true, nil
 }
 
 // receiveForced acts on news that a hold of this registry on key was
 // forced open: once Redis confirms that the key is not this registry's,
 // the hold is signalled lost. (A hold that took the key since keeps it.)
+// The hold is marked first, so that the invalidation of its key, which
+// may be read before the confirmation, names the same cause.
 func (r *Registry) receiveForced(key string) {
 	local, ok := r.locals.m.Load(key)
 	if !ok {
@@ -64,15 +64,8 @@ func (r *Registry) receiveForced(key string) {
 	if h == nil {
 		return
 	}
-	r.goBackground(func(ctx context.Context) {
-		r.called(OpCheck, 1)
-		owner, err := r.client.Get(ctx, h.redisKey()).Result()
-		switch {
-		case err == nil && owner == r.clientID:
-		case err == nil || errors.Is(err, redis.Nil):
-			h.endLease(LossForced)
-		default:
-			r.cfg.logger.Debug("lockreg: could not check a key forced open; the renewal will", "key", key, "error", err)
-		}
-	})
+	h.mu.Lock()
+	h.forced = true
+	h.mu.Unlock()
+	r.verify(h, LossForced)
 }

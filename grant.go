@@ -6,7 +6,8 @@ import (
 	"time"
 
 	"github.com/puzpuzpuz/xsync/v3"
-	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // A grant passes a released key from one registry straight to another
@@ -44,7 +45,8 @@ import (
 // on (to hear them) and without WithWaitReplicas (a grant is not
 // acknowledged by replicas). Its lease, grants.lease, is two retry
 // intervals, at least 100ms: the grantee extends it to a full lease
-// halfway through (extendLater), if it still holds the key then.
+// halfway through (extendLater), if it still holds the key then. An
+// acquisition takes a grant in acquisition.takeGrant (acquire.go).
 
 // waitMark is this registry's mark as waiting for a key, as the call that
 // set it saw it: when the call was sent, and the key's last token then (0
@@ -71,44 +73,6 @@ type grants struct {
 
 func newGrants(lease time.Duration) grants {
 	return grants{lease: lease, pending: xsync.NewMapOf[string, *pendingCalls]()}
-}
-
-// takeGrant returns the hold a grant that came gives, if the trust rule
-// holds; else, if a grant came, the key is this registry's but since when
-// is unknown, and an attempt is due to find out.
-func (a *acquisition) takeGrant() *Hold {
-	token := a.local.grantedToken.Swap(0)
-	if token == 0 {
-		return nil
-	}
-	if h := a.l.acceptGrant(a.local, token, a.mark); h != nil {
-		return h
-	}
-	a.state = attemptDue
-	return nil
-}
-
-// acceptGrant returns the hold a grant of token gives, or nil if the trust
-// rule fails for mark or the registry is closing.
-func (l *Lock) acceptGrant(local *localLock, token int64, mark waitMark) *Hold {
-	r := l.r
-	if mark.token <= 0 || token <= mark.token {
-		return nil
-	}
-	h := newHold(l, token, mark.sent, r.grants.lease)
-	h.via = viaGrant
-	if h.leaseOver() {
-		return nil
-	}
-	// The hold itself begins now, for WithMaxHold and the run of local
-	// hand-offs.
-	h.taken = time.Now()
-	h.redisTaken = h.taken
-	if !r.extendLater(local, h) {
-		return nil // closing: the grant expires unextended
-	}
-	r.stats.grants.Add(1)
-	return h
 }
 
 // extendLater extends a granted hold's short lease to the registry's own
@@ -142,13 +106,14 @@ func (l *Lock) withdrawMark() {
 	finish := r.startPending(l.key)
 	if !r.goBackground(func(ctx context.Context) {
 		defer finish()
-		r.called(OpWithdraw, 1)
-		if _, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			p.ZRem(ctx, l.keys.marker, r.args.mark)
-			p.ZRem(ctx, l.keys.queue, r.args.mark)
-			return nil
-		}); err != nil {
-			r.cfg.logger.Debug("lockreg: could not withdraw a waiting mark; it lapses by itself", "key", l.key, "error", err)
+		r.countCalls(OpWithdraw, 1)
+		calls := r.peer.Withdraw(l.keys)
+		protocol.RunPipeline(ctx, r.client, calls)
+		for _, c := range calls {
+			if err := c.Cmd.Err(); err != nil {
+				r.cfg.logger.Debug("lockreg: could not withdraw a waiting mark; it lapses by itself", "key", printedKey(l.key), "error", err)
+				break
+			}
 		}
 	}) {
 		finish() // closed: the mark lapses by itself
@@ -194,11 +159,11 @@ func (r *Registry) receiveGrant(key string, token int64) {
 // with a lease as short as the grant's, that check cannot tell the two
 // apart).
 func (r *Registry) giveBack(ctx context.Context, key string, token int64) {
-	l := &Lock{r: r, key: key, keys: newLockKeys(r.registryKey, key)} // not Obtain: a malformed note may name no key
+	l := &Lock{r: r, key: key, keys: r.peer.Keys(key)} // not Obtain: a malformed note may name no key
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.expireAfter)
 	defer cancel()
-	if _, err := l.releaseRedis(ctx, 0, false, giveBackArg(token, r.grants.lease)); err != nil {
-		r.cfg.logger.Debug("lockreg: could not give a granted key back; it expires after its grant lease", "key", key, "error", err)
+	if _, err := l.releaseRedis(ctx, protocol.Release{GiveBack: token}); err != nil {
+		r.cfg.logger.Debug("lockreg: could not give a granted key back; it expires after its grant lease", "key", printedKey(key), "error", err)
 	}
 }
 
@@ -240,5 +205,5 @@ func (l *Lock) awaitPending(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
-	return waitFor(ctx, l.r.life.closed, p.done)
+	return waitFor(ctx, l.r.life.closing, p.done)
 }

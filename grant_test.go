@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
@@ -54,18 +55,18 @@ func TestReleaseGrantsTheKeyToTheWaitingRegistry(t *testing.T) {
 	require.Equal(t, int64(1), s.Grants, "the release passed the key on")
 	require.Equal(t, callsWhileWaiting, s.AcquireCalls, "and the waiter took it without a call of its own")
 	require.Greater(t, token, holderToken, "a grant draws a larger token")
-	require.Equal(t, waiter.clientID, client.Get(ctx, lock.keys.lock).Val())
+	require.Equal(t, waiter.clientID, client.Get(ctx, lock.keys.Lock).Val())
 	// A notification published after the grant reaches the bystander
 	// after the grant would have.
-	require.NoError(t, client.Publish(ctx, holder.notes.channel, "wnobody").Err())
+	require.NoError(t, client.Publish(ctx, protocol.ReleaseChannel(holder.registryKey), "wnobody").Err())
 	require.Eventually(t, func() bool { return bystander.Stats().Notifications > 0 }, time.Second, time.Millisecond)
 	require.Equal(t, int64(1), bystander.Stats().Notifications, "the grant went to the grantee's channel alone")
 	require.Eventually(t, func() bool {
-		return client.PTTL(ctx, lock.keys.lock).Val() > waiter.grants.lease
+		return client.PTTL(ctx, lock.keys.Lock).Val() > waiter.grants.lease
 	}, waiter.grants.lease, time.Millisecond, "a grantee still holding the key extends the short grant lease to its own")
 	requireHeldByAnother(t, holder, "g", "the granted key excludes the old holder")
 	close(release)
-	requireReleased(t, client, lock.keys.lock, "the grantee releases it")
+	requireReleased(t, client, lock.keys.Lock, "the grantee releases it")
 }
 
 func TestShortGrantedHoldsAreNotExtended(t *testing.T) {
@@ -104,10 +105,10 @@ func TestGrantNobodyWaitsForIsGivenBack(t *testing.T) {
 	held := holder.Obtain("g")
 	held.Lock()
 	// The mark of a waiter that gave up before its withdrawal landed.
-	markWaiting(t, client, held, gone.args.mark)
+	markWaiting(t, client, held, markOf(gone))
 
 	held.Unlock()
-	requireReleased(t, client, held.keys.lock, "the registry that no longer waits gives the key back")
+	requireReleased(t, client, held.keys.Lock, "the registry that no longer waits gives the key back")
 	require.Zero(t, gone.Stats().Grants)
 	require.Equal(t, int64(1), gone.Stats().Notifications)
 	require.True(t, holder.Obtain("g").TryLock(), "the key is free again")
@@ -125,8 +126,8 @@ func TestGrantToADeadRegistryLastsOnlyTheGrantLease(t *testing.T) {
 	markWaiting(t, client, held, "crashed-registry:150")
 
 	held.Unlock()
-	require.Equal(t, "crashed-registry", client.Get(ctx, held.keys.lock).Val(), "granted to the only mark")
-	require.LessOrEqual(t, client.PTTL(ctx, held.keys.lock).Val(), grantLease)
+	require.Equal(t, "crashed-registry", client.Get(ctx, held.keys.Lock).Val(), "granted to the only mark")
+	require.LessOrEqual(t, client.PTTL(ctx, held.keys.Lock).Val(), grantLease)
 	lock := waiter.Obtain("g")
 	require.NoError(t, lock.LockContext(ctx), "the key is free once the grant lease ran out")
 	lock.Unlock()
@@ -152,37 +153,37 @@ func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
 	lock := r.Obtain("g")
-	grant := "1000:" + strconv.FormatInt(r.grants.lease.Milliseconds(), 10)
+	const grant = 1000
 	// The key as a grant left it: this registry's for the grant lease, with
 	// the grant's token.
 	grantLeft := func() {
-		require.NoError(t, client.Set(ctx, lock.keys.lock, r.clientID, r.grants.lease).Err())
-		require.NoError(t, client.Set(ctx, lock.keys.fence, "1000", time.Minute).Err())
+		require.NoError(t, client.Set(ctx, lock.keys.Lock, r.clientID, r.grants.lease).Err())
+		require.NoError(t, client.Set(ctx, lock.keys.Fence, "1000", time.Minute).Err())
 	}
 	grantLeft()
 	require.True(t, lock.TryLock(), "an acquisition here finds the key its own")
-	found, err := lock.releaseRedis(ctx, 0, false, grant)
+	found, err := lock.releaseRedis(ctx, protocol.Release{GiveBack: grant})
 	require.NoError(t, err)
-	require.Equal(t, notOurs, found.outcome, "it moved the key's last token past the grant's: the give-back spares the key")
-	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.lock).Val())
+	require.Equal(t, protocol.NotOurs, found.Outcome, "it moved the key's last token past the grant's: the give-back spares the key")
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.Lock).Val())
 	lock.Unlock()
 
 	// The grant expired, and a plain SET NX here took the key: the grant's
 	// token is still the last, but the key has a full lease.
-	require.NoError(t, client.Set(ctx, lock.keys.fence, "1000", time.Minute).Err())
+	require.NoError(t, client.Set(ctx, lock.keys.Fence, "1000", time.Minute).Err())
 	require.True(t, lock.TryLock())
-	require.Equal(t, "1000", client.Get(ctx, lock.keys.fence).Val(), "the SET NX drew no token")
-	found, err = lock.releaseRedis(ctx, 0, false, grant)
+	require.Equal(t, "1000", client.Get(ctx, lock.keys.Fence).Val(), "the SET NX drew no token")
+	found, err = lock.releaseRedis(ctx, protocol.Release{GiveBack: grant})
 	require.NoError(t, err)
-	require.Equal(t, notOurs, found.outcome, "the give-back spares the key: its lease is longer than a grant's")
-	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.lock).Val())
+	require.Equal(t, protocol.NotOurs, found.Outcome, "the give-back spares the key: its lease is longer than a grant's")
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.Lock).Val())
 	lock.Unlock()
 
 	grantLeft()
-	found, err = lock.releaseRedis(ctx, 0, false, grant)
+	found, err = lock.releaseRedis(ctx, protocol.Release{GiveBack: grant})
 	require.NoError(t, err)
-	require.Equal(t, deleted, found.outcome, "nobody took the grant: it goes back")
-	require.Zero(t, client.Exists(ctx, lock.keys.lock).Val())
+	require.Equal(t, protocol.Deleted, found.Outcome, "nobody took the grant: it goes back")
+	require.Zero(t, client.Exists(ctx, lock.keys.Lock).Val())
 }
 
 // slowGiveBack holds back the registry's give-backs (release.lua called
@@ -230,7 +231,7 @@ func TestALateGiveBackSparesAHoldTakenSince(t *testing.T) {
 			held := other.Obtain("g")
 			held.Lock()
 			// The mark of late's waiter that gave up before its withdrawal landed.
-			markWaiting(t, srv.Client(t), held, late.args.mark)
+			markWaiting(t, srv.Client(t), held, markOf(late))
 			held.Unlock()
 			require.Eventually(t, func() bool { return late.Stats().Notifications > 0 }, time.Second, time.Millisecond, "the release granted the key to late")
 
@@ -262,7 +263,7 @@ func TestGrantIsTrustedWhenNoHoldDrewAToken(t *testing.T) {
 	key := "g" + strconv.FormatInt(time.Now().UnixNano(), 10) // no token stored by an earlier run
 	held := holder.Obtain(key)
 	held.Lock()
-	fence := held.keys.fence
+	fence := held.keys.Fence
 	require.Zero(t, client.Exists(ctx, fence).Val(), "the holder never asked for a token")
 
 	lock := waiter.Obtain(key)
@@ -298,14 +299,14 @@ func TestAReleaseFindingAWaiterUnexpectedlyIsSentAgain(t *testing.T) {
 		held.Lock()
 		taken := lockInBackground(ctx, waiter.Obtain(key))
 		require.Eventually(t, func() bool {
-			return client.Exists(ctx, held.keys.marker).Val() == 1 && waiter.notes.subscribed.Load()
+			return client.Exists(ctx, held.keys.Marker).Val() == 1 && waiter.notes.subscribed.Load()
 		}, 5*time.Second, time.Millisecond, "the waiter marked itself and listens")
 		before := holder.Stats().ReleaseCalls
 		held.Unlock()
 		requireTaken(t, taken)
 		require.Equal(t, int64(round+1), waiter.Stats().Grants, "round %d: the release granted the key", round)
 		require.Equal(t, int64(2-round), holder.Stats().ReleaseCalls-before, "round %d: release calls", round)
-		requireReleased(t, client, held.keys.lock, "the waiter unlocked")
+		requireReleased(t, client, held.keys.Lock, "the waiter unlocked")
 	}
 }
 
@@ -324,14 +325,14 @@ func TestAGrantToAHolderIsGivenBack(t *testing.T) {
 	require.NoError(t, stale.subscribe(ctx))
 	held := stale.Obtain("g")
 	held.Lock()
-	require.NoError(t, client.Del(ctx, held.keys.lock).Err(), "Redis loses the key")
+	require.NoError(t, client.Del(ctx, held.keys.Lock).Err(), "Redis loses the key")
 	taken := other.Obtain("g")
 	taken.Lock()
-	markWaiting(t, client, held, held.r.args.mark)
+	markWaiting(t, client, held, markOf(held.r))
 	taken.Unlock()
 
 	require.Eventually(t, func() bool { return stale.Stats().Notifications > 0 }, time.Second, time.Millisecond, "the release granted the key to the holder's registry")
-	require.Eventually(t, func() bool { return client.Exists(ctx, held.keys.lock).Val() == 0 }, time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return client.Exists(ctx, held.keys.Lock).Val() == 0 }, time.Second, time.Millisecond,
 		"which gave it back at once, not after its 2s grant lease")
 	require.ErrorIs(t, held.UnlockContext(ctx), ErrLockLost, "and the holder learns that its hold was broken")
 	require.Zero(t, stale.Stats().Grants)

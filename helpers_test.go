@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
@@ -38,7 +39,21 @@ func newRegistry(t testing.TB, client redis.UniversalClient, opts ...Option) *Re
 	r, err := New(client, "lockreg-test:"+t.Name(), opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, r.Close()) })
+	// The look at the servers' eviction policy, which New starts, is over
+	// before the test counts calls.
+	select {
+	case <-r.servers.looked:
+	case <-time.After(5 * time.Second):
+	}
 	return r
+}
+
+// requireTracking waits until each registry tracks its held keys.
+func requireTracking(t *testing.T, registries ...*Registry) {
+	t.Helper()
+	for _, r := range registries {
+		require.Eventually(t, func() bool { return r.Stats().Tracking }, 5*time.Second, time.Millisecond, "tracking is on")
+	}
 }
 
 // inGoroutine runs fn in a new goroutine, which is not the owner of anything
@@ -272,14 +287,14 @@ func putMarks(t testing.TB, client redis.Cmdable, lock *Lock, marks ...waitingMa
 	var last time.Time
 	_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, m := range marks {
-			p.ZAdd(ctx, lock.keys.marker, redis.Z{Score: float64(m.lapse.UnixMilli()), Member: m.member})
-			p.ZAdd(ctx, lock.keys.queue, redis.Z{Score: float64(m.since.UnixMilli()), Member: m.member})
+			p.ZAdd(ctx, lock.keys.Marker, redis.Z{Score: float64(m.lapse.UnixMilli()), Member: m.member})
+			p.ZAdd(ctx, lock.keys.Queue, redis.Z{Score: float64(m.since.UnixMilli()), Member: m.member})
 			if m.lapse.After(last) {
 				last = m.lapse
 			}
 		}
-		p.PExpire(ctx, lock.keys.marker, time.Until(last))
-		p.PExpire(ctx, lock.keys.queue, time.Until(last))
+		p.PExpire(ctx, lock.keys.Marker, time.Until(last))
+		p.PExpire(ctx, lock.keys.Queue, time.Until(last))
 		return nil
 	})
 	require.NoError(t, err)
@@ -317,4 +332,42 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// loadScripts loads the registry's scripts into client's server, so that
+// the calls a test counts draw no NOSCRIPT retries.
+func loadScripts(t testing.TB, client redis.Scripter) {
+	t.Helper()
+	k := protocol.LockKeys("load", "k")
+	p := protocol.NewPeer(scripts, protocol.Config{Namespace: "load", ClientID: "load"})
+	for _, c := range []protocol.Call{p.Obtain(k, false, false), p.Release(k, "k", protocol.Release{}), p.DrawToken(k), p.Renew(nil)} {
+		require.NoError(t, c.Script.Load(context.Background(), client).Err())
+	}
+}
+
+// markOf is r's waiting mark (docs/PROTOCOL.md, Keys).
+func markOf(r *Registry) string {
+	if r.grants.lease == 0 {
+		return r.clientID
+	}
+	return r.clientID + ":" + strconv.FormatInt(r.grants.lease.Milliseconds(), 10)
+}
+
+// aclClient returns a client of srv logged in as a user of its own with
+// the ACL rules (for example "+@all", "-client").
+func aclClient(t *testing.T, srv *redistest.Server, rules ...string) *redis.Client {
+	t.Helper()
+	args := append([]any{"ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*"}, anySlice(rules)...)
+	require.NoError(t, srv.Client(t).Do(context.Background(), args...).Err())
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "locker", Password: "pw"})
+	t.Cleanup(func() { _ = client.Close() })
+	return client
+}
+
+func anySlice(s []string) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
 }

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // Hold is one holding of a lock: from its acquisition to its release.
@@ -20,7 +22,6 @@ import (
 type Hold struct {
 	lock  *Lock
 	local *localLock
-	via   pathIndex // how it was taken: a byte, not a Path, keeps Hold in a smaller size class
 	taken time.Time // when this hold began (for WithMaxHold)
 	// redisTaken is when the registry took the key in Redis; handoffs
 	// counts the local hand-offs since. Both bound the run of hand-offs.
@@ -38,12 +39,23 @@ type Hold struct {
 	drawMu sync.Mutex
 	mu     sync.Mutex // guards what follows: short sections only
 	token  int64      // the fencing token, 0 until drawn (see Token)
-	cause  LossCause  // why the hold may be lost; lossNone while it is not
 	// lostErr is the error a lost hold reports, made once at loss, so that
 	// Do can tell it apart from the same news arriving by fn's error.
 	lostErr error
 	// onLoss, if set, is told of the loss (Do cancels fn's context).
 	onLoss func(error)
+	// done, made when Done is first called, is closed once the hold
+	// ended (released or lost).
+	done chan struct{}
+
+	// The bytes, side by side so that a Hold keeps to its size class (it is
+	// allocated on every fresh acquisition): via, how it was taken, set
+	// once; the rest guarded by mu.
+	via   pathIndex
+	cause LossCause // why the hold may be lost; lossNone while it is not
+	// forced says that an operator forced the key open (ForceUnlock): a
+	// loss found meanwhile names that cause.
+	forced bool
 	// released says that Release (or the last Unlock) has begun: a hold
 	// is released once. keyReleased says that Shutdown released its key
 	// in Redis already, so the owner's Release only unlocks it locally.
@@ -60,7 +72,7 @@ func newHold(l *Lock, token int64, sent time.Time, lease time.Duration) *Hold {
 func (h *Hold) Key() string { return h.lock.key }
 
 // redisKey is the hold's key in Redis.
-func (h *Hold) redisKey() string { return h.lock.keys.lock }
+func (h *Hold) redisKey() string { return h.lock.keys.Lock }
 
 // Lost returns a channel that is closed when the hold may have been lost:
 // renewal found the Redis key gone or owned by someone else, Redis came
@@ -76,6 +88,46 @@ func (h *Hold) redisKey() string { return h.lock.keys.lock }
 // Release does not close it: a goroutine that watches it should also
 // watch for the end of the work (Do does both for you).
 func (h *Hold) Lost() <-chan struct{} { return h.lost }
+
+// Done returns a channel that is closed when the hold ends, for any
+// reason: its Release (or its hand-off to the next local holder), a loss
+// (see Lost), Close or Shutdown. A goroutine that watches a hold watches
+// Done, and so ends with it; Err then says how the hold ended. Done costs
+// nothing until it is called.
+func (h *Hold) Done() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.done == nil {
+		h.done = make(chan struct{})
+		if h.released || h.cause != lossNone {
+			close(h.done)
+		}
+	}
+	return h.done
+}
+
+// Err is nil while the hold is held. Once it ended it says how: an error
+// wrapping ErrLockLost, naming the cause, if it was lost (before its
+// release or not), else ErrNotHeld after its release.
+func (h *Hold) Err() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.lostErr != nil:
+		return h.lostErr
+	case h.released:
+		return ErrNotHeld
+	}
+	return nil
+}
+
+// ended closes Done's channel, if made, as the hold ends; h.mu is held,
+// and the hold is not ended yet.
+func (h *Hold) ended() {
+	if h.done != nil {
+		close(h.done)
+	}
+}
 
 // Release releases the hold: it passes the key to a goroutine of this
 // registry that waits for it, within the WithLocalHandoff bounds, or
@@ -96,7 +148,12 @@ func (h *Hold) Lost() <-chan struct{} { return h.lost }
 // stop the release: it then runs bounded by the lease, after which the key
 // would have expired anyway, so a cancelled request context never leaves
 // a key held.
-func (h *Hold) Release(ctx context.Context) error { return h.release(ctx) }
+func (h *Hold) Release(ctx context.Context) error {
+	if ctx == nil {
+		return errNilContext
+	}
+	return h.release(ctx)
+}
 
 // Token returns the hold's fencing token. Every hold of a key, by any
 // registry, that asks for a token gets one greater than the tokens of all
@@ -115,6 +172,9 @@ func (h *Hold) Release(ctx context.Context) error { return h.release(ctx) }
 // hold is unchanged: call again). Like Release, it is bounded by ctx only
 // as far as the client honours it.
 func (h *Hold) Token(ctx context.Context) (int64, error) {
+	if ctx == nil {
+		return 0, errNilContext
+	}
 	h.drawMu.Lock()
 	defer h.drawMu.Unlock()
 	token, err := h.usableToken()
@@ -122,10 +182,10 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 		return token, err
 	}
 	l := h.lock
-	l.r.called(OpToken, 1)
-	token, err = l.runScript(ctx, tokenScript, lockAndFence(l.keys), l.r.args.ownerAndLease...).Int64()
+	l.r.countCalls(OpToken, 1)
+	token, err = protocol.ReadToken(l.runScript(ctx, l.r.peer.DrawToken(l.keys)))
 	if err != nil {
-		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, l.key, err)
+		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, printedKey(l.key), err)
 	}
 	if token == 0 {
 		h.endLease(LossDeleted)
@@ -135,7 +195,7 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 	defer h.mu.Unlock()
 	if h.released {
 		// Released while the draw ran: the next holder draws its own.
-		return 0, fmt.Errorf("%w: key %q: released while its token was drawn", ErrNotHeld, l.key)
+		return 0, fmt.Errorf("%w: key %q: released while its token was drawn", ErrNotHeld, printedKey(l.key))
 	}
 	h.token = token
 	return token, nil
@@ -148,11 +208,11 @@ func (h *Hold) usableToken() (int64, error) {
 	defer h.mu.Unlock()
 	switch {
 	case h.released:
-		return 0, fmt.Errorf("%w: key %q: the hold was released", ErrNotHeld, h.lock.key)
+		return 0, fmt.Errorf("%w: key %q: the hold was released", ErrNotHeld, printedKey(h.lock.key))
 	case h.cause != lossNone:
 		return 0, h.lostErr
 	case h.leaseOver():
-		return 0, fmt.Errorf("%w: key %q: %s", ErrLockLost, h.lock.key, LossExpired.explain())
+		return 0, fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(h.lock.key), LossExpired.explain())
 	}
 	return h.token, nil
 }

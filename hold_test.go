@@ -3,11 +3,13 @@ package lockreg
 import (
 	"context"
 	"errors"
+	"runtime"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -39,7 +41,7 @@ func TestAHoldBelongsToNoGoroutine(t *testing.T) {
 	lock := r.Obtain("k")
 	h := acquireIn(t, ctx, lock)
 	require.Equal(t, "k", h.Key())
-	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.lock).Val(), "held in Redis")
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.Lock).Val(), "held in Redis")
 
 	var token int64
 	inGoroutine(func() {
@@ -54,7 +56,7 @@ func TestAHoldBelongsToNoGoroutine(t *testing.T) {
 	require.Equal(t, token, again, "one token per hold")
 
 	inGoroutine(func() { assert.NoError(t, h.Release(ctx)) })
-	require.Zero(t, client.Exists(ctx, lock.keys.lock).Val(), "released in Redis")
+	require.Zero(t, client.Exists(ctx, lock.keys.Lock).Val(), "released in Redis")
 	requireOpen(t, h.Lost(), "a release is not a loss")
 	require.ErrorIs(t, h.Release(ctx), ErrNotHeld, "a hold is released once")
 	_, err = h.Token(ctx)
@@ -165,7 +167,7 @@ func TestAHoldsReleaseGrantsTheKeyToAWaitingRegistry(t *testing.T) {
 	waitUntilWaiting(t, waiter)
 	require.NoError(t, h.Release(ctx))
 	requireTaken(t, taken)
-	require.Equal(t, int64(1), waiter.Stats().Grants, "granted, not found by the 5s retry")
+	require.Equal(t, int64(1), waiter.Stats().Grants, "protocol.Granted, not found by the 5s retry")
 }
 
 // TestAReleaseWithAnEndedContextStillReleases: a request context that has
@@ -179,12 +181,12 @@ func TestAReleaseWithAnEndedContextStillReleases(t *testing.T) {
 	h, err := r.Obtain("hold").Acquire(context.Background())
 	require.NoError(t, err)
 	require.NoError(t, h.Release(ended))
-	require.Zero(t, client.Exists(context.Background(), h.lock.keys.lock).Val())
+	require.Zero(t, client.Exists(context.Background(), h.lock.keys.Lock).Val())
 
 	lock := r.Obtain("lock")
 	lock.Lock()
 	require.NoError(t, lock.UnlockContext(ended))
-	require.Zero(t, client.Exists(context.Background(), lock.keys.lock).Val())
+	require.Zero(t, client.Exists(context.Background(), lock.keys.Lock).Val())
 }
 
 // TestALostHoldsReleaseSparesTheNewOwner: after a loss, Release reports
@@ -195,13 +197,13 @@ func TestALostHoldsReleaseSparesTheNewOwner(t *testing.T) {
 	r := newRegistry(t, client)
 	h, err := r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
-	require.NoError(t, client.Set(ctx, h.lock.keys.lock, "another owner", time.Minute).Err())
+	require.NoError(t, client.Set(ctx, h.lock.keys.Lock, "another owner", time.Minute).Err())
 	r.renewHolds(ctx)
 	requireFires(t, h.Lost(), time.Second, "renewal found the key taken")
 	err = h.Release(ctx)
 	require.ErrorIs(t, err, ErrLockLost)
-	require.ErrorContains(t, err, "deleted or passed to another owner")
-	require.Equal(t, "another owner", client.Get(ctx, h.lock.keys.lock).Val())
+	require.ErrorContains(t, err, "set to another value behind its back")
+	require.Equal(t, "another owner", client.Get(ctx, h.lock.keys.Lock).Val())
 	require.ErrorIs(t, h.Release(ctx), ErrNotHeld)
 }
 
@@ -275,26 +277,21 @@ func TestHoldersHearOfARedisRestartAtOnce(t *testing.T) {
 func TestHoldsWhoseKeysSurviveAReconnectStayHeld(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
-	var gets sync.WaitGroup
-	gets.Add(1)
-	var once sync.Once
-	checked := redistest.Hook{ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-		return func(ctx context.Context, cmds []redis.Cmder) error {
-			err := next(ctx, cmds)
-			if cmds[0].Name() == "get" {
-				once.Do(gets.Done)
-			}
-			return err
+	var checks atomic.Int64
+	r := newRegistry(t, srv.Client(t))
+	r.AddHooks(Hooks{RedisCalls: func(op RedisOp, n int) {
+		if op == OpTrack || op == OpCheck {
+			checks.Add(int64(n))
 		}
-	}}
-	r := newRegistry(t, srv.Client(t, checked))
+	}})
 	h, err := r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
-	require.Eventually(t, r.notes.subscribed.Load, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return r.notes.subscribed.Load() && checks.Load() > 0 }, 5*time.Second, time.Millisecond, "subscribed and armed")
+	armed := checks.Load()
 	killed, err := srv.Client(t).ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
 	require.NoError(t, err)
-	require.Equal(t, int64(1), killed)
-	waitGroupWithin(t, &gets, 5*time.Second, "the holds were checked after the reconnect")
+	require.Equal(t, int64(2), killed, "the subscription, and the tracker's target")
+	require.Eventually(t, func() bool { return checks.Load() > armed }, 5*time.Second, time.Millisecond, "the holds were checked after the reconnect")
 	requireOpen(t, h.Lost(), "the key survived")
 	require.NoError(t, h.Release(ctx))
 }
@@ -332,4 +329,54 @@ func TestLockParksWhenTheRegistryClosesWhileItWaits(t *testing.T) {
 	require.NoError(t, h.Release(ctx), "Shutdown waits for the holds")
 	require.NoError(t, <-shutDown)
 	require.True(t, errors.Is(r.Obtain("k").LockContext(ctx), ErrClosed))
+}
+
+func TestDoneClosesWhenTheHoldEndsAndErrSaysHow(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+
+	h, err := r.Obtain("released").Acquire(ctx)
+	require.NoError(t, err)
+	requireOpen(t, h.Done(), "held")
+	require.NoError(t, h.Err())
+	require.NoError(t, h.Release(ctx))
+	requireFires(t, h.Done(), time.Second, "a release ends the hold")
+	require.ErrorIs(t, h.Err(), ErrNotHeld)
+	requireOpen(t, h.Lost(), "a release is no loss")
+
+	h, err = r.Obtain("lost").Acquire(ctx)
+	require.NoError(t, err)
+	done := h.Done()
+	require.NoError(t, client.Del(ctx, h.redisKey()).Err())
+	requireFires(t, done, blindLimit, "a loss ends the hold")
+	require.ErrorIs(t, h.Err(), ErrLockLost)
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+	require.ErrorIs(t, h.Err(), ErrLockLost, "released after its loss, it still says it was lost")
+
+	h, err = r.Obtain("closed").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	requireFires(t, h.Done(), time.Second, "Close ends the hold")
+	require.ErrorIs(t, h.Err(), ErrLockLost)
+}
+
+func TestAWatcherOfDoneEndsWithItsHold(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	before := runtime.NumGoroutine()
+	var watchers sync.WaitGroup
+	for i := range 1000 {
+		h, err := r.Obtain("job-" + strconv.Itoa(i%10)).Acquire(ctx)
+		require.NoError(t, err)
+		watchers.Go(func() {
+			select {
+			case <-h.Lost():
+			case <-h.Done():
+			}
+		})
+		require.NoError(t, h.Release(ctx))
+	}
+	waitGroupWithin(t, &watchers, 5*time.Second, "every watcher ended with its hold")
+	require.InDelta(t, before, runtime.NumGoroutine(), 5, "no watcher left behind")
 }

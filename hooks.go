@@ -97,7 +97,15 @@ const (
 	viaGrant
 )
 
-func (p pathIndex) path() Path { return [...]Path{PathRedis, PathHandoff, PathGrant}[p] }
+var paths = [...]Path{PathRedis, PathHandoff, PathGrant}
+
+// path is p's Path, or "" for a value that names none.
+func (p pathIndex) path() Path {
+	if int(p) < len(paths) {
+		return paths[p]
+	}
+	return ""
+}
 
 // RedisOp is what a call to Redis is for.
 type RedisOp string
@@ -108,7 +116,8 @@ const (
 	OpRenew    RedisOp = "renew"    // renew.lua, one batch of keys
 	OpToken    RedisOp = "token"    // token.lua
 	OpWithdraw RedisOp = "withdraw" // the withdrawal of a waiting mark
-	OpCheck    RedisOp = "check"    // a held key checked after a reconnect
+	OpCheck    RedisOp = "check"    // a held key checked after a reconnect, without tracking
+	OpTrack    RedisOp = "track"    // a held key read to track it, or checked after its invalidation
 )
 
 // AddHooks adds hooks to the registry, after those it has; they apply to
@@ -139,8 +148,8 @@ func (l *hookList) all() []Hooks {
 	return nil
 }
 
-// called counts n calls to Redis for op, in Stats and to the hooks.
-func (r *Registry) called(op RedisOp, n int) {
+// countCalls counts n calls to Redis for op, in Stats and to the hooks.
+func (r *Registry) countCalls(op RedisOp, n int) {
 	switch op {
 	case OpAcquire:
 		r.stats.acquireCalls.Add(int64(n))

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redisstat"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
@@ -67,7 +68,7 @@ func TestInspectNamesNoOneForADeadRegistry(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
-	require.NoError(t, client.Set(ctx, r.Obtain("k").keys.lock, "a-dead-registry", time.Minute).Err())
+	require.NoError(t, client.Set(ctx, r.Obtain("k").keys.Lock, "a-dead-registry", time.Minute).Err())
 	info, err := r.Inspect(ctx, "k")
 	require.NoError(t, err)
 	require.True(t, info.Held)
@@ -98,13 +99,15 @@ func TestTheOwnerNameLivesWhileItsRegistryHolds(t *testing.T) {
 	defer r.Close()
 	lock := r.Obtain("k")
 	lock.Lock()
-	require.Eventually(t, func() bool { return admin.HGet(ctx, r.owner.key, "name").Val() == "worker-3" }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool {
+		return admin.HGet(ctx, protocol.OwnerKey(r.registryKey, r.clientID), "name").Val() == "worker-3"
+	}, 5*time.Second, time.Millisecond)
 	time.Sleep(3 * lease) // renewal rounds keep it
-	require.Equal(t, "worker-3", admin.HGet(ctx, r.owner.key, "name").Val())
-	require.Greater(t, admin.PTTL(ctx, r.owner.key).Val(), lease, "refreshed by the renewal rounds")
+	require.Equal(t, "worker-3", admin.HGet(ctx, protocol.OwnerKey(r.registryKey, r.clientID), "name").Val())
+	require.Greater(t, admin.PTTL(ctx, protocol.OwnerKey(r.registryKey, r.clientID)).Val(), lease, "refreshed by the renewal rounds")
 
 	before, rounds := counter.Commands(), r.Stats().RenewCalls
-	r.renew(ctx, r.renewalBatches(r.dueForRenewal()), r.refreshCalls()...)
+	r.renew(ctx, r.renewalBatches(r.dueForRenewal()), r.peer.RefreshOwner()...)
 	after := counter.Commands()
 	require.Equal(t, rounds+1, r.Stats().RenewCalls)
 	require.Equal(t, before["hset"]+1, after["hset"], "one HSET per round")
@@ -112,7 +115,7 @@ func TestTheOwnerNameLivesWhileItsRegistryHolds(t *testing.T) {
 
 	lock.Unlock()
 	require.NoError(t, r.Close())
-	require.Eventually(t, func() bool { return admin.Exists(ctx, r.owner.key).Val() == 0 }, 10*lease, 10*time.Millisecond, "gone after two leases")
+	require.Eventually(t, func() bool { return admin.Exists(ctx, protocol.OwnerKey(r.registryKey, r.clientID)).Val() == 0 }, 10*lease, 10*time.Millisecond, "gone after two leases")
 }
 
 func TestLocksListsTheNamespacesHeldLocksOnce(t *testing.T) {
@@ -172,7 +175,7 @@ func TestLocksAcrossClusterPrimaries(t *testing.T) {
 		_, err := r.Obtain(key).Acquire(ctx)
 		require.NoError(t, err)
 		held = append(held, key)
-		node, err := client.MasterForKey(ctx, r.Obtain(key).keys.lock)
+		node, err := client.MasterForKey(ctx, r.Obtain(key).keys.Lock)
 		require.NoError(t, err)
 		primaries[node.String()] = true
 	}
@@ -240,7 +243,7 @@ func TestForceUnlockFreesTheKeyAndTellsTheHolder(t *testing.T) {
 	err = h.Release(ctx)
 	require.ErrorIs(t, err, ErrLockLost)
 	require.ErrorContains(t, err, "forced")
-	require.Equal(t, operator.clientID, client.Get(ctx, lock.keys.lock).Val(), "the old holder's release spared the new owner")
+	require.Equal(t, operator.clientID, client.Get(ctx, lock.keys.Lock).Val(), "the old holder's release spared the new owner")
 	require.NoError(t, next.Release(ctx))
 
 	require.Contains(t, logs.String(), "lock forced open")
@@ -265,7 +268,7 @@ func TestForceUnlockDuringASlotMigration(t *testing.T) {
 	require.NoError(t, err)
 	mustHoldToken(t, h) // a fence to split from its lock
 	require.Eventually(t, r.notes.subscribed.Load, 5*time.Second, time.Millisecond)
-	m := redistest.BeginSlotMigration(t, addrs, clusterSlot(h.redisKey()))
+	m := redistest.BeginSlotMigration(t, addrs, protocol.Slot(h.redisKey()))
 	_, moved := m.MoveKey(t) // one of the lock and its fence moved: a split slot
 	require.True(t, moved)
 	found, err := operator.ForceUnlock(ctx, "migrating")
@@ -313,5 +316,5 @@ func TestAReadOnlyInspector(t *testing.T) {
 	_, err = inspector.ForceUnlock(ctx, "o-1")
 	require.ErrorIs(t, err, ErrRedis)
 	require.True(t, strings.Contains(err.Error(), "evalsha") || strings.Contains(err.Error(), "eval"), "it names the command: %v", err)
-	require.Equal(t, holder.clientID, admin.Get(ctx, holder.Obtain("o-1").keys.lock).Val(), "and changed nothing")
+	require.Equal(t, holder.clientID, admin.Get(ctx, holder.Obtain("o-1").keys.Lock).Val(), "and changed nothing")
 }

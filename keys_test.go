@@ -13,59 +13,6 @@ import (
 // FuzzRedisKeys checks the key scheme: two different (registryKey, key)
 // pairs never share a Redis key, and a lock's keys share one Cluster slot.
 // Seeds are in testdata/fuzz/FuzzRedisKeys; `make fuzz` runs it longer.
-func FuzzRedisKeys(f *testing.F) {
-	for _, seed := range [][4]string{
-		{"r", "x}:{y", "r:{x}", "y"},
-		{"r", "a", "r", "a}"},
-		{"r{", "k", "r{:{k}", "fence"},
-		{"{}", "0", "r", "0"},
-		{"reg", "}{", "reg", "{}"},
-		{"a:b", "c", "a", "b:c"},
-		{"r", "%7B", "r", "{"},
-		{"r", "line\nbreak", "r\n", "x"},
-		{"r", "\xff\xfe", "r", "\xef\xbf\xbd"},
-	} {
-		f.Add(seed[0], seed[1], seed[2], seed[3])
-	}
-	f.Fuzz(func(t *testing.T, registry1, key1, registry2, key2 string) {
-		if checkRegistryKey(registry1) != nil || checkRegistryKey(registry2) != nil || key1 == "" || key2 == "" {
-			t.Skip("New refuses the registryKey, or Obtain the key")
-		}
-		keys1, keys2 := newLockKeys(registry1, key1).script, newLockKeys(registry2, key2).script
-		for _, keys := range [][]string{keys1, keys2} {
-			for _, k := range keys[1:] {
-				if clusterSlot(k) != clusterSlot(keys[0]) {
-					t.Fatalf("%q is not in the slot of %q", k, keys[0])
-				}
-			}
-		}
-		if !strings.HasPrefix(keys1[0], registry1+":{") {
-			t.Fatalf("%q is outside registry %q's namespace", keys1[0], registry1)
-		}
-		if registry1 == registry2 && key1 == key2 {
-			return
-		}
-		for _, a := range keys1 {
-			for _, b := range keys2 {
-				if a == b {
-					t.Fatalf("(%q, %q) and (%q, %q) share the Redis key %q", registry1, key1, registry2, key2, a)
-				}
-			}
-		}
-	})
-}
-
-func TestClusterSlot(t *testing.T) {
-	// Reference values from the Redis Cluster specification.
-	require.Equal(t, 12739, clusterSlot("123456789"))
-	require.Equal(t, clusterSlot("user1000"), clusterSlot("{user1000}.following"))
-	require.Equal(t, clusterSlot("user1000"), clusterSlot("{user1000}.followers"))
-	require.Equal(t, clusterSlot("bar"), clusterSlot("foo{bar}{zap}"))
-	require.Equal(t, clusterSlot("{bar"), clusterSlot("foo{{bar}}zap"))
-	require.NotEqual(t, clusterSlot("bar"), clusterSlot("foo{}{bar}"), "an empty tag hashes the whole key")
-	require.Equal(t, clusterSlot("k"), clusterSlot("reg:{k}:fence"), "a lock's keys share a slot")
-}
-
 func TestHostileKeysWorkAgainstRedis(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
@@ -86,7 +33,7 @@ func TestHostileKeysWorkAgainstRedis(t *testing.T) {
 			require.NoError(t, lock.LockContext(ctx))
 			require.Equal(t, key, lock.Key())
 			require.False(t, b.Obtain(key).TryLock(), "excludes across registries")
-			require.Equal(t, a.clientID, client.Get(ctx, lock.keys.lock).Val())
+			require.Equal(t, a.clientID, client.Get(ctx, lock.keys.Lock).Val())
 			require.NoError(t, lock.UnlockContext(ctx))
 			require.True(t, b.Obtain(key).TryLock())
 			b.Obtain(key).Unlock()

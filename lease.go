@@ -1,8 +1,11 @@
 package lockreg
 
 import (
+	"context"
 	"fmt"
 	"time"
+
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // A hold's lease is how long its key is this registry's at the least: the
@@ -19,28 +22,48 @@ const (
 	lossNone    LossCause = iota
 	LossExpired           // the lease ran out unrenewed
 	LossMaxHold           // renewal stopped at WithMaxHold, and the lease ran out
-	LossDeleted           // Redis said the key was gone or another owner's
+	LossDeleted           // Redis said the key was gone (deleted, or expired by Redis's clock)
 	LossRestart           // Redis came back from a restart or failover without the key
 	LossClosed            // the registry closed
 	LossForced            // an operator forced the key open (Registry.ForceUnlock)
+	// LossOverwritten: the key was set to another value behind the
+	// holder's back (renewal and releases, which cannot tell, say
+	// LossDeleted).
+	LossOverwritten
+	LossFlushed // the database was flushed (FLUSHALL, FLUSHDB)
+	LossEvicted // the server evicted the key (maxmemory; see WithEvictionAllowed)
 )
 
-// String names the cause as metrics and logs do.
+// lossCauses names each cause as metrics and logs do, and says what it
+// means to the holder.
+var lossCauses = [...]struct{ name, meaning string }{
+	lossNone:        {"none", ""},
+	LossExpired:     {"expired", "its lease ran out unrenewed (a stall longer than the lease, or Redis unreachable)"},
+	LossMaxHold:     {"max_hold", "it was held past WithMaxHold and its lease ran out"},
+	LossDeleted:     {"deleted", "its Redis key was deleted or passed to another owner"},
+	LossRestart:     {"restart", "Redis came back from a restart or failover without its key"},
+	LossClosed:      {"closed", "the registry was closed"},
+	LossForced:      {"forced", "an operator forced its key open (ForceUnlock)"},
+	LossOverwritten: {"overwritten", "its Redis key was set to another value behind its back"},
+	LossFlushed:     {"flushed", "its Redis database was flushed (FLUSHALL, FLUSHDB)"},
+	LossEvicted:     {"evicted", "Redis evicted its key (maxmemory)"},
+}
+
+// String names the cause as metrics and logs do; a value that names no
+// cause reads "LossCause(n)".
 func (c LossCause) String() string {
-	return [...]string{"none", "expired", "max_hold", "deleted", "restart", "closed", "forced"}[c]
+	if int(c) < len(lossCauses) {
+		return lossCauses[c].name
+	}
+	return fmt.Sprintf("LossCause(%d)", c)
 }
 
 // explain says what the cause means to the holder.
 func (c LossCause) explain() string {
-	return [...]string{
-		"",
-		"its lease ran out unrenewed (a stall longer than the lease, or Redis unreachable)",
-		"it was held past WithMaxHold and its lease ran out",
-		"its Redis key was deleted or passed to another owner",
-		"Redis came back from a restart or failover without its key",
-		"the registry was closed",
-		"an operator forced its key open (ForceUnlock)",
-	}[c]
+	if int(c) < len(lossCauses) {
+		return lossCauses[c].meaning
+	}
+	return c.String()
 }
 
 // lossUnknown is the cause of a loss that release.lua found: the key was
@@ -62,8 +85,9 @@ func (h *Hold) loseLocked(cause LossCause) (tell func()) {
 	if h.cause != lossNone || h.released {
 		return func() {}
 	}
+	h.ended()
 	h.cause = cause
-	h.lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, h.lock.key, cause.explain())
+	h.lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(h.lock.key), cause.explain())
 	close(h.lost)
 	onLoss, err := h.onLoss, h.lostErr
 	return func() {
@@ -108,6 +132,32 @@ func (h *Hold) endLease(cause LossCause) {
 	h.lose(cause)
 }
 
+// changedBehindItsBack loses h, whose key was found gone (or, with gone
+// false, set to another value) after an event that suggested cause; and
+// with it the hold of the same tenure of the key that is current now, a
+// hold handed off from h. evicted says that the server evicted keys
+// meanwhile.
+func (r *Registry) changedBehindItsBack(h *Hold, cause LossCause, gone, evicted bool) {
+	h.mu.Lock()
+	forced := h.forced
+	h.mu.Unlock()
+	switch {
+	case forced:
+		cause = LossForced
+	case h.leaseOver():
+		cause = r.lapseCause(h)
+	case cause == LossRestart || cause == LossFlushed || cause == LossForced:
+	case !gone:
+		cause = LossOverwritten
+	case evicted:
+		cause = LossEvicted
+	}
+	h.endLease(cause)
+	if current := h.local.hold.Load(); current != nil && current != h && current.leaseEnd == h.leaseEnd {
+		current.lose(cause)
+	}
+}
+
 // extendLease moves the lease's end to end (unix ns), unless that would
 // shorten it, and reports true, if the lease was live at sent: a renewal
 // sent within the lease carries it on.
@@ -128,3 +178,54 @@ func (h *Hold) extendLease(sent time.Time, end int64) bool {
 func (h *Hold) leaseOver() bool { return time.Now().UnixNano() >= h.leaseEnd.Load() }
 
 func (h *Hold) isLost() bool { return isClosed(h.lost) }
+
+// verifyHolds checks that Redis still has the key of every hold, arming
+// it, after an event that may have lost keys (a restart, a failover, a
+// flush): a key found gone loses its hold for cause. Without tracking it
+// reads the keys on the registry's client, in one pipeline.
+func (r *Registry) verifyHolds(cause LossCause) {
+	var unarmed []*Hold
+	r.forEachHold(func(h *Hold) {
+		if h.isLost() {
+			return
+		}
+		if t := r.trackerFor(h.redisKey()); t != nil {
+			t.enqueue(armRequest{h: h, cause: cause})
+		} else {
+			unarmed = append(unarmed, h)
+		}
+	})
+	if len(unarmed) > 0 {
+		r.goBackground(func(ctx context.Context) { r.checkHolds(ctx, unarmed, cause) })
+	}
+}
+
+// verify checks one hold's key as verifyHolds does.
+func (r *Registry) verify(h *Hold, cause LossCause) {
+	if t := r.trackerFor(h.redisKey()); t != nil {
+		t.enqueue(armRequest{h: h, cause: cause})
+		return
+	}
+	r.goBackground(func(ctx context.Context) { r.checkHolds(ctx, []*Hold{h}, cause) })
+}
+
+// checkHolds reads the keys of holds on the registry's client, in one
+// pipeline, and loses the holds whose keys are not its own for cause.
+func (r *Registry) checkHolds(ctx context.Context, holds []*Hold, cause LossCause) {
+	calls := make([]*protocol.Call, len(holds))
+	for i, h := range holds {
+		calls[i] = r.peer.CheckOwner(h.redisKey())
+	}
+	r.countCalls(OpCheck, len(calls))
+	protocol.RunPipeline(ctx, r.client, calls)
+	for i, h := range holds {
+		owner, err := r.peer.ReadOwner(calls[i])
+		switch {
+		case err != nil:
+			r.cfg.logger.Debug("lockreg: could not check the held keys; the renewal will", "error", err)
+			return
+		case owner != protocol.Ours:
+			r.changedBehindItsBack(h, cause, owner == protocol.Gone, false)
+		}
+	}
+}

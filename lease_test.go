@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redisstat"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
@@ -210,7 +211,7 @@ func TestCloseSignalsHeldLocksLost(t *testing.T) {
 	err = lock.UnlockContext(context.Background())
 	require.ErrorIs(t, err, ErrLockLost, "Lost fired, so the release says so")
 	require.ErrorContains(t, err, "the registry was closed")
-	require.Zero(t, client.Exists(context.Background(), lock.keys.lock).Val(), "the key was released all the same")
+	require.Zero(t, client.Exists(context.Background(), lock.keys.Lock).Val(), "the key was released all the same")
 }
 
 func TestWaitReplicas(t *testing.T) {
@@ -299,11 +300,12 @@ func TestHoldAnsweredPastItsLeaseIsLostAtOnce(t *testing.T) {
 func TestLostFiresOnTimeWhileARenewalHangs(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	var hang atomic.Bool
+	renewHash := protocol.NewPeer(scripts, protocol.Config{}).Renew(nil).Script.Hash()
 	slowRenewals := redistest.Hook{ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 		return func(ctx context.Context, cmds []redis.Cmder) error {
 			if hang.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool {
 				args := c.Args()
-				return len(args) > 1 && args[1] == renewScript.Hash()
+				return len(args) > 1 && args[1] == renewHash
 			}) {
 				time.Sleep(3 * time.Second)
 			}
@@ -347,11 +349,11 @@ func TestAHoldWhoseLeaseRanOutIsNotRenewed(t *testing.T) {
 	r.renewHolds(ctx)
 	requireFires(t, lock.Lost(), time.Second, "the hold is lost")
 	require.Equal(t, before, r.Stats().RenewCalls, "and not renewed")
-	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.lock).Val())
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.Lock).Val())
 	_, err := lock.Token(ctx)
 	require.ErrorIs(t, err, ErrLockLost)
 	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost, "the key still had our client id, but may have passed on meanwhile")
-	require.Zero(t, client.Exists(ctx, lock.keys.lock).Val(), "and it is released all the same")
+	require.Zero(t, client.Exists(ctx, lock.keys.Lock).Val(), "and it is released all the same")
 }
 
 // TestARenewalSentAfterTheLeaseRanOutIsNotCredited: the watchdog picks the
@@ -380,13 +382,13 @@ func TestAnUnlockAfterRedisReportedTheKeyLostReportsItLost(t *testing.T) {
 	r := newRegistry(t, client)
 	lock := r.Obtain("k")
 	lock.Lock()
-	require.NoError(t, client.Set(ctx, lock.keys.lock, "another owner", 0).Err())
+	require.NoError(t, client.Set(ctx, lock.keys.Lock, "another owner", 0).Err())
 	r.renewHolds(ctx)
 	requireFires(t, lock.Lost(), time.Second, "renewal found the key taken")
-	require.NoError(t, client.Set(ctx, lock.keys.lock, r.clientID, time.Minute).Err())
+	require.NoError(t, client.Set(ctx, lock.keys.Lock, r.clientID, time.Minute).Err())
 
 	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
-	require.Zero(t, client.Exists(ctx, lock.keys.lock).Val(), "released all the same")
+	require.Zero(t, client.Exists(ctx, lock.keys.Lock).Val(), "released all the same")
 }
 
 func TestARenewalNeverShortensALease(t *testing.T) {

@@ -10,34 +10,26 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // notifications is a registry's one subscription, shared by all its keys:
 // to the registryKey's release channel, where releases wake the waiters
 // of every registry, and to its own grant channel, where it receives the
-// grants to it alone, so that a grant wakes no other process (scripts.go
-// names them). It is opened on the first wait or hold, with pub/sub on.
+// grants to it alone, so that a grant wakes no other process
+// (protocol.Peer.Channels names them). It is opened on the first wait or
+// hold, with pub/sub on.
 type notifications struct {
-	channel string   // the release channel, or "" with pub/sub off
-	names   []string // the channels subscribed to
-	mu      sync.Mutex
-	sub     *redis.PubSub // guarded by mu, which serializes opening it
+	names []string      // the channels subscribed to
+	mu    sync.Mutex    // serializes opening sub
+	sub   *redis.PubSub // guarded by mu
 	// subscribed says that sub is open. subscribing, that subscribeSoon
 	// opens it; subscribeAfter (unix ns), when it may try again after a
 	// failure.
 	subscribed     atomic.Bool
 	subscribing    atomic.Bool
 	subscribeAfter atomic.Int64
-}
-
-func (n *notifications) init(channel, clientID string, takesGrants bool) {
-	n.channel = channel
-	if channel != "" {
-		n.names = []string{channel}
-	}
-	if takesGrants {
-		n.names = append(n.names, grantChannel(channel, clientID))
-	}
 }
 
 // subscribe opens the registry's one subscription, to the release
@@ -137,13 +129,12 @@ func (r *Registry) route(stop context.Context, sub *redis.PubSub) {
 			// failed over meanwhile: check that the holds' keys survived.
 			if msg.Kind == "subscribe" && msg.Count == len(r.notes.names) {
 				r.wakeAll()
-				r.goBackground(r.verifyHolds)
+				r.verifyHolds(LossRestart)
 			}
 		}
-		var netErr net.Error
 		switch {
 		case err == nil:
-		case errors.As(err, &netErr) && netErr.Timeout():
+		case isTimeout(err):
 			// A silent connection may be a dead one: the PONG, or the error
 			// that makes go-redis reconnect, comes with the next read.
 			_ = sub.Ping(stop)
@@ -164,6 +155,12 @@ func (r *Registry) route(stop context.Context, sub *redis.PubSub) {
 	}
 }
 
+// isTimeout reports whether err is a read that timed out.
+func isTimeout(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr) && netErr.Timeout()
+}
+
 // wakeAll wakes every waiter of the registry.
 func (r *Registry) wakeAll() {
 	r.locals.m.Range(func(_ string, local *localLock) bool {
@@ -172,24 +169,24 @@ func (r *Registry) wakeAll() {
 	})
 }
 
-// deliver acts on a notification (see note): a wake-up wakes this
+// deliver acts on a notification (protocol.Note): a wake-up wakes this
 // registry's waiter for its key, if any; a grant to this registry goes to
 // receiveGrant (grant.go), and news of a forced unlock of its hold to
 // receiveForced (forceunlock.go). Notifications of kinds this version does
 // not know (another version's) are ignored: their waiters fall back to
 // polling.
 func (r *Registry) deliver(payload string) {
-	n, known, err := parseNote(payload)
+	n, known, err := protocol.ParseNote(payload)
 	switch {
-	case !known || (n.kind != wakeNote && n.grantee != r.clientID):
+	case !known || (n.Kind != protocol.WakeNote && n.ClientID != r.clientID):
 	case err != nil:
 		r.cfg.logger.Warn("lockreg: malformed grant ignored; the key expires after a short lease", "note", payload)
-	case n.kind == grantNote:
-		r.receiveGrant(n.key, n.token)
-	case n.kind == forcedNote:
-		r.receiveForced(n.key)
+	case n.Kind == protocol.GrantNote:
+		r.receiveGrant(n.Key, n.Token)
+	case n.Kind == protocol.ForcedNote:
+		r.receiveForced(n.Key)
 	default:
-		if local, ok := r.locals.m.Load(n.key); ok {
+		if local, ok := r.locals.m.Load(n.Key); ok {
 			local.wakeUp()
 		}
 	}

@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 const (
@@ -41,8 +44,10 @@ type config struct {
 	pubSub        bool
 	handoffMax    int // 0: no local hand-offs
 	handoffFor    time.Duration
-	owner         string  // the name inspectors see for this registry
-	errs          []error // option errors, reported together by New
+	owner         string // the name inspectors see for this registry
+	// evictionAllowed accepts a server that may evict lock keys.
+	evictionAllowed bool
+	errs            []error // option errors, reported together by New
 }
 
 // WithExpireAfter sets the lease of a lock's Redis key: if the holder's
@@ -162,6 +167,16 @@ func WithOwner(name string) Option {
 	}
 }
 
+// WithEvictionAllowed lets the registry hold keys on a server that may
+// evict them (maxmemory with a maxmemory-policy other than noeviction),
+// which it otherwise refuses with ErrServerEvicts. It logs one warning
+// naming the policy, and a holder whose key is evicted learns of it at
+// once, through Lost and Do's context (LossEvicted); its critical section
+// may still have overlapped another's by then.
+func WithEvictionAllowed() Option {
+	return func(c *config) { c.evictionAllowed = true }
+}
+
 // newConfig applies opts to the defaults, and checks the result against
 // client and registryKey, returning every problem at once.
 func newConfig(client redis.UniversalClient, registryKey string, opts []Option) (config, error) {
@@ -175,11 +190,11 @@ func newConfig(client redis.UniversalClient, registryKey string, opts []Option) 
 	}
 	errs, optionsValid := cfg.errs, len(cfg.errs) == 0
 	cfg.errs = nil
-	if client == nil {
+	if client == nil || isNilPointer(client) {
 		errs = append(errs, fmt.Errorf("%w: client is nil", ErrInvalidOption))
 	}
-	if err := checkRegistryKey(registryKey); err != nil {
-		errs = append(errs, err)
+	if err := protocol.CheckNamespace(registryKey); err != nil {
+		errs = append(errs, fmt.Errorf("%w: registryKey %w", ErrInvalidOption, err))
 	}
 	if optionsValid && cfg.retryInterval >= cfg.expireAfter {
 		errs = append(errs, fmt.Errorf("%w: the retry interval (WithRetryInterval, %v) must be shorter than the lease (WithExpireAfter, %v)", ErrInvalidOption, cfg.retryInterval, cfg.expireAfter))
@@ -199,6 +214,13 @@ func newConfig(client redis.UniversalClient, registryKey string, opts []Option) 
 		}
 	}
 	return cfg, errors.Join(errs...)
+}
+
+// isNilPointer reports whether v is a typed nil pointer: a
+// (*redis.Client)(nil) passed as a UniversalClient is not nil itself.
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 // grantLease is the lease of a key another registry's release grants to

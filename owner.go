@@ -5,19 +5,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // A registry's owner name tells operators who holds a lock: Inspect and
-// Locks read it. Lock keys hold the registry's client id, as they always
-// have; the name lives in a small hash of the registry's own,
-// <registryKey>:owner:<client id> (scripts.go), with a time to live of two
-// leases, so that a dead registry's name vanishes soon after its locks.
-// The registry writes it when it first acquires, and again while it waits
-// if need be; the watchdog's renewal round keeps it fresh while it holds
-// keys, in the round's own pipeline.
+// Locks read it from the registry's owner hash (internal/protocol), which
+// lives two leases past its last refresh, so that a dead registry's name
+// vanishes soon after its locks. The registry writes it when it first
+// acquires, and again while it waits if need be; the watchdog's renewal
+// round keeps it fresh while it holds keys, in the round's own pipeline.
 
 // ownerTTL is how long an owner's name outlives its last refresh.
 func (c *config) ownerTTL() time.Duration { return 2 * c.expireAfter }
@@ -35,39 +34,20 @@ func defaultOwner() string {
 	return fmt.Sprintf("%s@%s:%d", program, host, os.Getpid())
 }
 
-// ownerRecord is the registry's side of its owner key.
+// ownerRecord is the registry's side of its owner hash.
 type ownerRecord struct {
-	key string // <registryKey>:owner:<client id>
-	// fields are the hash's fields, boxed once: name and since (when the
-	// registry was made, in unix ms).
-	fields []any
-	// freshUntil (unix ns) is until when the key is known to live, as
+	// freshUntil (unix ns) is until when the hash is known to live, as
 	// the registry counts it; publishing says that publishSoon writes it.
 	freshUntil atomic.Int64
 	publishing atomic.Bool
 }
 
-func (o *ownerRecord) init(registryKey, clientID, name string) {
-	o.key = ownerKey(registryKey, clientID)
-	o.fields = []any{"name", name, "since", strconv.FormatInt(time.Now().UnixMilli(), 10)}
-}
-
-// refreshCalls are the calls that write the owner key and set its time to
-// live: the renewal round sends them with its own.
-func (r *Registry) refreshCalls() []*call {
-	set := append([]any{"hset", r.owner.key}, r.owner.fields...)
-	return []*call{
-		{args: set},
-		{args: []any{"pexpire", r.owner.key, r.cfg.ownerTTL().Milliseconds()}},
-	}
-}
-
-// refreshed records a refresh of the owner key sent at sent. A failed one
-// (an ACL without HSET, say) is not tried again at every hold either: the
-// next renewal round tries.
-func (r *Registry) refreshed(calls []*call, sent time.Time) {
+// refreshed records a refresh of the owner hash, calls, sent at sent. A
+// failed one (an ACL without HSET, say) is not tried again at every hold
+// either: the next renewal round tries.
+func (r *Registry) refreshed(calls []*protocol.Call, sent time.Time) {
 	for _, c := range calls {
-		if err := c.cmd.Err(); err != nil {
+		if err := c.Cmd.Err(); err != nil {
 			r.cfg.logger.Debug("lockreg: could not publish the owner name; inspectors see none", "error", err)
 			break
 		}
@@ -75,7 +55,7 @@ func (r *Registry) refreshed(calls []*call, sent time.Time) {
 	r.owner.freshUntil.Store(sent.Add(r.cfg.ownerTTL()).UnixNano())
 }
 
-// publishSoon writes the owner key in the background when an acquisition
+// publishSoon writes the owner hash in the background when an acquisition
 // begins or waits, unless it is known to live for another lease: the
 // renewal round, which refreshes it, may be a lease/3 away, or off.
 func (r *Registry) publishSoon() {
@@ -85,9 +65,9 @@ func (r *Registry) publishSoon() {
 	}
 	if !r.goBackground(func(ctx context.Context) {
 		defer r.owner.publishing.Store(false)
-		calls := r.refreshCalls()
+		calls := r.peer.RefreshOwner()
 		sent := time.Now()
-		runPipeline(ctx, r.client, calls)
+		protocol.RunPipeline(ctx, r.client, calls)
 		r.refreshed(calls, sent)
 	}) {
 		r.owner.publishing.Store(false)

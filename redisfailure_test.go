@@ -171,3 +171,53 @@ func TestASubscriptionThatRedisNeverConfirmsFailsInTime(t *testing.T) {
 		t.Fatal("Close did not return")
 	}
 }
+
+func TestAPermanentErrorEndsTheAcquisitionAtOnce(t *testing.T) {
+	// Retrying would only fail again, until ctx ends, which with
+	// context.Background() is never.
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	closed := srv.Client(t)
+	require.NoError(t, closed.Close())
+	cases := map[string]struct {
+		client redis.UniversalClient
+		setUp  func(redisKey string)
+		says   string
+	}{
+		"the key holds a hash": {srv.Client(t), func(redisKey string) {
+			require.NoError(t, admin.HSet(ctx, redisKey, "not", "a lock").Err())
+		}, "WRONGTYPE"},
+		"an ACL forbids SET":   {aclClient(t, srv, "+@all", "-set"), func(string) {}, "NOPERM"},
+		"the client is closed": {closed, func(string) {}, "client is closed"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			r := newRegistry(t, tc.client)
+			tc.setUp(r.Obtain("k").keys.Lock)
+			start := time.Now()
+			err := r.Do(ctx, "k", func(context.Context) error {
+				t.Error("fn ran")
+				return nil
+			})
+			require.Less(t, time.Since(start), time.Second, "it ended at once")
+			require.ErrorIs(t, err, ErrRedis)
+			require.ErrorIs(t, err, ErrNotObtained)
+			require.ErrorContains(t, err, tc.says)
+			require.Zero(t, r.locals.size(), "and left nothing behind")
+		})
+	}
+}
+
+func TestAForeignValueWithoutExpiryShowsAsHeldByAnUnknownOwnerForever(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	require.NoError(t, client.Set(ctx, r.Obtain("k").keys.Lock, "someone", 0).Err())
+	info, err := r.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, info.Held)
+	require.Equal(t, "someone", info.OwnerID)
+	require.Empty(t, info.Owner)
+	require.Equal(t, NoExpiry, info.TTL, "no expiry, not 0s")
+}

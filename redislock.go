@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 var _ sync.Locker = (*Lock)(nil)
@@ -28,7 +28,7 @@ var _ sync.Locker = (*Lock)(nil)
 type Lock struct {
 	r    *Registry
 	key  string
-	keys lockKeys // in Redis
+	keys protocol.Keys // in Redis
 }
 
 // Key returns the key the lock was obtained for.
@@ -55,9 +55,21 @@ func (l *Lock) Acquire(ctx context.Context) (*Hold, error) {
 // process that waits for such a goroutine before it exits would wait for
 // ever: goroutines that a shutdown waits for should use LockContext or Do.
 func (l *Lock) Lock() {
-	if err := l.LockContext(context.Background()); err != nil {
-		l.r.cfg.logger.Error("lockreg: Lock blocks for good: the registry is closed", "key", l.key)
-		parkForever()
+	for {
+		err := l.LockContext(context.Background())
+		switch {
+		case err == nil:
+			return
+		case errors.Is(err, ErrClosed):
+			l.r.cfg.logger.Error("lockreg: Lock blocks for good: the registry is closed", "key", printedKey(l.key))
+			parkForever()
+		case errors.Is(err, ErrInvalidKey):
+			panic(err)
+		}
+		// Redis refused the attempt for good (an ACL, a key of another
+		// type): Lock cannot say so, but it can keep trying, and telling.
+		l.r.cfg.logger.Error("lockreg: Lock cannot take the key; retrying", "key", printedKey(l.key), "error", err)
+		time.Sleep(l.r.cfg.retryInterval)
 	}
 }
 
@@ -100,7 +112,7 @@ func (l *Lock) Unlock() {
 	case errors.Is(err, ErrNotHeld):
 		panic(err)
 	default:
-		l.r.cfg.logger.Warn("lockreg: unlock failed", "key", l.key, "error", err)
+		l.r.cfg.logger.Warn("lockreg: unlock failed", "key", printedKey(l.key), "error", err)
 	}
 }
 
@@ -109,9 +121,12 @@ func (l *Lock) Unlock() {
 // same use of ctx. It returns ErrNotHeld, changing nothing, if the caller
 // does not hold the lock.
 func (l *Lock) UnlockContext(ctx context.Context) error {
+	if ctx == nil {
+		return errNilContext
+	}
 	local := l.r.locals.ownedBy(l.key, goroutineID())
 	if local == nil {
-		return fmt.Errorf("%w: key %q", ErrNotHeld, l.key)
+		return fmt.Errorf("%w: key %q", ErrNotHeld, printedKey(l.key))
 	}
 	local.depth--
 	if local.depth > 0 {
@@ -123,8 +138,8 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 
 // acquire takes the lock for the calling goroutine: again, if it holds it.
 func (l *Lock) acquire(ctx context.Context, wait bool) error {
-	if l.r.closing() {
-		return fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
+	if err := l.checkAcquisition(ctx); err != nil {
+		return err
 	}
 	gid := goroutineID()
 	if local := l.r.locals.ownedBy(l.key, gid); local != nil {
@@ -140,79 +155,15 @@ func (l *Lock) acquire(ctx context.Context, wait bool) error {
 	return nil
 }
 
-// acquireHold takes the local mutex, then the key in Redis unless the
-// mutex came with a hold, and returns the new hold. It tells the hooks.
-func (l *Lock) acquireHold(ctx context.Context, wait bool) (*Hold, error) {
-	r := l.r
-	if r.closing() {
-		return nil, fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
-	}
-	start := time.Now()
-	hooks := r.hooks.all()
-	for _, hk := range hooks {
-		if hk.AcquireStart != nil {
-			ctx = hk.AcquireStart(ctx, l.key)
-		}
-	}
-	h, err := l.takeHold(ctx, wait, start)
-	if hooks != nil {
-		e := AcquireEvent{Key: l.key, Wait: time.Since(start), Outcome: OutcomeAcquired, Err: err}
-		switch {
-		case err == nil:
-			e.Path = h.via.path()
-		case errors.Is(err, ErrClosed):
-			e.Outcome = OutcomeClosed
-		case errors.Is(err, ErrNotObtained) || err == errBusy:
-			e.Outcome = OutcomeNotObtained
-		default:
-			e.Outcome = OutcomeError
-		}
-		for _, hk := range hooks {
-			if hk.AcquireDone != nil {
-				hk.AcquireDone(ctx, e)
-			}
-		}
-	}
-	return h, err
-}
-
-// takeHold is acquireHold's work, begun at start.
-func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold, error) {
-	r := l.r
-	r.publishSoon() // waiters are named to inspectors too
-	local := r.locals.join(l.key)
-	got, err := local.lock(ctx, r.life.closed, wait)
-	if err != nil {
-		r.locals.leave(l.key)
-		return nil, l.notAcquired(ctx, err, nil)
-	}
-	h, handedOff := got.hold, got.hold != nil
-	if !handedOff {
-		if h, err = l.obtainRedis(ctx, wait, local, got.mark); err != nil {
-			return nil, err
-		}
-		h.local = local
-	}
-	local.hold.Store(h)
-	r.stats.acquired(time.Since(start), handedOff)
-	// Close signals the holds it finds, after closing: a hold stored once
-	// it looked would never be signalled, nor renewed. Such an
-	// acquisition, which Close (or Shutdown) overtook, fails as the
-	// waiting ones do, and gives the key back.
-	if r.closing() {
-		_, _ = h.releaseKey(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
-	}
-	r.subscribeSoon()
-	return h, nil
-}
-
 // Token returns the fencing token of the calling goroutine's hold, as
 // Hold.Token does; an ErrNotHeld error if the caller holds nothing.
 func (l *Lock) Token(ctx context.Context) (int64, error) {
+	if ctx == nil {
+		return 0, errNilContext
+	}
 	local := l.r.locals.ownedBy(l.key, goroutineID())
 	if local == nil {
-		return 0, fmt.Errorf("%w: key %q: lock it before asking for its token", ErrNotHeld, l.key)
+		return 0, fmt.Errorf("%w: key %q: lock it before asking for its token", ErrNotHeld, printedKey(l.key))
 	}
 	return local.hold.Load().Token(ctx)
 }
@@ -226,31 +177,4 @@ func (l *Lock) Lost() <-chan struct{} {
 		return local.hold.Load().lost
 	}
 	return closedSignal
-}
-
-// runScript runs one of the lock's scripts on keys, the lock's key first.
-// While the lock's slot moves between Redis Cluster nodes, Redis refuses a
-// script whose keys are split between the nodes or partly missing, which
-// the waiting marker, the queue and the fence usually are; the script then
-// runs on the lock's key alone (no marker, no queue, no fence: see the
-// scripts), which Redis always serves, so locks keep working during a
-// migration.
-func (l *Lock) runScript(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	cmd := l.r.calls.run(ctx, script, keys, args...)
-	if slotMigrating(cmd.Err()) {
-		cmd = l.r.calls.run(ctx, script, lockKeyOnly(keys), args...)
-	}
-	return cmd
-}
-
-// notAcquired turns the reason an acquisition stopped into its error.
-func (l *Lock) notAcquired(ctx context.Context, reason, lastErr error) error {
-	switch {
-	case reason == errBusy:
-		return errBusy
-	case errors.Is(reason, ErrClosed):
-		return fmt.Errorf("%w: cannot lock %q", ErrClosed, l.key)
-	default:
-		return errors.Join(fmt.Errorf("%w: key %q: %w", ErrNotObtained, l.key, ctx.Err()), lastErr)
-	}
 }

@@ -1,8 +1,12 @@
 package lockreg
 
 import (
+	"time"
+
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // Registry hands out distributed locks that share one Redis namespace
@@ -13,9 +17,9 @@ type Registry struct {
 	registryKey string
 	clientID    string // the value of every Redis key this registry holds
 	cfg         config
-	args        scriptArgs // what the registry sends with its scripts
-	locals      localLocks // the local side of every key held or waited for
-	calls       batcher    // acquisitions' and releases' calls, coalesced
+	peer        *protocol.Peer // the calls it makes, spelled as the wire protocol has them
+	locals      localLocks     // the local side of every key held or waited for
+	batcher     batcher        // acquisitions' and releases' calls, coalesced
 	stats       counters
 	// callsEndAtDeadline says that the client ends its calls at their
 	// context's deadline (go-redis's ContextTimeoutEnabled): see
@@ -25,6 +29,8 @@ type Registry struct {
 	grants             grants        // the grants it takes and gives back (grant.go)
 	contention         contention    // keys seen contended, releases to yield after (contention.go)
 	life               lifecycle     // from New to Close (shutdown.go)
+	tracking           tracking      // what tells holders at once that their keys changed (tracking.go)
+	servers            serverCheck   // whether the servers may evict lock keys (servers.go)
 	hooks              hookList      // what AddHooks added (hooks.go)
 	owner              ownerRecord   // the name inspectors see (owner.go)
 }
@@ -42,26 +48,30 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 		return nil, err
 	}
 	clientID := uuid.NewString()
-	channel := "" // no notifications
-	if cfg.pubSub {
-		channel = releaseChannel(registryKey)
-	}
 	r := &Registry{
-		client:             client,
-		registryKey:        registryKey,
-		clientID:           clientID,
-		cfg:                cfg,
-		args:               newScriptArgs(clientID, cfg.expireAfter, cfg.retryInterval, cfg.grantLease(), channel),
+		client:      client,
+		registryKey: registryKey,
+		clientID:    clientID,
+		cfg:         cfg,
+		peer: protocol.NewPeer(scripts, protocol.Config{
+			Namespace: registryKey, ClientID: clientID,
+			Lease: cfg.expireAfter, RetryInterval: cfg.retryInterval, GrantLease: cfg.grantLease(), Notify: cfg.pubSub,
+			Owner: cfg.owner, OwnerTTL: cfg.ownerTTL(), Since: time.Now(),
+		}),
 		locals:             newLocalLocks(),
-		calls:              batcher{client: client},
+		batcher:            batcher{client: client},
 		callsEndAtDeadline: endsCallsAtDeadline(client),
 		grants:             newGrants(cfg.grantLease()),
 		contention:         newContention(&cfg),
 	}
-	r.notes.init(channel, clientID, cfg.grantLease() > 0)
-	r.owner.init(registryKey, clientID, cfg.owner)
+	r.notes.names = r.peer.Channels()
 	r.life.init()
+	r.servers.init()
 	r.goBackground(r.watch)
+	r.goBackground(r.checkServers)
+	if _, single := client.(*redis.Client); single {
+		r.trackerFor("") // tracking is up before the first hold, as a rule
+	}
 	return r, nil
 }
 
@@ -86,11 +96,13 @@ func endsCallsAtDeadline(client redis.UniversalClient) bool {
 
 // Obtain returns the lock for key, which may be any non-empty string (binary
 // included). It is cheap and keeps nothing in the registry: locks for the
-// same key, obtained at any time, share one state. Obtain panics if key is
-// empty.
+// same key, obtained at any time, share one state. The lock of an empty
+// key holds nothing: its acquisitions fail with ErrInvalidKey (and Lock,
+// which can report nothing, panics with it).
 func (r *Registry) Obtain(key string) *Lock {
-	if key == "" {
-		panic("lockreg: Obtain with an empty key")
+	l := &Lock{r: r, key: key}
+	if key != "" {
+		l.keys = r.peer.Keys(key)
 	}
-	return &Lock{r: r, key: key, keys: newLockKeys(r.registryKey, key)}
+	return l
 }

@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"log/slog"
 	"runtime"
 	"strconv"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
@@ -53,11 +55,6 @@ func TestNewRejectsBadArguments(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, time.Millisecond, r.cfg.expireAfter, "the lease is kept in whole milliseconds, as PX takes it")
 	require.NoError(t, r.Close())
-}
-
-func TestObtainEmptyKeyPanics(t *testing.T) {
-	r := newRegistry(t, redistest.Shared(t).Client(t))
-	require.PanicsWithValue(t, "lockreg: Obtain with an empty key", func() { r.Obtain("") })
 }
 
 func TestRedisKeyHoldsClientIDWithLease(t *testing.T) {
@@ -136,18 +133,23 @@ func TestRegistryWorksWithAMinimalACL(t *testing.T) {
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "on", ">secret", "resetkeys", "resetchannels",
 		"~"+prefix+":*", "&"+prefix+":*", "-@all",
 		"+evalsha", "+eval", "+get", "+set", "+pexpire", "+del", "+exists", "+time",
-		"+zadd", "+zrem", "+zscore", "+zrangebyscore", "+zpopmin", "+pttl", "+publish", "+subscribe", "+ping", "+hello", "+hset").Err())
+		"+zadd", "+zrem", "+zscore", "+zrangebyscore", "+zpopmin", "+pttl", "+publish", "+subscribe", "+ping", "+hello", "+hset",
+		// Tracking, and the look at the eviction policy.
+		"&__redis__:invalidate", "+client|id", "+client|tracking", "+info").Err())
 	restricted := func() *redis.Client {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "locker", Password: "secret"})
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
-	holder, err := New(restricted(), prefix)
+	var logs syncBuffer
+	logger := WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	holder, err := New(restricted(), prefix, logger)
 	require.NoError(t, err)
 	defer holder.Close()
-	waiter, err := New(restricted(), prefix, WithRetryInterval(5*time.Second))
+	waiter, err := New(restricted(), prefix, WithRetryInterval(5*time.Second), logger)
 	require.NoError(t, err)
 	defer waiter.Close()
+	requireTracking(t, holder, waiter)
 
 	holder.Obtain("o-1").Lock()
 	taken := lockInBackground(ctx, waiter.Obtain("o-1"))
@@ -160,11 +162,14 @@ func TestRegistryWorksWithAMinimalACL(t *testing.T) {
 		t.Fatal("the notification did not arrive under the ACL")
 	}
 	require.Equal(t, int64(1), waiter.Stats().Notifications)
+	require.Empty(t, logs.String(), "nothing refused, nothing to warn of")
 
 	verdict, err := admin.Do(ctx, "ACL", "DRYRUN", "locker", "GET", "payments:{x}").Text()
 	require.NoError(t, err)
 	require.Contains(t, verdict, "no permissions", "and it can touch nothing outside its prefix")
-	require.Eventually(t, func() bool { return admin.HGet(ctx, holder.owner.key, "name").Val() == holder.cfg.owner }, 5*time.Second, 10*time.Millisecond, "the owner name is published under the ACL")
+	require.Eventually(t, func() bool {
+		return admin.HGet(ctx, protocol.OwnerKey(holder.registryKey, holder.clientID), "name").Val() == holder.cfg.owner
+	}, 5*time.Second, 10*time.Millisecond, "the owner name is published under the ACL")
 
 	// The ACL documented before owner names, without HSET: the registry
 	// works all the same, unnamed.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // release is Release, for Hold values and the last Unlock alike. It tells
@@ -50,7 +52,10 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	h.mu.Lock()
 	if h.released {
 		h.mu.Unlock()
-		return releaseLoss{}, fmt.Errorf("%w: key %q: released already", ErrNotHeld, l.key)
+		return releaseLoss{}, fmt.Errorf("%w: key %q: released already", ErrNotHeld, printedKey(l.key))
+	}
+	if h.cause == lossNone {
+		h.ended()
 	}
 	h.released = true
 	token, lostErr, keyReleased := h.token, h.lostErr, h.keyReleased
@@ -86,20 +91,16 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	// may have let another owner in, even if the key is this registry's
 	// again by the time the release runs.
 	leaseRanOut := h.leaseOver()
-	var handedOutToken int64
-	if h.handoffs > 0 {
-		handedOutToken = token
-	}
-	found, err := l.releaseRedis(ctx, handedOutToken, markNext, "")
+	found, err := l.releaseRedis(ctx, protocol.Release{HandedOut: h.handedOut(token), MarkNext: markNext})
 	var mark waitMark
-	if found.markToken != 0 {
-		mark = waitMark{sent: sent, token: found.markToken}
+	if found.MarkToken != 0 {
+		mark = waitMark{sent: sent, token: found.MarkToken}
 	}
-	switch found.outcome {
-	case deletedWaited:
+	switch found.Outcome {
+	case protocol.DeletedWaited:
 		r.contention.yieldAfter(l.key)
 		r.contention.saw(l.key)
-	case granted:
+	case protocol.Granted:
 		r.contention.saw(l.key)
 	}
 	if !local.unlock(handoff{mark: mark}) && mark.isSet() {
@@ -113,10 +114,10 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	case lostErr != nil:
 	case leaseRanOut:
 		loss.cause = r.lapseCause(h)
-		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, loss.cause.explain())
-	case err == nil && found.outcome == notOurs:
+		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(l.key), loss.cause.explain())
+	case err == nil && found.Outcome == protocol.NotOurs:
 		loss.cause = LossDeleted
-		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, l.key, lossUnknown)
+		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(l.key), lossUnknown)
 	}
 	if lostErr != nil && err != nil {
 		return loss, errors.Join(lostErr, err)
@@ -132,6 +133,15 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 // has expired anyway.
 func (r *Registry) releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), r.cfg.expireAfter)
+}
+
+// handedOut is the last token h handed out locally, or 0 if it handed
+// none: token is h's own (read under h.mu).
+func (h *Hold) handedOut(token int64) int64 {
+	if h.handoffs > 0 {
+		return token
+	}
+	return 0
 }
 
 // nextLocalHold returns the hold to hand off, with the Redis key, to the
@@ -162,13 +172,10 @@ func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 	return next
 }
 
-// releaseRedis runs release.lua, for a hold that handed out tokens up to
-// handedOutToken locally (or 0), or for an attempt that may have taken
-// the key, or, with giveBack (see giveBackArg), for a grant nobody here
-// took. With markNext, a release that grants the key to another registry
-// marks this one as waiting; it is sent only with all the arguments, when
-// another registry is expected to wait or found waiting, as marking costs
-// release.lua a look at the queue.
+// releaseRedis runs release.lua, for a hold (o.HandedOut: the last token
+// it handed out locally), or for an attempt that may have taken the key,
+// or for a grant nobody here took (o.GiveBack). With o.MarkNext, a release
+// that grants the key to another registry marks this one as waiting.
 //
 // release.lua gets the client id alone unless the registry expects the
 // rest of its arguments to be needed: a local hand-off raised the token, a
@@ -177,26 +184,19 @@ func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 // GET and DEL (BenchmarkServerTime). A release that finds a waiter without
 // them changes nothing and is sent again with them, one more round trip
 // the first time a key turns contended.
-func (l *Lock) releaseRedis(ctx context.Context, handedOutToken int64, markNext bool, giveBack string) (releaseReply, error) {
+func (l *Lock) releaseRedis(ctx context.Context, o protocol.Release) (protocol.ReleaseReply, error) {
 	r := l.r
-	args := r.args.ownerOnly
-	if handedOutToken != 0 || giveBack != "" || r.contention.looksContended(l.key) {
-		args = r.args.releaseArgs(handedOutToken, l.key, giveBack, markNext)
-	}
+	o.Full = r.contention.looksContended(l.key)
 	for {
-		r.called(OpRelease, 1)
-		n, err := l.runScript(ctx, releaseScript, l.keys.script, args...).Int64()
+		r.countCalls(OpRelease, 1)
+		found, err := protocol.ReadRelease(l.runScript(ctx, r.peer.Release(l.keys, l.key, o)))
 		if err != nil {
-			return releaseReply{}, fmt.Errorf("%w: release %q: %w", ErrRedis, l.key, err)
+			return protocol.ReleaseReply{}, fmt.Errorf("%w: release %q: %w", ErrRedis, printedKey(l.key), err)
 		}
-		found, err := parseReleaseReply(n)
-		if err != nil {
-			return releaseReply{}, fmt.Errorf("%w: release %q: %w", ErrRedis, l.key, err)
-		}
-		if found.outcome != needsArguments {
+		if found.Outcome != protocol.NeedsArguments {
 			return found, nil
 		}
 		r.contention.saw(l.key)
-		args = r.args.releaseArgs(handedOutToken, l.key, giveBack, markNext)
+		o.Full = true
 	}
 }

@@ -2,12 +2,13 @@ package lockreg
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // renewBatch is the most keys one renewal script call carries, so that a
@@ -39,7 +40,7 @@ func (r *Registry) watch(ctx context.Context) {
 			go func() {
 				defer round.Done()
 				defer renewing.Store(false)
-				r.renew(ctx, r.renewalBatches(due), r.refreshCalls()...)
+				r.renew(ctx, r.renewalBatches(due), r.peer.RefreshOwner()...)
 			}()
 		}
 		r.loseLapsed()
@@ -92,7 +93,7 @@ func (r *Registry) renewalBatches(holds []*Hold) [][]*Hold {
 	for _, h := range holds {
 		slot := 0
 		if cluster {
-			slot = clusterSlot(h.redisKey())
+			slot = protocol.Slot(h.redisKey())
 		}
 		bySlot[slot] = append(bySlot[slot], h)
 	}
@@ -114,40 +115,41 @@ func (r *Registry) renewalBatches(holds []*Hold) [][]*Hold {
 // between them: a batch Redis refuses for that is renewed key by key.
 // refresh, if any, are calls the round sends in the same pipeline: the
 // owner key's refresh (owner.go).
-func (r *Registry) renew(ctx context.Context, batches [][]*Hold, refresh ...*call) {
+func (r *Registry) renew(ctx context.Context, batches [][]*Hold, refresh ...*protocol.Call) {
 	if len(batches) == 0 {
 		return
 	}
-	calls := make([]*call, len(batches), len(batches)+len(refresh))
+	calls := make([]*protocol.Call, len(batches), len(batches)+len(refresh))
 	for i, batch := range batches {
 		keys := make([]string, len(batch))
 		for j, h := range batch {
 			keys[j] = h.redisKey()
 		}
-		calls[i] = &call{script: renewScript, keys: keys, args: r.args.ownerAndLease}
+		c := r.peer.Renew(keys)
+		calls[i] = &c
 	}
 	sent := time.Now()
-	r.called(OpRenew, len(calls))
-	runPipeline(ctx, r.client, append(calls, refresh...))
+	r.countCalls(OpRenew, len(calls))
+	protocol.RunPipeline(ctx, r.client, append(calls, refresh...))
 	if len(refresh) > 0 {
 		r.refreshed(refresh, sent)
 	}
 	var oneByOne [][]*Hold
 	for i, batch := range batches {
-		if len(batch) > 1 && slotMigrating(calls[i].cmd.Err()) {
+		if len(batch) > 1 && protocol.SlotMigrating(calls[i].Cmd.Err()) {
 			for _, h := range batch {
 				oneByOne = append(oneByOne, []*Hold{h})
 			}
 			continue
 		}
-		r.applyRenewal(ctx, batch, calls[i].cmd, sent)
+		r.applyRenewal(ctx, batch, calls[i].Cmd, sent)
 	}
 	r.renew(ctx, oneByOne)
 }
 
 // applyRenewal applies renew.lua's reply for batch, sent at sent.
 func (r *Registry) applyRenewal(ctx context.Context, batch []*Hold, cmd *redis.Cmd, sent time.Time) {
-	ok, err := renewed(cmd)
+	ok, err := protocol.ReadRenew(cmd)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.cfg.logger.Warn("lockreg: lease renewal failed; retrying on the next tick", "keys", len(batch), "error", err)
@@ -166,43 +168,6 @@ func (r *Registry) applyRenewal(ctx context.Context, batch []*Hold, cmd *redis.C
 			h.endLease(LossDeleted)
 		case !h.extendLease(sent, leaseEnd):
 			h.endLease(r.lapseCause(h))
-		}
-	}
-}
-
-// verifyHolds checks, in one pipeline, that Redis still has the key of
-// every hold, and signals the holds whose keys are gone lost: after the
-// subscription's connection broke, Redis may have restarted or failed over
-// without them, and their holders should hear it now, not at the next
-// renewal, while another process may already hold the key. Keys that
-// survived (persistence, a replica that had them) stay held. On Redis
-// Cluster it covers the restarts of the node the subscription is on; the
-// renewal covers the others.
-func (r *Registry) verifyHolds(ctx context.Context) {
-	var holds []*Hold
-	r.forEachHold(func(h *Hold) {
-		if !h.isLost() {
-			holds = append(holds, h)
-		}
-	})
-	if len(holds) == 0 {
-		return
-	}
-	calls := make([]*call, len(holds))
-	for i, h := range holds {
-		calls[i] = &call{args: []any{"get", h.redisKey()}}
-	}
-	r.called(OpCheck, len(calls))
-	runPipeline(ctx, r.client, calls)
-	for i, h := range holds {
-		owner, err := calls[i].cmd.Text()
-		switch {
-		case err == nil && owner == r.clientID:
-		case err == nil || errors.Is(err, redis.Nil):
-			h.endLease(LossRestart)
-		default:
-			r.cfg.logger.Debug("lockreg: could not check the held keys after a reconnect; the renewal will", "error", err)
-			return
 		}
 	}
 }

@@ -3,28 +3,30 @@ package lockreg
 import (
 	"context"
 	"sync"
+
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // lifecycle is a registry's life: open; then refusing acquisitions, from
 // Shutdown or Close on; then stopped, its background work ended, by Close.
 type lifecycle struct {
-	// closed is closed once the registry refuses acquisitions. idle tells
-	// a Shutdown that waits for the holds that the last one was released.
-	closed chan struct{}
-	idle   chan struct{}
+	// closing is closed once the registry refuses acquisitions: Shutdown
+	// or Close began. idle tells a Shutdown that waits for the holds that
+	// the last one was released.
+	closing chan struct{}
+	idle    chan struct{}
 	// stopCtx bounds background work; Close cancels it (stop). Background
 	// work goes on while Shutdown waits, as releases and renewals need it.
 	stopCtx context.Context
 	stop    context.CancelFunc
 
-	mu         sync.Mutex // guards refusing, stopped and background.Add
-	refusing   bool       // closed is closed
+	mu         sync.Mutex // guards closing's close, stopped and background.Add
 	stopped    bool       // Close stopped the background work
 	background sync.WaitGroup
 }
 
 func (l *lifecycle) init() {
-	l.closed = make(chan struct{})
+	l.closing = make(chan struct{})
 	l.idle = make(chan struct{}, 1)
 	l.stopCtx, l.stop = context.WithCancel(context.Background())
 }
@@ -48,6 +50,7 @@ func (r *Registry) Close() error {
 	}
 	r.life.mu.Unlock()
 	r.unsubscribe()
+	r.stopTracking()
 	r.life.background.Wait()
 	r.forEachHold(func(h *Hold) { h.lose(LossClosed) })
 	return nil
@@ -63,6 +66,9 @@ func (r *Registry) Close() error {
 // registry. It returns ctx's error if it had to release any key, else nil.
 // Close after Shutdown does nothing.
 func (r *Registry) Shutdown(ctx context.Context) error {
+	if ctx == nil {
+		return errNilContext
+	}
 	r.refuse()
 	err := r.awaitReleases(ctx)
 	if err != nil && !r.releaseHeld(ctx) {
@@ -76,9 +82,8 @@ func (r *Registry) Shutdown(ctx context.Context) error {
 func (r *Registry) refuse() {
 	r.life.mu.Lock()
 	defer r.life.mu.Unlock()
-	if !r.life.refusing {
-		r.life.refusing = true
-		close(r.life.closed)
+	if !isClosed(r.life.closing) {
+		close(r.life.closing)
 	}
 }
 
@@ -122,16 +127,13 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 		// release must not find the one without the other.
 		h.keyReleased = true
 		tell := h.loseLocked(LossClosed)
-		var handedOutToken int64
-		if h.handoffs > 0 {
-			handedOutToken = h.token
-		}
+		handedOut := h.handedOut(h.token)
 		h.mu.Unlock()
 		tell()
 		found = true
 		releases.Go(func() {
-			if _, err := h.lock.releaseRedis(ctx, handedOutToken, false, ""); err != nil {
-				r.cfg.logger.Warn("lockreg: Shutdown could not release a key; it expires after its lease", "key", h.Key(), "error", err)
+			if _, err := h.lock.releaseRedis(ctx, protocol.Release{HandedOut: handedOut}); err != nil {
+				r.cfg.logger.Warn("lockreg: Shutdown could not release a key; it expires after its lease", "key", printedKey(h.Key()), "error", err)
 			}
 		})
 	})
@@ -156,7 +158,7 @@ func (r *Registry) goBackground(fn func(ctx context.Context)) bool {
 }
 
 // closing reports whether the registry refuses acquisitions.
-func (r *Registry) closing() bool { return isClosed(r.life.closed) }
+func (r *Registry) closing() bool { return isClosed(r.life.closing) }
 
 func isClosed(ch <-chan struct{}) bool {
 	select {

@@ -17,8 +17,7 @@ type Stats struct {
 	LocalHandoffs int64
 	// Grants counts keys another registry's release passed straight to a
 	// goroutine of this registry that waited for them, without an
-	// acquisition call (see Hand-offs between registries in the package
-	// documentation).
+	// acquisition call (docs/PROTOCOL.md, The grant).
 	Grants int64
 	// FailedAttempts counts acquisition calls to Redis that did not take
 	// the key: another owner held it, too few replicas acknowledged, or
@@ -26,14 +25,21 @@ type Stats struct {
 	FailedAttempts int64
 	// AcquireCalls, ReleaseCalls and RenewCalls count the calls sent to
 	// Redis of each kind: an attempt's plain SET and the obtain.lua call
-	// that follows it when the key was taken count as two. Concurrent calls
-	// share round trips (see Round trips in the package documentation);
-	// with WithWaitReplicas an acquisition's WAIT rides in its call's round
+	// that follows it when the key was taken count as two. Calls of
+	// concurrent goroutines share round trips, as one pipeline; with
+	// WithWaitReplicas an acquisition's WAIT rides in its call's round
 	// trip. Lock.Token's draws are not counted.
 	AcquireCalls, ReleaseCalls, RenewCalls int64
 	// Notifications counts release notifications received by the
 	// registry's subscription.
 	Notifications int64
+	// Tracking says that the registry learns at once that a held key
+	// changed (CLIENT TRACKING: a DEL, an overwrite, a flush, an eviction).
+	// False until tracking is on, and for good where the server refuses it
+	// (an ACL without CLIENT, a proxy) or the client is neither a
+	// *redis.Client nor a *redis.ClusterClient: holders then learn of such
+	// changes at their next renewal.
+	Tracking bool
 	// Held is the number of keys the registry holds now.
 	Held int64
 	// Tracked is the number of keys with local state now: held or waited
@@ -95,6 +101,7 @@ func (r *Registry) Stats() Stats {
 		Notifications:  c.notes.Load(),
 		Held:           c.held.Load(),
 		Tracked:        r.locals.size(),
+		Tracking:       r.tracking.on.Load() && !r.tracking.refused.Load(),
 	}
 	w := &s.Wait
 	w.Count = c.waitCount.Load()

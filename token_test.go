@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -41,13 +40,10 @@ func TestTokensIncreaseAcrossRegistries(t *testing.T) {
 // costs no more than its SET and its release; the first ask draws it in
 // one call, later asks and a hold handed on locally cost nothing.
 func TestTokensAreDrawnWhenAskedFor(t *testing.T) {
-	ctx := context.Background()
 	var counter redisstat.Counter
 	srv := redistest.Shared(t)
 	client := srv.Client(t, &counter)
-	for _, script := range []*redis.Script{obtainScript, releaseScript, tokenScript} {
-		require.NoError(t, script.Load(ctx, client).Err())
-	}
+	loadScripts(t, client)
 	r := newRegistry(t, client)
 	lock := r.Obtain("k")
 	commands := func() map[string]int64 {
@@ -87,7 +83,7 @@ func TestTokenOfALostHoldIsRefused(t *testing.T) {
 	other := newRegistry(t, client)
 	lock := r.Obtain("k")
 	lock.Lock()
-	require.NoError(t, client.Del(ctx, lock.keys.lock).Err()) // as if the lease ran out in a pause
+	require.NoError(t, client.Del(ctx, lock.keys.Lock).Err()) // as if the lease ran out in a pause
 	taken := other.Obtain("k")
 	require.True(t, taken.TryLock())
 

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redisstat"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
@@ -60,9 +61,10 @@ func TestLostNotificationCostsOnlyTheRetry(t *testing.T) {
 
 	taken := lockInBackground(ctx, waiter.Obtain("k"))
 	waitUntilWaiting(t, waiter)
+	requireTracking(t, holder, waiter)
 	killed, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
 	require.NoError(t, err)
-	require.Equal(t, int64(2), killed, "the waiter's subscription, and the holder's")
+	require.Equal(t, int64(4), killed, "the waiter's subscription and the holder's, and their trackers' targets")
 	holder.Obtain("k").Unlock()
 	select {
 	case _, ok := <-taken:
@@ -89,10 +91,11 @@ func TestResubscribedWaiterTriesAtOnce(t *testing.T) {
 	taken := lockInBackground(ctx, waiter.Obtain("k"))
 	waitUntilWaiting(t, waiter)
 	// The grant, without its message.
-	require.NoError(t, admin.Set(ctx, held.keys.lock, waiter.clientID, time.Minute).Err())
+	require.NoError(t, admin.Set(ctx, held.keys.Lock, waiter.clientID, time.Minute).Err())
+	requireTracking(t, holder, waiter)
 	killed, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
 	require.NoError(t, err)
-	require.Equal(t, int64(2), killed, "the waiter's subscription, and the holder's")
+	require.Equal(t, int64(4), killed, "the waiter's subscription and the holder's, and their trackers' targets")
 	select {
 	case _, ok := <-taken:
 		require.True(t, ok, "the waiter acquired")
@@ -130,9 +133,9 @@ func TestOneSubscriptionPerRegistryWhateverTheKeys(t *testing.T) {
 			waiters[0].notes.subscribed.Load() && waiters[1].notes.subscribed.Load() && holder.notes.subscribed.Load()
 	}, 5*time.Second, time.Millisecond)
 
-	subs, err := admin.PubSubNumSub(ctx, waiters[0].notes.channel).Result()
+	subs, err := admin.PubSubNumSub(ctx, protocol.ReleaseChannel(waiters[0].registryKey)).Result()
 	require.NoError(t, err)
-	require.Equal(t, int64(3), subs[waiters[0].notes.channel], "one subscription per registry, for 50 keys each: the waiters' and the holder's")
+	require.Equal(t, int64(3), subs[protocol.ReleaseChannel(waiters[0].registryKey)], "one subscription per registry, for 50 keys each: the waiters' and the holder's")
 	list, err := admin.ClientList(ctx).Result()
 	require.NoError(t, err)
 	require.Equal(t, 3, strings.Count(list, "sub=2"), "one subscribed connection per registry, to the shared channel and its grant channel")
@@ -153,9 +156,9 @@ func TestWithoutPubSubWaitersOnlyPoll(t *testing.T) {
 	holder.Obtain("k").Unlock()
 	_, ok := <-taken
 	require.True(t, ok)
-	subs, err := admin.PubSubNumSub(ctx, holder.notes.channel).Result()
+	subs, err := admin.PubSubNumSub(ctx, protocol.ReleaseChannel(holder.registryKey)).Result()
 	require.NoError(t, err)
-	require.Equal(t, int64(1), subs[holder.notes.channel], "the holder's subscription alone")
+	require.Equal(t, int64(1), subs[protocol.ReleaseChannel(holder.registryKey)], "the holder's subscription alone")
 	require.False(t, waiter.notes.subscribed.Load())
 	require.Zero(t, waiter.Stats().Notifications)
 }
@@ -362,9 +365,7 @@ func TestStatsMatchTheCommandsSent(t *testing.T) {
 	r := newRegistry(t, client, WithExpireAfter(300*time.Millisecond), WithRetryInterval(20*time.Millisecond))
 	other := newRegistry(t, srv.Client(t))
 	// Loaded, the scripts draw no NOSCRIPT retries below.
-	for _, script := range []*redis.Script{obtainScript, releaseScript, renewScript} {
-		require.NoError(t, script.Load(ctx, client).Err())
-	}
+	loadScripts(t, client)
 	calls := func() int64 { c := counter.Commands(); return c["set"] + c["evalsha"] + c["eval"] }
 	before, statsBefore := calls(), r.Stats()
 

@@ -1,0 +1,242 @@
+package lockreg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg/internal/protocol"
+)
+
+// One attempt to take a key in Redis. An unmarked attempt on a key this
+// registry has not seen contended is a plain SET NX PX, the least Redis
+// can do to take a key; only if that finds the key taken does obtain.lua
+// follow, which marks this registry as waiting, or finds the key its own
+// already. With WithWaitReplicas, obtain.lua goes with a WAIT, and a hold
+// too few replicas acknowledged is released again and reported as
+// ErrNotReplicated.
+
+// attempt makes the attempt that is due. It returns the hold, or the
+// error that ended the acquisition (TryLock's attempt failed), or neither
+// when the acquisition goes on.
+func (a *acquisition) attempt() (*Hold, error) {
+	sent := time.Now()
+	h, found, err := a.l.attemptRedis(a.ctx, a.wait, a.mark.isSet())
+	if h != nil {
+		return h, nil
+	}
+	a.state, a.mayHoldKey = waiting, mayHaveRun(err)
+	switch {
+	case protocol.Permanent(err):
+		return nil, a.abandon(err)
+	case err != nil:
+		a.failedWith(err)
+	case a.wait: // another owner held it: obtain.lua marked this registry
+		a.mark = waitMark{sent: sent, token: found.LastToken}
+		a.l.r.publishSoon() // a long wait outlives the owner name's time to live
+	}
+	if !a.wait {
+		return nil, a.abandon(errBusy)
+	}
+	return nil, nil
+}
+
+// firstAttemptHere makes the first attempt on the calling goroutine, if
+// that cannot keep the caller past ctx's deadline: the client ends its
+// calls at the deadline itself, the attempt is a plain SET (a key not
+// seen contended, no WithWaitReplicas) and it can go out at once rather
+// than queue behind other calls. A cancellation of ctx before its
+// deadline then takes effect when the SET returns: one round trip, or
+// while Redis hangs, the deadline. It returns the hold, or the error that
+// ended the acquisition, or neither when the acquisition goes on aside:
+// the key was taken, the SET failed, or it did not run.
+func (a *acquisition) firstAttemptHere() (*Hold, error) {
+	l := a.l
+	if _, ok := a.ctx.Deadline(); !ok || !l.r.callsEndAtDeadline || a.state != attemptDue || !l.plainSetFirst(a.mark.isSet()) {
+		return nil, nil
+	}
+	sent := time.Now()
+	held, wentOut, err := l.setIfFree(a.ctx, false)
+	if wentOut {
+		l.r.attempting(a.ctx, l.key)
+	}
+	switch {
+	case !wentOut:
+		return nil, nil
+	case held:
+		return l.took(sent), nil
+	case err == nil:
+		// Another owner holds the key: obtain.lua follows aside, marking
+		// this registry as waiting.
+		l.r.contention.saw(l.key)
+		return nil, nil
+	}
+	l.r.stats.failed.Add(1)
+	a.mayHoldKey = mayHaveRun(err)
+	if protocol.Permanent(err) {
+		return nil, a.abandon(err)
+	}
+	a.failedWith(err)
+	if a.ctx.Err() != nil {
+		return nil, a.abandon(a.ctx.Err())
+	}
+	a.state = waiting // the next attempt comes after a pause, as after any failed one
+	return nil, nil
+}
+
+// failedWith records a Redis error of an attempt, logging it unless it
+// repeats the last one or ctx ended (it then says nothing new). An attempt
+// that ctx cut short keeps the error before it: the caller's error already
+// says that ctx ended, and what Redis last said (connection refused, an ACL
+// refusal) is what tells them why the lock was not obtained.
+func (a *acquisition) failedWith(err error) {
+	prev := a.lastError()
+	if a.ctx.Err() != nil {
+		if prev == nil || !cutShort(err) {
+			a.lastErr.Store(&err)
+		}
+		return
+	}
+	if prev == nil || prev.Error() != err.Error() {
+		a.l.r.cfg.logger.Warn("lockreg: Redis error while acquiring; retrying", "key", printedKey(a.l.key), "error", err)
+	}
+	a.lastErr.Store(&err)
+}
+
+// cutShort says that err is a call's end at ctx's end: ctx's own error
+// (a dial, a wait for a connection) or, with go-redis's
+// ContextTimeoutEnabled, a read or write past ctx's deadline.
+func cutShort(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+func (a *acquisition) lastError() error {
+	if err := a.lastErr.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
+// attemptRedis makes one attempt to take the key and returns the hold it
+// took, or nil and what it found: another owner holds the key. wait says
+// that the caller will wait for the key, so that a failed attempt marks
+// the registry (obtain.lua); marked, that an earlier attempt marked it,
+// which a success withdraws.
+func (l *Lock) attemptRedis(ctx context.Context, wait, marked bool) (h *Hold, found protocol.ObtainReply, err error) {
+	r := l.r
+	r.attempting(ctx, l.key)
+	sent := time.Now()
+	switch {
+	case r.cfg.waitReplicas > 0:
+		found, err = l.obtainReplicated(ctx, wait, marked)
+	case l.plainSetFirst(marked):
+		if found.Held, _, err = l.setIfFree(ctx, true); !found.Held && err == nil {
+			found, err = l.obtain(ctx, wait, marked)
+		}
+	default:
+		found, err = l.obtain(ctx, wait, marked)
+	}
+	if !found.Held {
+		r.stats.failed.Add(1)
+		if err == nil {
+			r.contention.saw(l.key)
+		}
+		return nil, found, err
+	}
+	return l.took(sent), found, nil
+}
+
+// plainSetFirst says whether an attempt starts with a plain SET: unmarked,
+// on a key this registry has not seen contended, without WithWaitReplicas.
+func (l *Lock) plainSetFirst(marked bool) bool {
+	return l.r.cfg.waitReplicas == 0 && !marked && !l.r.contention.looksContended(l.key)
+}
+
+// took returns the hold of an attempt, sent at sent, that took the key.
+func (l *Lock) took(sent time.Time) *Hold {
+	h := newHold(l, 0, sent, l.r.cfg.expireAfter)
+	if h.leaseOver() {
+		// The reply came a lease or more after the call was sent (Redis or
+		// this process stalled): the key may have expired and passed on.
+		h.lose(LossExpired)
+	}
+	return h
+}
+
+// setIfFree sets the key to the client id with the lease if no one holds
+// it. Unless queue is set, the SET goes out only if it need not queue
+// behind other calls (see batcher.send); wentOut says whether it did.
+func (l *Lock) setIfFree(ctx context.Context, queue bool) (held, wentOut bool, err error) {
+	r := l.r
+	cmd, wentOut := r.batcher.send(ctx, queue, r.peer.SetIfFree(l.keys))
+	if !wentOut {
+		return false, false, nil
+	}
+	r.countCalls(OpAcquire, 1)
+	if held, err = protocol.ReadSetIfFree(cmd); err != nil {
+		return false, true, fmt.Errorf("%w: attempt on %q: %w", ErrRedis, printedKey(l.key), err)
+	}
+	return held, true, nil
+}
+
+// obtain runs obtain.lua once.
+func (l *Lock) obtain(ctx context.Context, wait, marked bool) (protocol.ObtainReply, error) {
+	l.r.countCalls(OpAcquire, 1)
+	found, err := protocol.ReadObtain(l.runScript(ctx, l.r.peer.Obtain(l.keys, wait, marked)))
+	if err != nil {
+		return protocol.ObtainReply{}, fmt.Errorf("%w: attempt on %q: %w", ErrRedis, printedKey(l.key), err)
+	}
+	return found, nil
+}
+
+// obtainReplicated runs obtain.lua once, with WAIT.
+func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (protocol.ObtainReply, error) {
+	r := l.r
+	r.countCalls(OpAcquire, 1)
+	found, acked, waitErr, err := protocol.ObtainReplicated(ctx, r.client, r.peer.Obtain(l.keys, wait, marked), r.cfg.waitReplicas, r.cfg.waitTimeout)
+	if err != nil {
+		return protocol.ObtainReply{}, fmt.Errorf("%w: attempt on %q: %w", ErrRedis, printedKey(l.key), err)
+	}
+	if !found.Held || acked >= int64(r.cfg.waitReplicas) {
+		return found, nil
+	}
+	// Too few replicas have the key: a failover now could lose it. Give it
+	// back rather than hold a lock that might not survive.
+	if _, err := l.releaseRedis(ctx, protocol.Release{}); err != nil {
+		return protocol.ObtainReply{}, err
+	}
+	return protocol.ObtainReply{}, errors.Join(fmt.Errorf("%w: %d of %d replicas acknowledged %q within %v", ErrNotReplicated, acked, r.cfg.waitReplicas, printedKey(l.key), r.cfg.waitTimeout), waitErr)
+}
+
+// runScript runs one of the lock's script calls, c, through the batcher.
+// While the lock's slot moves between Redis Cluster nodes, Redis refuses a
+// script whose keys are split between the nodes or partly missing, which
+// the waiting marker, the queue and the fence usually are; the script then
+// runs on the lock's key alone (see protocol.Call.OnLockKeyOnly), which
+// Redis always serves, so locks keep working during a migration.
+func (l *Lock) runScript(ctx context.Context, c protocol.Call) *redis.Cmd {
+	cmd := l.r.batcher.run(ctx, c)
+	if protocol.SlotMigrating(cmd.Err()) {
+		cmd = l.r.batcher.run(ctx, c.OnLockKeyOnly())
+	}
+	return cmd
+}
+
+// mayHaveRun reports whether a failed call may have run its script after
+// all: a timeout, a cancelled context or a broken connection can come after
+// Redis ran it. An error reply from Redis, no connection to be had, or a
+// closed client means it did not.
+func mayHaveRun(err error) bool {
+	if err == nil || errors.Is(err, ErrNotReplicated) || errors.Is(err, redis.ErrClosed) {
+		return false
+	}
+	var reply redis.Error
+	var netErr *net.OpError
+	return !errors.As(err, &reply) && !errors.Is(err, redis.ErrPoolTimeout) &&
+		!(errors.As(err, &netErr) && netErr.Op == "dial")
+}

@@ -1,0 +1,97 @@
+package lockreg
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// The rule (doc.go, Errors): bad input is an error, never a panic deep
+// inside; Lock, which can return none, panics with it at the call.
+
+func TestATypedNilClientIsRefused(t *testing.T) {
+	var client *redis.Client
+	r, err := New(client, "k")
+	require.Nil(t, r)
+	require.ErrorIs(t, err, ErrInvalidOption)
+	require.ErrorContains(t, err, "client is nil")
+}
+
+func TestAnEmptyKeyIsAnErrorForEveryCall(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	lock := r.Obtain("")
+	_, err := lock.Acquire(ctx)
+	require.ErrorIs(t, err, ErrInvalidKey)
+	require.ErrorIs(t, lock.LockContext(ctx), ErrInvalidKey)
+	require.False(t, lock.TryLock())
+	require.ErrorIs(t, r.Do(ctx, "", func(context.Context) error { return nil }), ErrInvalidKey)
+	require.ErrorIs(t, r.DoAll(ctx, []string{"a", ""}, func(context.Context) error { return nil }), ErrInvalidKey)
+	_, err = r.Inspect(ctx, "")
+	require.ErrorIs(t, err, ErrInvalidKey)
+	_, err = r.ForceUnlock(ctx, "")
+	require.ErrorIs(t, err, ErrInvalidKey)
+	require.PanicsWithError(t, "lockreg: invalid key: empty key", lock.Lock, "Lock cannot return it: it panics at the call")
+	require.Zero(t, r.locals.size(), "nothing was taken")
+}
+
+func TestANilContextOrFunctionIsAnError(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	lock := r.Obtain("k")
+	fn := func(context.Context) error { return nil }
+	for name, err := range map[string]error{
+		"Acquire":       func() error { _, err := lock.Acquire(nil); return err }(),
+		"LockContext":   lock.LockContext(nil),
+		"UnlockContext": lock.UnlockContext(nil),
+		"Token":         func() error { _, err := lock.Token(nil); return err }(),
+		"Do":            r.Do(nil, "k", fn),
+		"DoAll":         r.DoAll(nil, []string{"k"}, fn),
+		"Do's fn":       r.Do(context.Background(), "k", nil),
+		"DoAll's fn":    r.DoAll(context.Background(), []string{"k"}, nil),
+		"Inspect":       func() error { _, err := r.Inspect(nil, "k"); return err }(),
+		"ForceUnlock":   func() error { _, err := r.ForceUnlock(nil, "k"); return err }(),
+		"Shutdown":      r.Shutdown(nil),
+	} {
+		require.ErrorIs(t, err, ErrInvalidArgument, name)
+	}
+	require.Nil(t, r.HoldFor(nil, "k"))
+	require.False(t, r.closing(), "the refused Shutdown changed nothing")
+
+	h, err := lock.Acquire(context.Background())
+	require.NoError(t, err)
+	_, err = h.Token(nil)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.ErrorIs(t, h.Release(nil), ErrInvalidArgument)
+	require.NoError(t, h.Release(context.Background()), "the refused release changed nothing")
+}
+
+func TestALongKeyIsCutInErrorsAndLogs(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	key := strings.Repeat("k", 1<<20)
+	lock := r.Obtain(key)
+	h, err := lock.Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, h.Release(ctx))
+	err = h.Release(ctx)
+	require.ErrorIs(t, err, ErrNotHeld)
+	require.Less(t, len(err.Error()), 400, "the error names the key's first bytes and its length")
+	require.Contains(t, err.Error(), "(1048576 bytes)")
+	require.Less(t, len(printedKey(key).LogValue().String()), 300, "and so do the logs")
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	other := newRegistry(t, client)
+	held, err := other.Obtain(key).Acquire(ctx)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, held.Release(ctx)) }()
+	_, err = lock.Acquire(waitCtx)
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.Less(t, len(err.Error()), 400)
+}

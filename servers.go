@@ -1,0 +1,144 @@
+package lockreg
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg/internal/protocol"
+)
+
+// A server with a memory limit and any eviction policy but noeviction may
+// evict lock keys, as they have a time to live: another registry then
+// takes a key its holder still works under, and nothing tells either. A
+// registry reads every primary's policy (INFO memory) in the background
+// from New on, and refuses such a server (ErrServerEvicts) unless
+// WithEvictionAllowed: its first acquisition waits for that first look,
+// which is done by then as a rule.
+
+// serverCheck is what a registry learned of its servers' eviction policy.
+type serverCheck struct {
+	// looked is closed once the first look ended, done or not; refused is
+	// then the error every acquisition fails with, if set.
+	looked  chan struct{}
+	refused atomic.Pointer[error]
+	// evicts says that a server may evict lock keys, as WithEvictionAllowed
+	// lets it: a key found gone after the server evicted keys lost its hold
+	// to eviction. evicted is the servers' evicted_keys when last read.
+	evicts  atomic.Bool
+	mu      sync.Mutex // guards evicted
+	evicted map[string]int64
+}
+
+func (s *serverCheck) init() { s.looked = make(chan struct{}) }
+
+// checkServers reads the eviction policy of every primary, again every
+// retry interval while Redis does not answer, until it knows.
+func (r *Registry) checkServers(stop context.Context) {
+	defer func() {
+		if !isClosed(r.servers.looked) {
+			close(r.servers.looked)
+		}
+	}()
+	for {
+		err := r.readEvictionPolicies(stop)
+		if err == nil || protocol.Permanent(err) {
+			if err != nil {
+				r.cfg.logger.Warn("lockreg: cannot read the servers' eviction policy (INFO memory); lock keys may be evicted unseen", "error", err)
+			}
+			return
+		}
+		if !isClosed(r.servers.looked) {
+			close(r.servers.looked) // acquisitions meanwhile report Redis's errors themselves
+		}
+		select {
+		case <-stop.Done():
+			return
+		case <-time.After(r.cfg.retryInterval):
+		}
+	}
+}
+
+// readEvictionPolicies reads and judges every primary's policy.
+func (r *Registry) readEvictionPolicies(ctx context.Context) error {
+	return r.forEachPrimary(ctx, func(ctx context.Context, addr string, node redis.Cmdable) error {
+		info, err := node.Info(ctx, "memory").Result()
+		if err != nil {
+			return err
+		}
+		e, err := protocol.ReadEviction(info)
+		if err != nil || !e.Evicts() {
+			return err
+		}
+		if !r.cfg.evictionAllowed {
+			err := fmt.Errorf("%w: %s has maxmemory %d and maxmemory-policy %s", ErrServerEvicts, addr, e.MaxBytes, e.Policy)
+			r.servers.refused.Store(&err)
+			return nil
+		}
+		if !r.servers.evicts.Swap(true) {
+			r.cfg.logger.Warn("lockreg: the server may evict lock keys; WithEvictionAllowed accepts it, and each eviction is reported as a loss", "server", addr, "maxmemory_policy", e.Policy)
+		}
+		r.evictedSince(ctx, addr, node)
+		return nil
+	})
+}
+
+// forEachPrimary calls fn for every primary of the registry's client, one
+// after the other, and returns the first error.
+func (r *Registry) forEachPrimary(ctx context.Context, fn func(ctx context.Context, addr string, node redis.Cmdable) error) error {
+	cluster, ok := r.client.(*redis.ClusterClient)
+	if !ok {
+		addr := "Redis"
+		if c, ok := r.client.(*redis.Client); ok {
+			addr = c.Options().Addr
+		}
+		return fn(ctx, addr, r.client)
+	}
+	var mu sync.Mutex
+	return cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return fn(ctx, node.Options().Addr, node)
+	})
+}
+
+// serversLooked waits for the first look at the servers' policies, and
+// returns ErrServerEvicts if a server may evict lock keys unallowed.
+func (r *Registry) serversLooked(ctx context.Context) error {
+	select {
+	case <-r.servers.looked:
+	default:
+		if err := waitFor(ctx, r.life.closing, r.servers.looked); err != nil {
+			return nil // the acquisition ends for that reason itself
+		}
+	}
+	if err := r.servers.refused.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
+// evictedSince reports whether the server at addr evicted keys since the
+// last look (INFO stats), for a registry whose servers may evict.
+func (r *Registry) evictedSince(ctx context.Context, addr string, node redis.Cmdable) bool {
+	if !r.servers.evicts.Load() {
+		return false
+	}
+	info, err := node.Info(ctx, "stats").Result()
+	if err != nil {
+		return false
+	}
+	n := protocol.EvictedKeys(info)
+	r.servers.mu.Lock()
+	defer r.servers.mu.Unlock()
+	if r.servers.evicted == nil {
+		r.servers.evicted = make(map[string]int64)
+	}
+	last, seen := r.servers.evicted[addr]
+	r.servers.evicted[addr] = n
+	return seen && n > last
+}

@@ -1,0 +1,64 @@
+package lockreg
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// evictingServer starts a server that may evict keys with a TTL.
+func evictingServer(t *testing.T) *redistest.Server {
+	t.Helper()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	require.NoError(t, admin.ConfigSet(ctx, "maxmemory", "20mb").Err())
+	require.NoError(t, admin.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
+	return srv
+}
+
+func TestAnEvictingServerIsRefused(t *testing.T) {
+	srv := evictingServer(t)
+	r := newRegistry(t, srv.Client(t))
+	err := r.Do(context.Background(), "k", func(context.Context) error {
+		t.Error("fn ran on a server that may evict its key")
+		return nil
+	})
+	require.ErrorIs(t, err, ErrServerEvicts)
+	require.ErrorContains(t, err, "allkeys-lru")
+}
+
+func TestWithEvictionAllowedAnEvictionIsALoss(t *testing.T) {
+	ctx := context.Background()
+	srv := evictingServer(t)
+	client := srv.Client(t)
+	var logs syncBuffer
+	r := newRegistry(t, client, WithEvictionAllowed(), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	h, err := r.Obtain("evicted").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "allkeys-lru") }, 5*time.Second, 10*time.Millisecond, "a warning names the policy")
+	// Fill the server until it evicts the lock key.
+	value := strings.Repeat("x", 64<<10)
+	for i := 0; client.Exists(ctx, h.redisKey()).Val() == 1; i++ {
+		require.Less(t, i, 10000, "the server never evicted the lock key")
+		require.NoError(t, client.Set(ctx, "filler-"+strconv.Itoa(i), value, 0).Err())
+	}
+	requireFires(t, h.Lost(), blindLimit, "the holder learns of the eviction at once")
+	requireCause(t, h, LossEvicted)
+}
+
+func TestAServerThatHidesItsPolicyIsUsedWithAWarning(t *testing.T) {
+	ctx := context.Background()
+	client := aclClient(t, redistest.Start(t), "+@all", "-info")
+	var logs syncBuffer
+	r := newRegistry(t, client, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, r.Do(ctx, "k", func(context.Context) error { return nil }))
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "cannot read the servers' eviction policy") }, 5*time.Second, 10*time.Millisecond)
+}

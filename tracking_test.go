@@ -1,0 +1,182 @@
+package lockreg
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// blindLimit bounds how long a holder may stay blind to a change of its
+// key in these tests: tracking tells it within a round trip or two, a
+// renewal (lease/3 of the default 30s lease) would take 10s.
+const blindLimit = time.Second
+
+// holdAndChange acquires key on a fresh registry of client (default
+// options), lets change alter the key behind the holder's back, and
+// returns the hold once its Lost channel fired.
+func holdAndChange(t *testing.T, client redis.UniversalClient, key string, change func(redisKey string)) *Hold {
+	t.Helper()
+	ctx := context.Background()
+	r := newRegistry(t, client)
+	var reads atomic.Int64
+	r.AddHooks(Hooks{RedisCalls: func(op RedisOp, n int) {
+		if op == OpTrack {
+			reads.Add(int64(n))
+		}
+	}})
+	h, err := r.Obtain(key).Acquire(ctx)
+	require.NoError(t, err)
+	// A change that leaves the key the holder's (as its own renewals do)
+	// is read again once tracking told of it: a second read proves that
+	// the first one armed the key.
+	require.Eventually(t, func() bool {
+		require.NoError(t, client.PExpire(ctx, h.redisKey(), time.Minute).Err())
+		return reads.Load() >= 2
+	}, 5*time.Second, 10*time.Millisecond, "the key is tracked")
+	requireOpen(t, h.Lost(), "a change that leaves the key the holder's is no loss")
+	change(h.redisKey())
+	requireFires(t, h.Lost(), blindLimit, "the holder learns at once that its key changed")
+	return h
+}
+
+func requireCause(t *testing.T, h *Hold, cause LossCause) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	require.Equal(t, cause, h.cause)
+	require.ErrorIs(t, h.lostErr, ErrLockLost)
+}
+
+func TestAHolderLearnsAtOnceThatItsKeyWasDeleted(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	h := holdAndChange(t, client, "deleted", func(redisKey string) {
+		require.NoError(t, client.Del(context.Background(), redisKey).Err())
+	})
+	requireCause(t, h, LossDeleted)
+	require.ErrorIs(t, h.Release(context.Background()), ErrLockLost)
+}
+
+func TestAHolderLearnsAtOnceThatItsKeyWasOverwritten(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	h := holdAndChange(t, client, "overwritten", func(redisKey string) {
+		require.NoError(t, client.Set(context.Background(), redisKey, "someone-else", time.Minute).Err())
+	})
+	requireCause(t, h, LossOverwritten)
+	require.ErrorIs(t, h.Release(context.Background()), ErrLockLost)
+	require.Equal(t, "someone-else", client.Get(context.Background(), h.redisKey()).Val(), "the release spares the new value")
+}
+
+func TestAHolderLearnsAtOnceThatTheDatabaseWasFlushed(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	h := holdAndChange(t, client, "flushed", func(string) {
+		require.NoError(t, client.FlushAll(context.Background()).Err())
+	})
+	requireCause(t, h, LossFlushed)
+}
+
+func TestDosContextEndsAtOnceWhenItsKeyIsDeleted(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	err := r.Do(ctx, "do-deleted", func(ctx context.Context) error {
+		require.NoError(t, client.Del(ctx, r.HoldFor(ctx, "do-deleted").redisKey()).Err())
+		select {
+		case <-ctx.Done():
+			require.ErrorIs(t, context.Cause(ctx), ErrLockLost)
+			return nil
+		case <-time.After(blindLimit):
+			return errors.New("fn's context did not end")
+		}
+	})
+	require.ErrorIs(t, err, ErrLockLost)
+}
+
+func TestAHolderLearnsFromItsFirstAcquisitionOn(t *testing.T) {
+	// No settling: the key changes right after the registry's first
+	// acquisition, before its tracking may be up; arming it finds that.
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	for i := range 20 {
+		r, err := New(client, "lockreg-test:"+t.Name()+strconv.Itoa(i), WithLogger(slog.New(slog.DiscardHandler)))
+		require.NoError(t, err)
+		h, err := r.Obtain("k").Acquire(ctx)
+		require.NoError(t, err)
+		require.NoError(t, client.Del(ctx, h.redisKey()).Err())
+		requireFires(t, h.Lost(), blindLimit, "the first hold learns of the DEL")
+		require.NoError(t, r.Close())
+	}
+}
+
+func TestARestartJustAfterTheFirstAcquisitionIsNoticedAtOnce(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	r := newRegistry(t, srv.Client(t))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	srv.Restart(t)
+	requireFires(t, h.Lost(), 2*blindLimit, "the holder learns of the restart")
+}
+
+func TestAHoldersOwnRenewalsAndHandOffsAreNoLoss(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	const lease = 300 * time.Millisecond
+	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(20*time.Millisecond))
+	h, err := r.Obtain("renewed").Acquire(ctx)
+	require.NoError(t, err)
+	time.Sleep(5 * lease) // fifteen renewals, each an invalidation of the key
+	requireOpen(t, h.Lost(), "its own renewals are no loss")
+	require.True(t, r.Stats().Tracking)
+	require.NoError(t, h.Release(ctx))
+
+	// A release and a new acquisition of the same key by the same registry
+	// change the key too.
+	for range 50 {
+		h, err := r.Obtain("renewed").Acquire(ctx)
+		require.NoError(t, err)
+		requireOpen(t, h.Lost(), "a key taken again is no loss")
+		require.NoError(t, h.Release(ctx))
+	}
+}
+
+func TestWithoutTrackingAHolderLearnsAtItsRenewal(t *testing.T) {
+	// An ACL without CLIENT, as some managed servers have: the registry
+	// says once that it cannot track, and falls back to its renewals.
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	client := aclClient(t, srv, "+@all", "-client")
+	var logs syncBuffer
+	const lease = 600 * time.Millisecond
+	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(20*time.Millisecond),
+		WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))))
+	h, err := r.Obtain("untracked").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "CLIENT TRACKING unavailable") }, 5*time.Second, 10*time.Millisecond)
+	require.False(t, r.Stats().Tracking)
+	require.NoError(t, admin.Del(ctx, h.redisKey()).Err())
+	requireFires(t, h.Lost(), lease, "the renewal finds the key gone")
+	requireCause(t, h, LossDeleted)
+	require.Equal(t, 1, strings.Count(logs.String(), "CLIENT TRACKING unavailable"), "said once")
+}
+
+func TestAHolderOnClusterLearnsAtOnceThatItsKeyWasDeleted(t *testing.T) {
+	client := clusterClient(t, redistest.StartCluster(t, 3))
+	for _, key := range []string{"a", "b", "c", "d"} { // on several nodes
+		h := holdAndChange(t, client, key, func(redisKey string) {
+			require.NoError(t, client.Del(context.Background(), redisKey).Err())
+		})
+		requireCause(t, h, LossDeleted)
+	}
+}
