@@ -91,7 +91,7 @@ func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold,
 	local := r.locals.join(l.key)
 	got, err := local.lock(ctx, r.life.closing, wait)
 	if err != nil {
-		r.locals.leave(l.key)
+		r.leave(l.key)
 		return nil, l.notAcquired(ctx, err, nil)
 	}
 	h, handedOff := got.hold, got.hold != nil
@@ -370,7 +370,7 @@ func (l *Lock) releaseThenUnlockLocal(ctx context.Context, local *localLock) {
 // the caller's part in the key's local state.
 func (l *Lock) unlockLocal(local *localLock) {
 	local.unlock(handoff{})
-	l.r.locals.leave(l.key)
+	l.r.leave(l.key)
 }
 
 // notAcquired turns the reason an acquisition stopped into its error: a

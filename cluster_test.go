@@ -457,3 +457,31 @@ func TestRedisClusterPipelineRunsEachCallOnce(t *testing.T) {
 	require.Equal(t, int64(1), calls[1].Cmd.Val(), "the INCR's reply")
 	require.Equal(t, "1", client.Get(ctx, counter).Val(), "the INCR ran once")
 }
+
+// TestNoTokenIsDrawnWhileTheKeysSlotMigrates: while the slot is split, the
+// fence may live on the other node, and a token from the clock alone could
+// fall below one it holds (a forced unlock raises it past the clock, local
+// hand-offs past the last draw). Token refuses, as a Redis error to call
+// again for, and draws a larger token once the slot has moved.
+func TestNoTokenIsDrawnWhileTheKeysSlotMigrates(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	r := newRegistry(t, clusterClient(t, addrs))
+	h, err := r.Obtain("migrating").Acquire(ctx)
+	require.NoError(t, err)
+	first := mustHoldToken(t, h)
+	require.NoError(t, h.Release(ctx))
+	h, err = r.Obtain("migrating").Acquire(ctx)
+	require.NoError(t, err)
+	m := redistest.BeginSlotMigration(t, addrs, protocol.Slot(h.redisKey()))
+	_, moved := m.MoveKey(t) // the lock or its fence moved: a split slot
+	require.True(t, moved)
+	_, err = h.Token(ctx)
+	require.ErrorIs(t, err, ErrRedis)
+	require.ErrorIs(t, err, protocol.ErrFenceMoving)
+	m.Finish(t)
+	second, err := h.Token(ctx)
+	require.NoError(t, err)
+	require.Greater(t, second, first)
+	require.NoError(t, h.Release(ctx))
+}

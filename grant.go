@@ -87,6 +87,11 @@ func (r *Registry) extendLater(local *localLock, h *Hold) bool {
 		return false
 	}
 	time.AfterFunc(time.Until(time.Unix(0, h.leaseEnd.Load()))/2, func() {
+		// Renewal stops at WithMaxHold, this extension too: the grant's
+		// short lease then runs out, as the watchdog's renewal would let it.
+		if r.cfg.maxHold > 0 && time.Since(h.taken) >= r.cfg.maxHold {
+			return
+		}
 		if current := local.hold.Load(); current != nil && current.leaseEnd == h.leaseEnd && !current.leaseOver() {
 			r.goBackground(func(ctx context.Context) { r.renew(ctx, [][]*Hold{{current}}) })
 		}
@@ -135,17 +140,46 @@ func (r *Registry) receiveGrant(key string, token int64) {
 	// registry that comes after the look waits for the give-back before its
 	// first attempt.
 	finish := r.startPending(key)
-	if local, ok := r.locals.m.Load(key); ok && local.hold.Load() == nil {
+	// The token is left for the waiter inside the map's lock of the key,
+	// so that the last leave, which takes it too, finds it (leave gives it
+	// back): left in a key's state that was dropped, it would block the
+	// key for the grant lease.
+	var waiter *localLock
+	r.locals.m.Compute(key, func(local *localLock, loaded bool) (*localLock, bool) {
+		if loaded && local.hold.Load() == nil {
+			local.grantedToken.Store(token)
+			waiter = local
+		}
+		return local, !loaded
+	})
+	if waiter != nil {
 		finish()
-		local.grantedToken.Store(token)
-		local.wakeUp()
+		waiter.wakeUp()
 		return
+	}
+	r.giveBackLater(key, token, finish)
+}
+
+// giveBackLater gives a grant of key back in the background; finish, if
+// not nil, records the give-back done (see startPending).
+func (r *Registry) giveBackLater(key string, token int64, finish func()) {
+	received := time.Now()
+	if finish == nil {
+		finish = r.startPending(key)
 	}
 	if !r.goBackground(func(ctx context.Context) {
 		defer finish()
-		r.giveBack(ctx, key, token)
+		r.giveBack(ctx, key, token, received)
 	}) {
 		finish()
+	}
+}
+
+// leave ends the caller's part in key's local state, giving back a grant
+// that came for a waiter that is gone.
+func (r *Registry) leave(key string) {
+	if token := r.locals.leave(key); token != 0 {
+		r.giveBackLater(key, token, nil)
 	}
 }
 
@@ -158,12 +192,35 @@ func (r *Registry) receiveGrant(key string, token int64) {
 // to live is within the grant lease (a plain SET NX sets a full lease;
 // with a lease as short as the grant's, that check cannot tell the two
 // apart).
-func (r *Registry) giveBack(ctx context.Context, key string, token int64) {
+//
+// A hold that predates the grant had its key pass through another owner
+// (its lease ran out, or Redis lost the key) before the grant brought it
+// back: it is broken, though the key is this registry's again. If its
+// renewal extended the grant's lease before the give-back, the TTL check
+// spares the key; the key's last token, still the grant's, then tells,
+// and the hold is lost.
+func (r *Registry) giveBack(ctx context.Context, key string, token int64, received time.Time) {
 	l := &Lock{r: r, key: key, keys: r.peer.Keys(key)} // not Obtain: a malformed note may name no key
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.expireAfter)
 	defer cancel()
-	if _, err := l.releaseRedis(ctx, protocol.Release{GiveBack: token}); err != nil {
+	found, err := l.releaseRedis(ctx, protocol.Release{GiveBack: token})
+	if err != nil {
 		r.cfg.logger.Debug("lockreg: could not give a granted key back; it expires after its grant lease", "key", printedKey(key), "error", err)
+		return
+	}
+	if found.Outcome != protocol.NotOurs {
+		return
+	}
+	local, ok := r.locals.m.Load(key)
+	if !ok {
+		return
+	}
+	if h := local.hold.Load(); h != nil && h.redisTaken.Before(received) {
+		last := r.peer.LastToken(l.keys)
+		protocol.Run(ctx, r.client, last)
+		if n, err := protocol.ReadToken(last.Cmd); err == nil && n == token {
+			h.endLease(LossOverwritten)
+		}
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/protocol"
@@ -407,4 +408,70 @@ func TestGrantsGoFirstComeFirstServed(t *testing.T) {
 		passedOver[i] = 0
 	}
 	require.LessOrEqual(t, late, 1, "registries waited more than one round (holds in order: %v)", order)
+}
+
+// TestAGrantForAWaiterThatLeftIsGivenBack: a grant that lands in the
+// instant before the last goroutine of the key leaves is given back by
+// that leave, not dropped with the key's state, which would block the key
+// for the grant lease.
+func TestAGrantForAWaiterThatLeftIsGivenBack(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithRetryInterval(5*time.Second)) // a grant lease of 10s
+	lock := r.Obtain("g")
+	// The key as a grant to r leaves it: r's for the grant lease, with the
+	// grant's token.
+	require.NoError(t, client.Set(ctx, lock.keys.Lock, r.clientID, r.grants.lease).Err())
+	require.NoError(t, client.Set(ctx, lock.keys.Fence, "1000", time.Minute).Err())
+	r.locals.join("g")        // a waiter, on its way out
+	r.receiveGrant("g", 1000) // the grant lands first
+	r.leave("g")              // then the waiter leaves: nobody takes the grant
+	requireReleased(t, client, lock.keys.Lock, "the grant goes back at once, not after its grant lease")
+}
+
+// TestAHoldThatPredatesAGrantOfItsKeyIsLost: a hold whose key passed
+// through another owner behind its back, whose release granted the key
+// back to the hold's registry. Had its renewal extended the grant's lease
+// before the give-back, the give-back would spare the key, and the hold
+// would go on unaware; the key's last token, still the grant's, tells.
+func TestAHoldThatPredatesAGrantOfItsKeyIsLost(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithRetryInterval(time.Second)) // a grant lease of 2s
+	h, err := r.Obtain("g").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, client.Set(ctx, h.redisKey(), r.clientID, r.grants.lease).Err())
+	require.NoError(t, client.Set(ctx, h.lock.keys.Fence, "1000", time.Minute).Err())
+	r.renewHolds(ctx) // the renewal lands before the grant's note
+	require.Greater(t, client.PTTL(ctx, h.redisKey()).Val(), r.grants.lease, "the renewal extended the grant's lease")
+	r.receiveGrant("g", 1000)
+	requireFires(t, h.Lost(), 2*time.Second, "the hold learns that its key passed through another owner")
+	h.mu.Lock()
+	require.Equal(t, LossOverwritten, h.cause)
+	h.mu.Unlock()
+}
+
+// TestAGrantedHoldIsNotExtendedPastMaxHold: a granted hold's short lease
+// is extended halfway through, unless WithMaxHold has passed by then, as
+// the watchdog would not renew it either.
+func TestAGrantedHoldIsNotExtendedPastMaxHold(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	waiter := newRegistry(t, client, WithExpireAfter(5*time.Second), WithRetryInterval(50*time.Millisecond), WithMaxHold(10*time.Millisecond))
+	held := holder.Obtain("g")
+	held.Lock()
+	granted := make(chan *Hold, 1)
+	go func() {
+		h, err := waiter.Obtain("g").Acquire(ctx)
+		assert.NoError(t, err)
+		granted <- h
+	}()
+	waitUntilWaiting(t, waiter)
+	held.Unlock()
+	h := <-granted
+	require.Equal(t, int64(1), waiter.Stats().Grants, "the key was granted")
+	time.Sleep(3 * waiter.grants.lease / 2) // past the extension's moment, halfway through the grant lease
+	require.Less(t, client.PTTL(ctx, h.redisKey()).Val(), waiter.grants.lease, "not extended to the full lease")
+	_ = h.Release(ctx)
 }

@@ -168,8 +168,9 @@ func (h *Hold) Release(ctx context.Context) error {
 // one cost nothing. Holds that never ask pay nothing for fencing. Token
 // returns an ErrNotHeld error once the hold is released; an ErrLockLost
 // error if the key expired or passed on, or may have (Lost has fired):
-// stop the protected work; and an ErrRedis error if Redis failed (the
-// hold is unchanged: call again). Like Release, it is bounded by ctx only
+// stop the protected work; and an ErrRedis error if Redis failed, or the
+// key's slot is moving between Redis Cluster nodes, when no token can be
+// drawn that is sure to rise (the hold is unchanged: call again). Like Release, it is bounded by ctx only
 // as far as the client honours it.
 func (h *Hold) Token(ctx context.Context) (int64, error) {
 	if ctx == nil {

@@ -27,8 +27,8 @@ const (
 	LossClosed            // the registry closed
 	LossForced            // an operator forced the key open (Registry.ForceUnlock)
 	// LossOverwritten: the key was set to another value behind the
-	// holder's back (renewal and releases, which cannot tell, say
-	// LossDeleted).
+	// holder's back, or passed through another owner before it came back
+	// (renewal and releases, which cannot tell, say LossDeleted).
 	LossOverwritten
 	LossFlushed // the database was flushed (FLUSHALL, FLUSHDB)
 	LossEvicted // the server evicted the key (maxmemory; see WithEvictionAllowed)
@@ -44,7 +44,7 @@ var lossCauses = [...]struct{ name, meaning string }{
 	LossRestart:     {"restart", "Redis came back from a restart or failover without its key"},
 	LossClosed:      {"closed", "the registry was closed"},
 	LossForced:      {"forced", "an operator forced its key open (ForceUnlock)"},
-	LossOverwritten: {"overwritten", "its Redis key was set to another value behind its back"},
+	LossOverwritten: {"overwritten", "its Redis key was set to another value, or passed to another owner, behind its back"},
 	LossFlushed:     {"flushed", "its Redis database was flushed (FLUSHALL, FLUSHDB)"},
 	LossEvicted:     {"evicted", "Redis evicted its key (maxmemory)"},
 }

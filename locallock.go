@@ -157,12 +157,18 @@ func (ls localLocks) join(key string) *localLock {
 	return l
 }
 
-// leave undoes one join, dropping the key's state when nobody is left.
-func (ls localLocks) leave(key string) {
+// leave undoes one join, dropping the key's state when nobody is left. A
+// grant that came for a waiter that left meanwhile (receiveGrant) is
+// returned, to be given back.
+func (ls localLocks) leave(key string) (orphanedGrant int64) {
 	ls.m.Compute(key, func(l *localLock, loaded bool) (*localLock, bool) {
 		l.refs--
+		if l.refs == 0 {
+			orphanedGrant = l.grantedToken.Swap(0)
+		}
 		return l, l.refs == 0
 	})
+	return orphanedGrant
 }
 
 // ownedBy returns key's localLock if goroutine gid owns it, else nil.

@@ -69,7 +69,7 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		return loss, lostErr
 	}
 	if next := r.nextLocalHold(h, token, local); next != nil && local.unlock(handoff{hold: next}) {
-		r.locals.leave(l.key)
+		r.leave(l.key)
 		return loss, nil
 	}
 	if ctx.Err() != nil {
@@ -109,7 +109,7 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		l.withdrawMark()
 		local.unlock(handoff{})
 	}
-	r.locals.leave(l.key)
+	r.leave(l.key)
 	switch {
 	case lostErr != nil:
 	case leaseRanOut:

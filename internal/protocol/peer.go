@@ -195,6 +195,10 @@ func (p *Peer) Withdraw(k Keys) []*Call {
 	}
 }
 
+// LastToken reads the key's last fencing token: read its reply with
+// ReadToken (redis.Nil: none is stored).
+func (p *Peer) LastToken(k Keys) *Call { return &Call{Args: []any{"get", k.Fence}} }
+
 // CheckOwner reads who holds lockKey: read its reply with ReadOwner.
 func (p *Peer) CheckOwner(lockKey string) *Call { return &Call{Args: []any{"get", lockKey}} }
 

@@ -101,8 +101,18 @@ func ReadRenew(cmd *redis.Cmd) ([]bool, error) {
 }
 
 // ReadToken reads token.lua's reply: the token, or 0 if the key was not
-// this registry's.
-func ReadToken(cmd *redis.Cmd) (int64, error) { return cmd.Int64() }
+// this registry's; ErrFenceMoving if the key's slot is migrating.
+func ReadToken(cmd *redis.Cmd) (int64, error) {
+	n, err := cmd.Int64()
+	if err == nil && n < 0 {
+		return 0, ErrFenceMoving
+	}
+	return n, err
+}
+
+// ErrFenceMoving: token.lua ran on the lock's key alone, as while its slot
+// migrates between Cluster nodes, and drew no token.
+var ErrFenceMoving = errors.New("the key's slot is moving between Cluster nodes; draw the token again")
 
 // OwnerState is who holds a lock key, as this registry sees it.
 type OwnerState uint8
