@@ -50,7 +50,7 @@ BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9
 
 # COMPAT_REV is the release that make compat runs beside this tree: the one
 # deployed before it.
-COMPAT_REV ?= efa7dd6
+COMPAT_REV ?= 60a5730
 
 .PHONY: test demo bench bench-lib bench-otel fuzz chaos chaos-single chaos-sentinel chaos-cluster chaos-net compat lockctl e2e-metrics redis-server prometheus
 

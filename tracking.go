@@ -78,19 +78,32 @@ type tracker struct {
 }
 
 // armRequest is a hold to arm, or to verify after an invalidation or a
-// lost connection: cause is what a key found gone says happened.
+// lost connection: cause is what a key found gone says happened. due, if
+// set, is when to arm it at the earliest (see armDelay).
 type armRequest struct {
 	h     *Hold
 	cause LossCause
+	due   time.Time
 }
 
-// arm has h's key tracked, in the background: an acquisition calls it for
-// a hold it took in Redis (an attempt or a grant; a local hand-off keeps
-// the key, armed already). A key found changed meanwhile loses h for
-// cause. Without a tracker the hold learns of changes at its renewals.
+// armDelay is how long a hold goes unarmed after its acquisition. Most
+// holds are shorter, and a hold released before its arming costs Redis
+// nothing for tracking: no GET to arm it, no invalidation when its
+// release deletes the key (an uncontended cycle stays two commands). A
+// key changed before its arming is found gone by the arming read, so a
+// holder's blind time after a change is at most armDelay plus a round
+// trip; a hold released first learns of the change from its release,
+// which reports ErrLockLost.
+const armDelay = 5 * time.Millisecond
+
+// arm has h's key tracked, in the background, armDelay after it was
+// taken: an acquisition calls it for a hold it took in Redis (an attempt
+// or a grant; a local hand-off keeps the key, and its arming). A key found
+// changed loses h for cause. Without a tracker the hold learns of changes
+// at its renewals.
 func (r *Registry) arm(h *Hold, cause LossCause) {
 	if t := r.trackerFor(h.redisKey()); t != nil {
-		t.enqueue(armRequest{h: h, cause: cause})
+		t.enqueue(armRequest{h: h, cause: cause, due: h.redisTaken.Add(armDelay)})
 	}
 }
 
@@ -321,17 +334,23 @@ func (t *tracker) armLoop(stop context.Context) {
 			conn = nil
 		}
 	}
-	defer func() { drop(); _ = t.client.Close() }()
+	wait := time.NewTimer(armDelay)
+	defer func() { drop(); _ = t.client.Close(); wait.Stop() }()
 	for {
 		select {
 		case <-stop.Done():
 			return
 		case <-t.kick:
+		case <-wait.C:
 		}
 		t.mu.Lock()
-		batch, cause, ping := t.queue, t.retargetCause, t.ping
-		t.queue, t.retargetCause, t.ping = nil, lossNone, false
+		batch, next := t.dueNow(time.Now())
+		cause, ping := t.retargetCause, t.ping
+		t.retargetCause, t.ping = lossNone, false
 		t.mu.Unlock()
+		if !next.IsZero() {
+			wait.Reset(time.Until(next))
+		}
 		if ping && conn != nil && conn.Ping(stop).Err() != nil {
 			drop()
 			cause = LossRestart // the keys it read are tracked no more
@@ -345,6 +364,33 @@ func (t *tracker) armLoop(stop context.Context) {
 			t.ask(LossRestart, false) // the connection broke: a new one checks every key
 		}
 	}
+}
+
+// dueNow takes from the queue the requests due at now, and returns them
+// with when the next one falls due (zero if none waits). An arming whose
+// hold has ended by then is dropped, unless a hold handed off from it
+// keeps the key, which is armed instead. t.mu is held.
+func (t *tracker) dueNow(now time.Time) (due []armRequest, next time.Time) {
+	waiting := t.queue[:0]
+	for _, req := range t.queue {
+		switch {
+		case req.due.IsZero():
+			due = append(due, req)
+		case req.due.After(now):
+			waiting = append(waiting, req)
+			if next.IsZero() || req.due.Before(next) {
+				next = req.due
+			}
+		default:
+			if current := req.h.local.hold.Load(); current != nil && current.leaseEnd == req.h.leaseEnd {
+				req.h = current
+				due = append(due, req)
+			}
+		}
+	}
+	clear(t.queue[len(waiting):])
+	t.queue = waiting
+	return due, next
 }
 
 // connect makes a new tracking connection, redirecting to the target,
