@@ -2,10 +2,12 @@
 #              (Debian/Ubuntu, as root or with sudo), then vets, checks
 #              formatting and runs every test with the race detector against
 #              real Redis (single server, Cluster, primary + Sentinels).
-#              A fuzz run of the key scheme, 100,000 inputs (about 10s),
-#              closes it (make fuzz: 4 million, minutes). Counts, not
-#              durations: with -fuzztime as a duration, Go 1.26 can fail a
-#              clean run with "context deadline exceeded" (go.dev/issue/75804).
+#              A fuzz run of the key scheme, 100,000 inputs (about 10s)
+#              (make fuzz: 4 million, minutes). Counts, not durations: with
+#              -fuzztime as a duration, Go 1.26 can fail a clean run with
+#              "context deadline exceeded" (go.dev/issue/75804). Then short
+#              runs on Redis 8.0 and Valkey 8.1, fetched from Debian trixie
+#              by scripts/servers (SMOKE_TESTS).
 # make demo  - the demo, on an in-process Redis (nothing to install).
 # make chaos - cmd/lockcheck for 10 minutes on each topology, and 10 more
 #              with network faults on one server: locks under injected
@@ -71,10 +73,20 @@ test: redis-server
 	$(GO) test -race -count=1 $(PKGS)
 	$(GO) run ./cmd/lockcheck -d 30s
 	$(GO) run ./cmd/lockcheck -faults $(NET_FAULTS) -d 20s
-	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 100000x .
+	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 100000x ./internal/protocol
 	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	@# The comparison harness, as a smoke run, so that it never rots.
 	smoke=$$(mktemp -d) && cd bench && BENCH_QUICK=1 $(GO) run . -out "$$smoke" && rm -rf "$$smoke"
+	@# Redis 8.0 and Valkey 8.1, from Debian trixie (scripts/servers), a
+	@# short run each: the protocol's scripts, the core rules end to end on
+	@# one server, Sentinel and Cluster, and the checker. make test-servers
+	@# runs everything on each.
+	scripts/servers install redis-8.0 valkey-8.1
+	for s in redis-8.0 valkey-8.1; do \
+		LOCKREG_SERVER=$$s $(GO) test -race -count=1 ./internal/protocol ./internal/redistest && \
+		LOCKREG_SERVER=$$s $(GO) test -race -count=1 -run '$(SMOKE_TESTS)' . && \
+		LOCKREG_SERVER=$$s $(GO) run ./cmd/lockcheck -d 15s || exit 1; \
+	done
 
 # One run at a time even under make -j: each is timed, on a shared machine.
 .NOTPARALLEL: chaos
@@ -99,7 +111,7 @@ compat: redis-server
 	COMPAT_REV=$(COMPAT_REV) $(GO) test -tags compat -run '^TestRollingDeploy$$' -count=1 -v .
 
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 4000000x .
+	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 4000000x ./internal/protocol
 
 demo:
 	$(GO) run ./cmd/lockdemo
@@ -125,6 +137,10 @@ bench-lib: redis-server
 	$(BENCHSTAT) bench.txt
 	$(BENCHSTAT) bench-contention.txt
 	$(BENCHSTAT) -filter '.name:GoroutineID' -col /impl bench.txt
+
+# SMOKE_TESTS are the library's tests that make test runs on Redis 8.0 and
+# Valkey 8.1: the core rules, each once.
+SMOKE_TESTS = ^(TestRegistriesWithSameRegistryKeyExclude|TestMutualExclusionStress|TestRegistryWorksWithAMinimalACL|TestRegistryWorksOverRESP2|TestReleaseGrantsTheKeyToTheWaitingRegistry|TestNotificationWakesARemoteWaiterAtOnce|TestTokensIncreaseAcrossRegistries|TestAHolderLearns.*|TestAnEvictingServerIsRefused|TestAPermanentErrorEndsTheAcquisitionAtOnce|TestForceUnlockFreesTheKeyAndTellsTheHolder|TestRedisCluster|TestRedisClusterMutualExclusion|TestFailoverKeepsWorkingAndReportsLostHolds)$$
 
 # SERVERS are the servers of make test-servers (scripts/servers names them).
 SERVERS = redis-7.0 redis-8.0 valkey-8.1

@@ -77,16 +77,19 @@ func ExampleLock_Acquire() {
 	defer registry.Close()
 
 	jobs := make(chan *lockreg.Hold)
-	var workers sync.WaitGroup
+	var workers, watchers sync.WaitGroup
 	for range 2 {
 		workers.Go(func() {
 			for hold := range jobs {
-				select {
-				case <-hold.Lost():
-					fmt.Println("lost", hold.Key(), "before the work began")
-				default:
-					fmt.Println("working on", hold.Key())
-				}
+				// A watcher of the hold ends with it: Done closes on the
+				// release as on a loss, and Err says which.
+				watchers.Go(func() {
+					<-hold.Done()
+					if errors.Is(hold.Err(), lockreg.ErrLockLost) {
+						fmt.Println("lost", hold.Key(), "while working: undo the work")
+					}
+				})
+				fmt.Println("working on", hold.Key())
 				if err := hold.Release(ctx); err != nil {
 					fmt.Println(err)
 				}
@@ -102,6 +105,7 @@ func ExampleLock_Acquire() {
 	}
 	close(jobs)
 	workers.Wait()
+	watchers.Wait() // every watcher ended with its hold
 	// Output:
 	// working on job-1
 	// working on job-1

@@ -67,8 +67,9 @@ type tracker struct {
 
 	mu sync.Mutex // guards what follows, which kick tells armLoop of
 	// queue holds the holds to arm or verify, with why (the cause a verify
-	// gives a key found gone).
-	queue []armRequest
+	// gives a key found gone); waiting counts its armings not yet due.
+	queue   []armRequest
+	waiting int
 	// retargetCause, unless lossNone, asks for a new tracking connection
 	// (the target is new, or the old one broke), which has every held key
 	// checked again for that cause; ping asks to check the connection.
@@ -301,8 +302,17 @@ func (t *tracker) invalidated(keys []string) {
 func (t *tracker) enqueue(req armRequest) {
 	t.mu.Lock()
 	t.queue = append(t.queue, req)
+	// armLoop's timer is set for the first arming that waits, which falls
+	// due before this one (holds are taken in time order): waking it for
+	// this one would cost a goroutine switch per acquisition.
+	wake := req.due.IsZero() || t.waiting == 0
+	if !req.due.IsZero() {
+		t.waiting++
+	}
 	t.mu.Unlock()
-	t.wake()
+	if wake {
+		t.wake()
+	}
 }
 
 // ask asks armLoop for a new tracking connection, whose new holds are
@@ -336,6 +346,13 @@ func (t *tracker) armLoop(stop context.Context) {
 	}
 	wait := time.NewTimer(armDelay)
 	defer func() { drop(); _ = t.client.Close(); wait.Stop() }()
+	// A new connection that could not be made is tried again, for the same
+	// cause, after a pause that doubles up to subscribeTimeout: go-redis
+	// fails dials for a while after failed ones, and the target may be
+	// reconnecting, so a retry only when asked again could be never.
+	var retryCause LossCause
+	var retryAt time.Time
+	pause := resubscribePause
 	for {
 		select {
 		case <-stop.Done():
@@ -343,25 +360,39 @@ func (t *tracker) armLoop(stop context.Context) {
 		case <-t.kick:
 		case <-wait.C:
 		}
+		now := time.Now()
 		t.mu.Lock()
-		batch, next := t.dueNow(time.Now())
+		batch, next := t.dueNow(now)
 		cause, ping := t.retargetCause, t.ping
 		t.retargetCause, t.ping = lossNone, false
 		t.mu.Unlock()
-		if !next.IsZero() {
-			wait.Reset(time.Until(next))
-		}
 		if ping && conn != nil && conn.Ping(stop).Err() != nil {
 			drop()
 			cause = LossRestart // the keys it read are tracked no more
 		}
+		if cause == lossNone && retryCause != lossNone && !now.Before(retryAt) {
+			cause = retryCause
+		}
 		if cause != lossNone {
 			drop()
 			conn = t.connect(stop, cause)
+			retryCause = lossNone
+			if conn == nil && !t.refused.Load() {
+				retryCause, retryAt = cause, now.Add(pause)
+				pause = min(2*pause, subscribeTimeout)
+			} else {
+				pause = resubscribePause
+			}
 		}
 		if len(batch) > 0 && conn != nil && !t.armBatch(stop, conn, batch) {
 			drop()
 			t.ask(LossRestart, false) // the connection broke: a new one checks every key
+		}
+		if retryCause != lossNone && (next.IsZero() || retryAt.Before(next)) {
+			next = retryAt
+		}
+		if !next.IsZero() {
+			wait.Reset(time.Until(next))
 		}
 	}
 }
@@ -389,7 +420,7 @@ func (t *tracker) dueNow(now time.Time) (due []armRequest, next time.Time) {
 		}
 	}
 	clear(t.queue[len(waiting):])
-	t.queue = waiting
+	t.queue, t.waiting = waiting, len(waiting)
 	return due, next
 }
 
@@ -404,7 +435,7 @@ func (t *tracker) connect(ctx context.Context, cause LossCause) *redis.Conn {
 		t.r.tracking.on.Store(true)
 		t.r.verifyHolds(cause)
 		return conn
-	case protocol.Permanent(err):
+	case protocol.Permanent(err) && !protocol.TargetGone(err):
 		t.refuse(err)
 	default:
 		t.r.cfg.logger.Debug("lockreg: could not turn tracking on; holders hear of changes at their renewals", "error", err)

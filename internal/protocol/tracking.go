@@ -36,6 +36,13 @@ func TrackingArgs(redirectTo int64) []any {
 	return []any{"client", "tracking", "on", "redirect", strconv.FormatInt(redirectTo, 10), "noloop"}
 }
 
+// TargetGone reports whether CLIENT TRACKING was refused because the
+// connection it redirects to is gone: it is reconnecting (a restart, a
+// killed connection), and tracking can go on once it is back.
+func TargetGone(err error) bool {
+	return redis.HasErrorPrefix(err, "ERR The client ID you want redirect to does not exist")
+}
+
 // Arm reads lockKey on the tracking connection, so that Redis tracks it
 // from now on: read its reply with ReadOwner.
 func (p *Peer) Arm(lockKey string) *Call { return p.CheckOwner(lockKey) }
