@@ -144,6 +144,7 @@ func TestDoIsReentrantThroughItsContext(t *testing.T) {
 	var innerDone atomic.Bool
 	err := r.Do(ctx, "k", func(ctx context.Context) error {
 		escaped = ctx
+		requireSettled(t, r)
 		calls := counter.RoundTrips()
 		inGoroutine(func() {
 			derived, cancel := context.WithTimeout(ctx, time.Minute)

@@ -6,8 +6,9 @@ local lockKey, fenceKey = KEYS[1], KEYS[2]
 -- registry; margin: how far past the last token and the clock the fence
 -- goes (microseconds), above any token the holder's registry may still
 -- hand off locally; fenceMs: the least time to live of the raised fence,
--- longer than the clock takes to pass it.
-local channel, key, margin, fenceMs = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+-- longer than the clock takes to pass it; forced: the prefix of the
+-- holder's forced-unlock channel, '<registryKey>:forced:'.
+local channel, key, margin, fenceMs, forced = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 -- Returns the holder's client id, or false when nobody held the key.
 -- Called with the lock's key alone while its slot migrates between Redis
 -- Cluster nodes: the fence then stays as it is, and tokens rest on the
@@ -22,10 +23,17 @@ if fenceKey then
   local floor = math.max(last, tonumber(now[1]) * 1000000 + tonumber(now[2])) + margin
   redis.call('SET', fenceKey, string.format('%.0f', floor), 'PX', math.max(redis.call('PTTL', fenceKey), fenceMs))
 end
-redis.call('DEL', lockKey)
 -- 'f<client id>:<key>' tells the holder's registry, which then signals the
--- hold lost; 'w<key>' wakes the waiters of every registry, as a release
--- does.
-redis.call('PUBLISH', channel, 'f' .. holder .. ':' .. key)
+-- hold lost: first on the holder's forced-unlock channel, where its
+-- tracking connection's target reads it before the invalidation that the
+-- DEL sends it (so the loss names its cause), then, for registries of
+-- earlier versions, on the release channel. 'w<key>' wakes the waiters of
+-- every registry, as a release does.
+local note = 'f' .. holder .. ':' .. key
+if forced then
+  redis.call('PUBLISH', forced .. holder, note)
+end
+redis.call('DEL', lockKey)
+redis.call('PUBLISH', channel, note)
 redis.call('PUBLISH', channel, 'w' .. key)
 return holder

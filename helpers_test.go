@@ -48,6 +48,16 @@ func newRegistry(t testing.TB, client redis.UniversalClient, opts ...Option) *Re
 	return r
 }
 
+// requireSettled waits for what a registry's first acquisition starts in
+// the background on its client (the owner name's publication, the
+// subscription), so that a test counts its own calls only.
+func requireSettled(t *testing.T, r *Registry) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return r.owner.freshUntil.Load() > 0 && !r.owner.publishing.Load() && r.notes.subscribed.Load()
+	}, 5*time.Second, time.Millisecond, "the registry settled")
+}
+
 // requireTracking waits until each registry tracks its held keys.
 func requireTracking(t *testing.T, registries ...*Registry) {
 	t.Helper()

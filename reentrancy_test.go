@@ -67,6 +67,7 @@ func TestOtherGoroutinesOfTheOwnerWaitLocally(t *testing.T) {
 	r := newRegistry(t, redistest.Shared(t).Client(t, &counter))
 	lock := r.Obtain("k")
 	lock.Lock()
+	requireSettled(t, r)
 
 	before := counter.RoundTrips()
 	inGoroutine(func() {

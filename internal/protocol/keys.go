@@ -120,8 +120,13 @@ func NamespaceOf(ownerKey string) (string, bool) {
 }
 
 // Channels: a namespace's waiters all listen to <namespace>:released; a
-// registry alone to <namespace>:released:<client id>, its grants.
+// registry alone to <namespace>:released:<client id>, its grants, and, on
+// its tracking connection's target, to <namespace>:forced:<client id>, the
+// forced unlocks of its holds.
 func ReleaseChannel(namespace string) string { return namespace + ":released" }
 func GrantChannel(namespace, clientID string) string {
 	return ReleaseChannel(namespace) + ":" + clientID
 }
+func ForcedChannel(namespace, clientID string) string { return namespace + forcedInfix + clientID }
+
+const forcedInfix = ":forced:"

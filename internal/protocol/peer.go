@@ -111,6 +111,14 @@ func (p *Peer) Channels() []string {
 	return []string{p.channel}
 }
 
+// TrackingChannels are the channels a tracking connection's target
+// subscribes to: the invalidations, and the registry's forced unlocks,
+// which forceunlock.lua publishes there before the DEL that invalidates
+// the key, so that the target reads the cause first.
+func (p *Peer) TrackingChannels() []string {
+	return []string{InvalidationChannel, ForcedChannel(p.namespace, p.clientID)}
+}
+
 // SetIfFree is the plain SET NX PX that takes a free key, the least Redis
 // can do for it: read its reply with ReadSetIfFree. An acquisition's first
 // attempt on a key that looks free sends it rather than obtain.lua.
@@ -207,7 +215,7 @@ func (p *Peer) CheckOwner(lockKey string) *Call { return &Call{Args: []any{"get"
 // last token and the clock, for at least fenceTTL, tells the holder and
 // wakes the waiters. Read its reply with ReadForceUnlock.
 func (p *Peer) ForceUnlock(k Keys, key string, margin int64, fenceTTL time.Duration) Call {
-	return Call{Script: p.scripts.forceUnlock, Keys: k.lockAndFence(), Args: []any{ReleaseChannel(p.namespace), key, margin, fenceTTL.Milliseconds()}}
+	return Call{Script: p.scripts.forceUnlock, Keys: k.lockAndFence(), Args: []any{ReleaseChannel(p.namespace), key, margin, fenceTTL.Milliseconds(), p.namespace + forcedInfix}}
 }
 
 // RefreshOwner are the calls that write the registry's owner hash and set

@@ -1,0 +1,320 @@
+package lockreg
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lockreg/lockreg/internal/protocol"
+	"github.com/redis/go-redis/v9"
+)
+
+// tracker is the registry's tracking on one Redis server (tracking.go has
+// the design): the target's subscription, the tracking connection, and
+// the holds it arms and verifies. Two goroutines
+// run it: run owns the target's subscription, and armLoop the tracking
+// connection, which only it touches (a redis.Conn is not safe for
+// concurrent use); run asks armLoop for what needs the connection.
+type tracker struct {
+	r      *Registry
+	addr   string
+	sub    *redis.Client // the target's client
+	client *redis.Client // the client the tracking connection is drawn from
+	subID  atomic.Int64  // the target's connection id, set as it connects
+	// pubsub is the target's subscription, which Close closes to end run.
+	pubsub atomic.Pointer[redis.PubSub]
+	// refused says that the server refused tracking.
+	refused atomic.Bool
+
+	mu sync.Mutex // guards what follows, which kick tells armLoop of
+	// queue holds the holds to arm or verify, with why (the cause a verify
+	// gives a key found gone); waiting counts its armings not yet due.
+	queue   []armRequest
+	waiting int
+	// retargetCause, unless lossNone, asks for a new tracking connection
+	// (the target is new, or the old one broke), which has every held key
+	// checked again for that cause; ping asks to check the connection.
+	retargetCause LossCause
+	ping          bool
+	kick          chan struct{}
+}
+
+// run subscribes the target, again while Redis does not answer, until it
+// can or the server refuses; then it routes what the target receives
+// until Close.
+func (t *tracker) run(stop context.Context) {
+	defer func() { _ = t.sub.Close() }()
+	for pause := t.r.cfg.retryInterval; ; pause = min(2*pause, subscribeTimeout) {
+		channels := t.r.peer.TrackingChannels()
+		sub := t.sub.Subscribe(stop, channels...)
+		t.pubsub.Store(sub)
+		var err error
+		for range channels { // one confirmation each
+			if _, err = sub.ReceiveTimeout(stop, subscribeTimeout); err != nil {
+				break
+			}
+		}
+		switch {
+		case err == nil:
+			defer func() { _ = sub.Close() }()
+			t.ask(LossDeleted, false)
+			t.route(stop, sub)
+			return
+		case protocol.Permanent(err):
+			_ = sub.Close()
+			t.refuse(err)
+			return
+		}
+		_ = sub.Close()
+		select {
+		case <-stop.Done():
+			return
+		case <-time.After(pause):
+		}
+	}
+}
+
+// route acts on what the target receives until Close.
+func (t *tracker) route(stop context.Context, sub *redis.PubSub) {
+	r := t.r
+	for {
+		received, err := sub.ReceiveTimeout(stop, subscriptionCheck)
+		if stop.Err() != nil {
+			return
+		}
+		switch msg := received.(type) {
+		case *redis.Message:
+			if keys, ok := protocol.ReadInvalidation(msg); ok {
+				t.invalidated(keys)
+			} else {
+				r.deliver(msg.Payload) // a forced unlock, read before its key's invalidation
+			}
+		case *redis.Subscription:
+			// go-redis resubscribed on a new connection, whose id is new:
+			// Redis may have restarted or failed over meanwhile.
+			if msg.Kind == "subscribe" && msg.Count == len(r.peer.TrackingChannels()) {
+				t.ask(LossRestart, false)
+			}
+		}
+		switch {
+		case err == nil:
+		case protocol.FlushedAll(err):
+			r.verifyHolds(LossFlushed)
+		case isTimeout(err):
+			// Both connections were silent: a dead one answers no PING.
+			_ = sub.Ping(stop)
+			t.ask(lossNone, true)
+		default:
+			select {
+			case <-stop.Done():
+				return
+			case <-time.After(resubscribePause):
+			}
+		}
+	}
+}
+
+// refuse ends the tracker for good: the server refused tracking. Its holds
+// learn of changes at their renewals.
+func (t *tracker) refuse(err error) {
+	t.refused.Store(true)
+	t.r.trackingRefused(err)
+}
+
+// invalidated queues a verify of the held keys among keys, which changed.
+func (t *tracker) invalidated(keys []string) {
+	r := t.r
+	for _, redisKey := range keys {
+		key, ok := protocol.KeyOf(r.registryKey, redisKey)
+		if !ok {
+			continue
+		}
+		if local, ok := r.locals.m.Load(key); ok {
+			if h := local.hold.Load(); h != nil {
+				t.enqueue(armRequest{h: h, cause: LossDeleted})
+			}
+		}
+	}
+}
+
+func (t *tracker) enqueue(req armRequest) {
+	t.mu.Lock()
+	t.queue = append(t.queue, req)
+	// armLoop's timer is set for the first arming that waits, which falls
+	// due before this one (holds are taken in time order): waking it for
+	// this one would cost a goroutine switch per acquisition.
+	wake := req.due.IsZero() || t.waiting == 0
+	if !req.due.IsZero() {
+		t.waiting++
+	}
+	t.mu.Unlock()
+	if wake {
+		t.wake()
+	}
+}
+
+// ask asks armLoop for a new tracking connection, whose new holds are
+// checked for cause (unless lossNone), or for a check of the connection.
+func (t *tracker) ask(cause LossCause, ping bool) {
+	t.mu.Lock()
+	if cause != lossNone {
+		t.retargetCause = cause
+	}
+	t.ping = t.ping || ping
+	t.mu.Unlock()
+	t.wake()
+}
+
+func (t *tracker) wake() {
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
+}
+
+// armLoop owns the tracking connection: it makes it, checks it, and arms
+// and verifies the queued holds on it, in one pipeline per turn.
+func (t *tracker) armLoop(stop context.Context) {
+	var conn *redis.Conn
+	drop := func() {
+		if conn != nil {
+			_ = conn.Close()
+			conn = nil
+		}
+	}
+	wait := time.NewTimer(armDelay)
+	defer func() { drop(); _ = t.client.Close(); wait.Stop() }()
+	// A new connection that could not be made is tried again, for the same
+	// cause, after a pause that doubles up to subscribeTimeout: go-redis
+	// fails dials for a while after failed ones, and the target may be
+	// reconnecting, so a retry only when asked again could be never.
+	var retryCause LossCause
+	var retryAt time.Time
+	pause := resubscribePause
+	for {
+		select {
+		case <-stop.Done():
+			return
+		case <-t.kick:
+		case <-wait.C:
+		}
+		now := time.Now()
+		t.mu.Lock()
+		batch, next := t.dueNow(now)
+		cause, ping := t.retargetCause, t.ping
+		t.retargetCause, t.ping = lossNone, false
+		t.mu.Unlock()
+		if ping && conn != nil && conn.Ping(stop).Err() != nil {
+			drop()
+			cause = LossRestart // the keys it read are tracked no more
+		}
+		if cause == lossNone && retryCause != lossNone && !now.Before(retryAt) {
+			cause = retryCause
+		}
+		if cause != lossNone {
+			drop()
+			conn = t.connect(stop, cause)
+			retryCause = lossNone
+			if conn == nil && !t.refused.Load() {
+				retryCause, retryAt = cause, now.Add(pause)
+				pause = min(2*pause, subscribeTimeout)
+			} else {
+				pause = resubscribePause
+			}
+		}
+		if len(batch) > 0 && conn != nil && !t.armBatch(stop, conn, batch) {
+			drop()
+			t.ask(LossRestart, false) // the connection broke: a new one checks every key
+		}
+		if retryCause != lossNone && (next.IsZero() || retryAt.Before(next)) {
+			next = retryAt
+		}
+		if !next.IsZero() {
+			wait.Reset(time.Until(next))
+		}
+	}
+}
+
+// dueNow takes from the queue the requests due at now, and returns them
+// with when the next one falls due (zero if none waits). An arming whose
+// hold has ended by then is dropped, unless a hold handed off from it
+// keeps the key, which is armed instead. t.mu is held.
+func (t *tracker) dueNow(now time.Time) (due []armRequest, next time.Time) {
+	waiting := t.queue[:0]
+	for _, req := range t.queue {
+		switch {
+		case req.due.IsZero():
+			due = append(due, req)
+		case req.due.After(now):
+			waiting = append(waiting, req)
+			if next.IsZero() || req.due.Before(next) {
+				next = req.due
+			}
+		default:
+			if current := req.h.local.hold.Load(); current != nil && current.leaseEnd == req.h.leaseEnd {
+				req.h = current
+				due = append(due, req)
+			}
+		}
+	}
+	clear(t.queue[len(waiting):])
+	t.queue, t.waiting = waiting, len(waiting)
+	return due, next
+}
+
+// connect makes a new tracking connection, redirecting to the target,
+// and has every held key checked on it for cause: the keys a former one
+// read are tracked no more. It returns nil if it cannot.
+func (t *tracker) connect(ctx context.Context, cause LossCause) *redis.Conn {
+	conn := t.client.EphemeralConn()
+	err := conn.Do(ctx, protocol.TrackingArgs(t.subID.Load())...).Err()
+	switch {
+	case err == nil:
+		t.r.tracking.on.Store(true)
+		t.r.verifyHolds(cause)
+		return conn
+	case protocol.Permanent(err) && !protocol.TargetGone(err):
+		t.refuse(err)
+	default:
+		t.r.cfg.logger.Debug("lockreg: could not turn tracking on; holders hear of changes at their renewals", "error", err)
+	}
+	_ = conn.Close()
+	return nil
+}
+
+// armBatch reads the keys of batch on the tracking connection and ends the
+// holds whose keys are not this registry's any more. It reports false if
+// the connection broke.
+func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armRequest) bool {
+	r := t.r
+	calls := make([]*protocol.Call, len(batch))
+	for i, req := range batch {
+		calls[i] = r.peer.Arm(req.h.redisKey())
+	}
+	r.countCalls(OpTrack, len(calls))
+	protocol.RunPipeline(ctx, conn, calls)
+	var moved []*Hold
+	evicted := sync.OnceValue(func() bool { return r.evictedSince(ctx, t.addr, t.client) })
+	for i, req := range batch {
+		owner, err := r.peer.ReadOwner(calls[i])
+		switch {
+		case protocol.Redirected(err):
+			// The key's slot moved to another node (a slot migration, a
+			// failover): the registry's client follows it.
+			moved = append(moved, req.h)
+		case err != nil && !protocol.IsReply(err):
+			return false
+		case err != nil:
+			r.cfg.logger.Debug("lockreg: could not arm or verify a held key; its renewal checks it", "key", printedKey(req.h.Key()), "error", err)
+		case owner == protocol.Gone:
+			r.changedBehindItsBack(req.h, req.cause, true, evicted())
+		case owner == protocol.Other:
+			r.changedBehindItsBack(req.h, req.cause, false, false)
+		}
+	}
+	if len(moved) > 0 {
+		r.checkHolds(ctx, moved, LossDeleted)
+	}
+	return true
+}
