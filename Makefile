@@ -62,7 +62,7 @@ NET_FAULTS = net-stall,net-delay,net-reset
 # those of cmd/lockdemo and extra/lockregotel, modules of their own so that
 # the library's go.mod needs no OpenTelemetry. bench/ has its own.
 PKGS = github.com/lockreg/lockreg/...
-MODULES = . cmd/lockdemo extra/lockregotel
+MODULES = . cmd/lockdemo extra/lockregotel extra/lockregtest
 
 test: redis-server
 	$(GO) vet $(PKGS)

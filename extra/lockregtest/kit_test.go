@@ -1,0 +1,124 @@
+package lockregtest_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg"
+	"github.com/lockreg/lockreg/extra/lockregtest"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// TestLoseFailsTheTestUnlessTheRegistryHoldsTheKey: Lose fails the test,
+// saying why, when the registry does not hold the key.
+func TestLoseFailsTheTestUnlessTheRegistryHoldsTheKey(t *testing.T) {
+	onBoth(t, func(t *testing.T, srv server) {
+		ctx := context.Background()
+		a := srv.newRegistry(t)
+		b := lockregtest.Another(t, a)
+		lose := func(r *lockreg.Registry, key string) string {
+			return fatalOf(t, func(t testing.TB) { lockregtest.Lose(t, r, key) })
+		}
+		one, two := t.Name()+"#1", t.Name()+"#2"
+
+		require.Equal(t, `lockregtest.Lose: `+one+` does not hold "never" (nobody holds it)`, lose(a, "never"))
+
+		h, err := b.Obtain("theirs").Acquire(ctx)
+		require.NoError(t, err)
+		holder(t, a, "theirs")
+		require.Equal(t, `lockregtest.Lose: `+one+` does not hold "theirs" (it is held by `+two+`)`, lose(a, "theirs"))
+		require.NoError(t, h.Release(ctx))
+
+		h, err = a.Obtain("released").Acquire(ctx)
+		require.NoError(t, err)
+		require.NoError(t, h.Release(ctx))
+		require.Equal(t, `lockregtest.Lose: `+one+` does not hold "released" (nobody holds it)`, lose(a, "released"))
+
+		h, err = a.Obtain("lost").Acquire(ctx)
+		require.NoError(t, err)
+		require.Empty(t, lose(a, "lost"))
+		require.Equal(t, `lockregtest.Lose: `+one+` does not hold "lost" (nobody holds it)`, lose(a, "lost"), "a hold lost already")
+		require.ErrorIs(t, h.Release(ctx), lockreg.ErrLockLost)
+	})
+}
+
+// TestOnlyTheKitsRegistries: Lose and Another refuse a registry the kit
+// did not make, which it knows nothing of.
+func TestOnlyTheKitsRegistries(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // nothing listens; nothing is sent
+	defer client.Close()
+	foreign, err := lockreg.New(client, "foreign", lockreg.WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	defer foreign.Close()
+	require.Equal(t, `lockregtest.Lose: the registry "foreign" was not made by lockregtest, or its test has ended`,
+		fatalOf(t, func(t testing.TB) { lockregtest.Lose(t, foreign, "k") }))
+	require.Equal(t, `lockregtest.Another: the registry "foreign" was not made by lockregtest, or its test has ended`,
+		fatalOf(t, func(t testing.TB) { lockregtest.Another(t, foreign) }))
+	require.Equal(t, `lockregtest.Lose: the registry is nil`,
+		fatalOf(t, func(t testing.TB) { lockregtest.Lose(t, nil, "k") }))
+}
+
+// TestNewNeedsNoRedisServer: the embedded server is all New needs.
+func TestNewNeedsNoRedisServer(t *testing.T) {
+	t.Setenv("PATH", "")
+	t.Setenv("REDIS_ADDR", "")
+	a, b := lockregtest.NewPair(t)
+	ctx := context.Background()
+	require.NoError(t, a.Do(ctx, "k", func(context.Context) error { return nil }))
+	require.NoError(t, b.Do(ctx, "k", func(context.Context) error { return nil }))
+}
+
+// TestTrackingOnlyOnRedis: the embedded server has no CLIENT TRACKING,
+// as the package doc says; a registry on Redis has it.
+func TestTrackingOnlyOnRedis(t *testing.T) {
+	ctx := context.Background()
+	embedded := lockregtest.New(t)
+	onRedis := lockregtest.NewAt(t, redistest.Shared(t).Addr())
+	for _, r := range []*lockreg.Registry{embedded, onRedis} {
+		require.NoError(t, r.Do(ctx, "k", func(context.Context) error { return nil }))
+	}
+	require.Eventually(t, func() bool { return onRedis.Stats().Tracking }, 5*time.Second, time.Millisecond)
+	require.False(t, embedded.Stats().Tracking)
+}
+
+// TestTheRegistriesLogToTheTest: what a registry logs at WARN and above
+// goes to the test's output, a forced unlock's warning among it.
+func TestTheRegistriesLogToTheTest(t *testing.T) {
+	out := &outputRecorder{TB: t}
+	r := lockregtest.New(out)
+	_, err := r.Obtain("k").Acquire(context.Background())
+	require.NoError(t, err)
+	holder(t, r, "k") // the warning names the owner once its name is written
+	lockregtest.Lose(t, r, "k")
+	require.Contains(t, out.String(), `level=WARN msg="lockreg: lock forced open" key=k owner=TestTheRegistriesLogToTheTest#1`)
+	require.NotContains(t, out.String(), "time=")
+}
+
+// outputRecorder is t, but for its output, which it keeps.
+type outputRecorder struct {
+	testing.TB
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (o *outputRecorder) Output() io.Writer { return o }
+
+func (o *outputRecorder) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.Write(p)
+}
+
+func (o *outputRecorder) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
+}

@@ -1,0 +1,381 @@
+package lockregtest
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/alicebob/miniredis/v2/server"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg"
+)
+
+// Lease is the lease of the registries the kit makes, unless their
+// options say otherwise (lockreg.WithExpireAfter): short, so that a key
+// a closed registry left behind frees within seconds, and so that their
+// renewals, every second, notice what CLIENT TRACKING would have told at
+// once; long enough that a test stalled for up to two seconds, on a
+// loaded machine, keeps its holds.
+const Lease = 3 * time.Second
+
+// How long Lose waits: for the holder's subscription, which the holder
+// opens in the background once it holds a key; and for the holder to be
+// told of its loss, which takes milliseconds, or up to a renewal interval
+// (Lease/3) with pub/sub off.
+const (
+	subscriptionWait = 250 * time.Millisecond
+	loseTimeout      = 5 * time.Second
+)
+
+// New returns a registry on a Redis server embedded in the test process
+// (miniredis), a server of its own, in a namespace of its own. It needs no
+// redis-server. The registry, its client and the server are closed when
+// the test ends (t.Cleanup). opts apply after the kit's own: a lease of
+// Lease, an owner name (the test's name and the registry's number on the
+// server: "TestPack#1"), and a logger that writes warnings and errors to
+// the test's output.
+func New(t testing.TB, opts ...lockreg.Option) *lockreg.Registry {
+	t.Helper()
+	mr := miniredis.NewMiniRedis()
+	// miniredis freezes TTLs unless told otherwise; leases must run out on
+	// the wall clock, as on Redis.
+	mr.ClockTTL(true)
+	if err := mr.Start(); err != nil {
+		t.Fatalf("lockregtest: start the embedded Redis: %v", err)
+	}
+	t.Cleanup(mr.Close)
+	mr.Server().SetPreHook(answerInfoMemory)
+	srv := &redisServer{options: redis.Options{Addr: mr.Addr()}, embedded: true}
+	return srv.newRegistry(t, newNamespace(), opts)
+}
+
+// NewAt is New on the Redis server at addr, "host:port" or a redis:// or
+// rediss:// URL, rather than an embedded one: for the tests that need
+// Redis itself. Each call takes a namespace of its own, so tests may
+// share a server; the keys of its locks expire a lease after the test.
+func NewAt(t testing.TB, addr string, opts ...lockreg.Option) *lockreg.Registry {
+	t.Helper()
+	options := &redis.Options{Addr: addr}
+	if strings.Contains(addr, "://") {
+		var err error
+		if options, err = redis.ParseURL(addr); err != nil {
+			t.Fatalf("lockregtest: NewAt(%q): %v", addr, err)
+		}
+	}
+	srv := &redisServer{options: *options}
+	return srv.newRegistry(t, newNamespace(), opts)
+}
+
+// Another returns another registry on r's server, in r's namespace, with
+// a client of its own: the two exclude each other, and pass keys between
+// them, as the registries of two processes do. opts apply after the
+// kit's own, as in New (r's options are not inherited). It is closed when
+// the test ends; t is r's test or one of its subtests. r must come from
+// this package (New, NewAt, NewPair, Another).
+func Another(t testing.TB, r *lockreg.Registry, opts ...lockreg.Option) *lockreg.Registry {
+	t.Helper()
+	s := kitState(t, "Another", r)
+	return s.srv.newRegistry(t, r.Key(), opts)
+}
+
+// NewPair returns two registries, as of two processes, on one new
+// embedded server: New, then Another, both with opts.
+func NewPair(t testing.TB, opts ...lockreg.Option) (a, b *lockreg.Registry) {
+	t.Helper()
+	a = New(t, opts...)
+	return a, Another(t, a, opts...)
+}
+
+// Lose makes r lose the hold it has on key, as an operator's
+// lockreg.Registry.ForceUnlock does: the key is deleted, the fencing
+// token raised past the holder's, the key's waiters (of r or another
+// registry) woken, and r told. Lose returns once r signalled the hold
+// lost, for lockreg.LossForced: its Lost channel is closed, the context
+// of the Do that holds it has ended with a cause matching
+// lockreg.ErrLockLost, and its Release returns ErrLockLost. That takes
+// milliseconds: r hears of it by pub/sub. Only a registry on the embedded
+// server with WithPubSub(false) hears nothing: it finds its key gone
+// (lockreg.LossDeleted) at its next renewal, within a third of its lease.
+//
+// Lose fails the test, as t.Fatal does (so call it from the test's
+// goroutine), if r does not hold key (it never took it, released it, or
+// lost it already), if r was not made by this package, or if r is not
+// told within 5 seconds.
+func Lose(t testing.TB, r *lockreg.Registry, key string) {
+	t.Helper()
+	s := kitState(t, "Lose", r)
+	ctx, cancel := context.WithTimeout(context.Background(), loseTimeout)
+	defer cancel()
+	info, err := r.Inspect(ctx, key)
+	if err != nil {
+		t.Fatalf("lockregtest.Lose: %v", err)
+	}
+	if !s.holds(key) {
+		t.Fatalf("lockregtest.Lose: %s does not hold %q (%s)", s.owner, key, holder(info))
+	}
+	if !info.Held || (info.Owner != s.owner && s.srv.named(info.Owner)) {
+		t.Fatalf("lockregtest.Lose: %s holds %q, but in Redis %s: its hold is lost already, and it has not noticed yet", s.owner, key, holder(info))
+	}
+	// r hears of a forced unlock by pub/sub, once it has subscribed (in
+	// the background, as it first holds a key); on the embedded server,
+	// which has no CLIENT TRACKING, by nothing else until its next renewal.
+	s.awaitSubscription(ctx, r.Key(), info.OwnerID)
+	lost := s.expectLoss(key)
+	forced, err := r.ForceUnlock(ctx, key)
+	switch {
+	case err != nil:
+		t.Fatalf("lockregtest.Lose: %v", err)
+	case !forced:
+		t.Fatalf("lockregtest.Lose: %q was released while Lose forced it open", key)
+	}
+	select {
+	case <-lost:
+	case <-ctx.Done():
+		t.Fatalf("lockregtest.Lose: %q was forced open, but %s did not signal its hold lost within %v", key, s.owner, loseTimeout)
+	}
+}
+
+// holder says who holds a lock, as Inspect reported it.
+func holder(info lockreg.LockInfo) string {
+	switch {
+	case !info.Held:
+		return "nobody holds it"
+	case info.Owner != "":
+		return "it is held by " + info.Owner
+	}
+	return "it is held by the registry of client id " + info.OwnerID
+}
+
+// redisServer is a server the kit makes registries on.
+type redisServer struct {
+	options  redis.Options   // how to connect to it
+	embedded bool            // miniredis, which the kit started
+	mu       sync.Mutex      // guards what follows
+	made     int             // registries made on it, which numbers their names
+	owners   map[string]bool // the names it gave them
+}
+
+// named reports whether the kit gave owner as a name to a registry on s.
+func (s *redisServer) named(owner string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.owners[owner]
+}
+
+// newRegistry makes a registry of namespace on s, and its client, both
+// closed when the test ends.
+func (s *redisServer) newRegistry(t testing.TB, namespace string, opts []lockreg.Option) *lockreg.Registry {
+	t.Helper()
+	s.mu.Lock()
+	s.made++
+	owner := fmt.Sprintf("%s#%d", t.Name(), s.made)
+	if s.owners == nil {
+		s.owners = map[string]bool{}
+	}
+	s.owners[owner] = true
+	s.mu.Unlock()
+
+	options := s.options
+	c := redis.NewClient(&options)
+	t.Cleanup(func() { _ = c.Close() })
+	var client redis.UniversalClient = c
+	if s.embedded {
+		client = embeddedClient{c}
+	}
+	out := &testOutput{w: t.Output()}
+	t.Cleanup(out.close) // after the registry's Close: it may log until then
+	kitOpts := []lockreg.Option{
+		lockreg.WithExpireAfter(Lease),
+		lockreg.WithOwner(owner),
+		lockreg.WithLogger(slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelWarn, ReplaceAttr: withoutTime}))),
+	}
+	r, err := lockreg.New(client, namespace, append(kitOpts, opts...)...)
+	if err != nil {
+		t.Fatalf("lockregtest: %v", err)
+	}
+	st := &state{srv: s, client: c, owner: owner, held: map[string]int{}, losses: map[string]chan struct{}{}}
+	r.AddHooks(st.hooks())
+	states.Store(r, st)
+	t.Cleanup(func() {
+		_ = r.Close()
+		states.Delete(r)
+	})
+	return r
+}
+
+// embeddedClient is the client of a registry on the embedded server.
+// miniredis has no CLIENT TRACKING. On a *redis.Client, a registry finds
+// that out on a connection of its own, in the background, and the news
+// that a held key changed which comes meanwhile (a ForceUnlock's) waits
+// for the next renewal; on a client of another type it knows from the
+// start that it has no tracking, and checks such news itself, at once.
+type embeddedClient struct{ *redis.Client }
+
+// answerInfoMemory answers INFO memory, which miniredis does not, as a
+// Redis without a memory limit does: a registry reads it to refuse a
+// server that may evict lock keys, and miniredis never evicts. It lets
+// miniredis handle every other command.
+func answerInfoMemory(peer *server.Peer, cmd string, args ...string) bool {
+	if cmd != "INFO" || len(args) != 1 || !strings.EqualFold(args[0], "memory") {
+		return false
+	}
+	peer.WriteBulk("# Memory\r\nmaxmemory:0\r\nmaxmemory_policy:noeviction\r\n")
+	return true
+}
+
+// newNamespace is a registryKey of its own, which no earlier test, of
+// this process or another, used.
+func newNamespace() string { return "lockregtest:" + rand.Text()[:16] }
+
+// testOutput is a test's output, which the registry's logger writes to
+// until the test's cleanup closes it, and which drops what comes after: a
+// write to a finished test's output panics.
+type testOutput struct {
+	mu     sync.Mutex
+	w      io.Writer
+	closed bool
+}
+
+func (o *testOutput) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return len(p), nil
+	}
+	return o.w.Write(p)
+}
+
+func (o *testOutput) close() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.closed = true
+}
+
+// withoutTime drops the time from the registry's log lines: the test's
+// output needs none.
+func withoutTime(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) == 0 && a.Key == slog.TimeKey {
+		return slog.Attr{}
+	}
+	return a
+}
+
+// states are the kit's registries, each with what the kit knows of it.
+var states sync.Map // *lockreg.Registry → *state
+
+// kitState returns what the kit knows of r, or fails the test of fn if r
+// is not one of its registries.
+func kitState(t testing.TB, fn string, r *lockreg.Registry) *state {
+	t.Helper()
+	if r == nil {
+		t.Fatalf("lockregtest.%s: the registry is nil", fn)
+	}
+	s, ok := states.Load(r)
+	if !ok {
+		t.Fatalf("lockregtest.%s: the registry %q was not made by lockregtest, or its test has ended", fn, r.Key())
+	}
+	return s.(*state)
+}
+
+// state is what the kit knows of one of its registries: its server, its
+// client, and its holds, by its hooks.
+type state struct {
+	srv    *redisServer
+	client *redis.Client
+	owner  string // its owner name, as the kit gave it
+
+	mu sync.Mutex // guards what follows
+	// held counts the registry's live holds by key: acquired, and neither
+	// released nor signalled lost. One at most, but a hand-off between
+	// two local holders may be told in either order.
+	held map[string]int
+	// losses are closed when a hold of their key is signalled lost, for
+	// Lose.
+	losses map[string]chan struct{}
+}
+
+// hooks keep held up to date, and tell Lose of losses.
+func (s *state) hooks() lockreg.Hooks {
+	return lockreg.Hooks{
+		AcquireDone: func(_ context.Context, e lockreg.AcquireEvent) {
+			if e.Outcome == lockreg.OutcomeAcquired {
+				s.count(e.Key, 1)
+			}
+		},
+		ReleaseDone: func(_ context.Context, e lockreg.ReleaseEvent) {
+			// A hold lost first was counted out by its loss; a second
+			// Release of a hold changes nothing.
+			if !e.WasLost && !errors.Is(e.Err, lockreg.ErrNotHeld) {
+				s.count(e.Key, -1)
+			}
+		},
+		Lost: func(e lockreg.LossEvent) {
+			s.count(e.Key, -1)
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if lost, ok := s.losses[e.Key]; ok {
+				close(lost)
+				delete(s.losses, e.Key)
+			}
+		},
+	}
+}
+
+func (s *state) count(key string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[key] += n; s.held[key] == 0 {
+		delete(s.held, key)
+	}
+}
+
+// holds reports whether the registry has a live hold on key.
+func (s *state) holds(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held[key] > 0
+}
+
+// expectLoss returns a channel that is closed when a hold on key is next
+// signalled lost.
+func (s *state) expectLoss(key string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	lost, ok := s.losses[key]
+	if !ok {
+		lost = make(chan struct{})
+		s.losses[key] = lost
+	}
+	return lost
+}
+
+// awaitSubscription waits, for subscriptionWait at most, until the
+// registry of clientID in namespace has subscribed to its notifications:
+// its grant channel (docs/PROTOCOL.md), subscribed to in one SUBSCRIBE
+// with the channel of forced unlocks. A registry with pub/sub off never
+// does.
+func (s *state) awaitSubscription(ctx context.Context, namespace, clientID string) {
+	channel := namespace + ":released:" + clientID
+	ctx, cancel := context.WithTimeout(ctx, subscriptionWait)
+	defer cancel()
+	for {
+		n, err := s.client.PubSubNumSub(ctx, channel).Result()
+		if err == nil && n[channel] > 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
