@@ -202,7 +202,7 @@ func TestRedisClusterSlotMigrationWhileWaited(t *testing.T) {
 	t.Logf("the waiter's log (its attempts during the move, retried):\n%s", logs.String())
 }
 
-// TestRedisClusterSlotMigrationKeepsHoldsSharingASlot: a registryKey with
+// TestRedisClusterSlotMigrationKeepsHoldsSharingASlot: a namespace with
 // a hash tag puts all of a registry's locks in one slot, and the watchdog
 // renews them with one script call per slot. While a migration has moved
 // one lock's key but not the other's, Redis refuses that call (TRYAGAIN,

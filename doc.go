@@ -34,10 +34,10 @@
 //
 // # The model
 //
-// A Registry is made once per process and namespace (registryKey) with
+// A Registry is made once per process and namespace with
 // New, and draws a random client id. A lock for key is the Redis key
-// <registryKey>:{<key>} holding the client id of the registry that holds
-// it. Registries sharing a registryKey, in this process or any other,
+// <namespace>:{<key>} holding the client id of the registry that holds
+// it. Registries sharing a namespace, in this process or any other,
 // exclude each other through Redis. Taking a lock goes through three
 // layers:
 //

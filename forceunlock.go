@@ -45,7 +45,7 @@ func (r *Registry) ForceUnlock(ctx context.Context, key string) (bool, error) {
 	case !held:
 		return false, nil
 	}
-	owners, _ := protocol.ReadOwners(ctx, r.client, r.registryKey, []string{holder}) // the warning goes out all the same
+	owners, _ := protocol.ReadOwners(ctx, r.client, r.namespace, []string{holder}) // the warning goes out all the same
 	r.cfg.logger.Warn("lockreg: lock forced open", "key", printedKey(key), "owner", owners[holder].Name, "owner_id", holder)
 	return true, nil
 }

@@ -59,7 +59,7 @@ func TestReleaseGrantsTheKeyToTheWaitingRegistry(t *testing.T) {
 	require.Equal(t, waiter.clientID, client.Get(ctx, lock.keys.Lock).Val())
 	// A notification published after the grant reaches the bystander
 	// after the grant would have.
-	require.NoError(t, client.Publish(ctx, protocol.ReleaseChannel(holder.registryKey), "wnobody").Err())
+	require.NoError(t, client.Publish(ctx, protocol.ReleaseChannel(holder.namespace), "wnobody").Err())
 	require.Eventually(t, func() bool { return bystander.Stats().Notifications > 0 }, time.Second, time.Millisecond)
 	require.Equal(t, int64(1), bystander.Stats().Notifications, "the grant went to the grantee's channel alone")
 	require.Eventually(t, func() bool {

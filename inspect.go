@@ -68,10 +68,10 @@ func (r *Registry) Locks(ctx context.Context) iter.Seq2[LockInfo, error] {
 			return
 		}
 		seen := map[string]bool{}
-		err := protocol.Scan(ctx, r.client, protocol.LockPattern(r.registryKey), func(batch []string) bool {
+		err := protocol.Scan(ctx, r.client, protocol.LockPattern(r.namespace), func(batch []string) bool {
 			var keys []string
 			for _, redisKey := range batch {
-				if key, ok := protocol.KeyOf(r.registryKey, redisKey); ok && !seen[key] {
+				if key, ok := protocol.KeyOf(r.namespace, redisKey); ok && !seen[key] {
 					seen[key] = true
 					keys = append(keys, key)
 				}
@@ -115,7 +115,7 @@ func (r *Registry) inspect(ctx context.Context, keys []string) ([]LockInfo, erro
 		}
 		ids = append(ids, s.Waiting...)
 	}
-	owners, err := protocol.ReadOwners(ctx, r.client, r.registryKey, ids)
+	owners, err := protocol.ReadOwners(ctx, r.client, r.namespace, ids)
 	if err != nil {
 		return nil, fmt.Errorf("%w: read owner names: %w", ErrRedis, err)
 	}

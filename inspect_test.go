@@ -100,11 +100,11 @@ func TestTheOwnerNameLivesWhileItsRegistryHolds(t *testing.T) {
 	lock := r.Obtain("k")
 	lock.Lock()
 	require.Eventually(t, func() bool {
-		return admin.HGet(ctx, protocol.OwnerKey(r.registryKey, r.clientID), "name").Val() == "worker-3"
+		return admin.HGet(ctx, protocol.OwnerKey(r.namespace, r.clientID), "name").Val() == "worker-3"
 	}, 5*time.Second, time.Millisecond)
 	time.Sleep(3 * lease) // renewal rounds keep it
-	require.Equal(t, "worker-3", admin.HGet(ctx, protocol.OwnerKey(r.registryKey, r.clientID), "name").Val())
-	require.Greater(t, admin.PTTL(ctx, protocol.OwnerKey(r.registryKey, r.clientID)).Val(), lease, "refreshed by the renewal rounds")
+	require.Equal(t, "worker-3", admin.HGet(ctx, protocol.OwnerKey(r.namespace, r.clientID), "name").Val())
+	require.Greater(t, admin.PTTL(ctx, protocol.OwnerKey(r.namespace, r.clientID)).Val(), lease, "refreshed by the renewal rounds")
 
 	before, rounds := counter.Commands(), r.Stats().RenewCalls
 	r.renew(ctx, r.renewalBatches(r.dueForRenewal()), r.peer.RefreshOwner()...)
@@ -115,7 +115,7 @@ func TestTheOwnerNameLivesWhileItsRegistryHolds(t *testing.T) {
 
 	lock.Unlock()
 	require.NoError(t, r.Close())
-	require.Eventually(t, func() bool { return admin.Exists(ctx, protocol.OwnerKey(r.registryKey, r.clientID)).Val() == 0 }, 10*lease, 10*time.Millisecond, "gone after two leases")
+	require.Eventually(t, func() bool { return admin.Exists(ctx, protocol.OwnerKey(r.namespace, r.clientID)).Val() == 0 }, 10*lease, 10*time.Millisecond, "gone after two leases")
 }
 
 func TestLocksListsTheNamespacesHeldLocksOnce(t *testing.T) {
@@ -137,7 +137,7 @@ func TestLocksListsTheNamespacesHeldLocksOnce(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	_, _ = waiter.Obtain("a").Acquire(short)
-	other, err := New(client, r.registryKey+":{x}")
+	other, err := New(client, r.namespace+":{x}")
 	require.NoError(t, err)
 	defer other.Close()
 	_, err = other.Obtain("z").Acquire(ctx)

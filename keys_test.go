@@ -10,7 +10,7 @@ import (
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
-// FuzzRedisKeys checks the key scheme: two different (registryKey, key)
+// FuzzRedisKeys checks the key scheme: two different (namespace, key)
 // pairs never share a Redis key, and a lock's keys share one Cluster slot.
 // Seeds are in testdata/fuzz/FuzzRedisKeys; `make fuzz` runs it longer.
 func TestHostileKeysWorkAgainstRedis(t *testing.T) {

@@ -172,7 +172,7 @@ func TestAReleasePassingTheKeyOnMarksTheGoroutineWaitingBehind(t *testing.T) {
 	held, otherTaken, otherRelease, behind := holdAndWaitBehind(t, ctx, holder, other, "g")
 	// A wake-up from before the release, still pending when the mutex
 	// passes, must not cost the waiter an attempt either.
-	require.NoError(t, client.Publish(ctx, protocol.ReleaseChannel(holder.registryKey), "wg").Err())
+	require.NoError(t, client.Publish(ctx, protocol.ReleaseChannel(holder.namespace), "wg").Err())
 	require.Eventually(t, func() bool { return holder.Stats().Notifications > 0 }, time.Second, time.Millisecond)
 	calls := holder.Stats().AcquireCalls
 

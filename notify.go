@@ -15,7 +15,7 @@ import (
 )
 
 // notifications is a registry's one subscription, shared by all its keys:
-// to the registryKey's release channel, where releases wake the waiters
+// to the namespace's release channel, where releases wake the waiters
 // of every registry, and to its own grant channel, where it receives the
 // grants to it alone, so that a grant wakes no other process
 // (protocol.Peer.Channels names them). It is opened on the first wait or
@@ -33,7 +33,7 @@ type notifications struct {
 }
 
 // subscribe opens the registry's one subscription, to the release
-// notifications of its registryKey and to its grants, unless it is open;
+// notifications of its namespace and to its grants, unless it is open;
 // it returns once Redis confirmed it. Every key the registry waits for
 // shares it: a notification names its key, and route wakes that key's
 // waiter.

@@ -178,8 +178,8 @@ func WithEvictionAllowed() Option {
 }
 
 // newConfig applies opts to the defaults, and checks the result against
-// client and registryKey, returning every problem at once.
-func newConfig(client redis.UniversalClient, registryKey string, opts []Option) (config, error) {
+// client and namespace, returning every problem at once.
+func newConfig(client redis.UniversalClient, namespace string, opts []Option) (config, error) {
 	cfg := config{
 		expireAfter: defaultExpireAfter, retryInterval: defaultRetryInterval, logger: slog.Default(),
 		renewal: true, pubSub: true, handoffMax: defaultHandoffMax, handoffFor: defaultHandoffFor,
@@ -193,8 +193,8 @@ func newConfig(client redis.UniversalClient, registryKey string, opts []Option) 
 	if client == nil || isNilPointer(client) {
 		errs = append(errs, fmt.Errorf("%w: client is nil", ErrInvalidOption))
 	}
-	if err := protocol.CheckNamespace(registryKey); err != nil {
-		errs = append(errs, fmt.Errorf("%w: registryKey %w", ErrInvalidOption, err))
+	if err := protocol.CheckNamespace(namespace); err != nil {
+		errs = append(errs, fmt.Errorf("%w: namespace %w", ErrInvalidOption, err))
 	}
 	if optionsValid && cfg.retryInterval >= cfg.expireAfter {
 		errs = append(errs, fmt.Errorf("%w: the retry interval (WithRetryInterval, %v) must be shorter than the lease (WithExpireAfter, %v)", ErrInvalidOption, cfg.retryInterval, cfg.expireAfter))

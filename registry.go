@@ -9,18 +9,18 @@ import (
 	"github.com/lockreg/lockreg/internal/protocol"
 )
 
-// Registry hands out distributed locks that share one Redis namespace
-// (registryKey) and one client id. Create one per process and namespace with
+// Registry hands out distributed locks that share one Redis namespace and
+// one client id. Create one per process and namespace with
 // New, and Shutdown (or Close) it when done.
 type Registry struct {
-	client      redis.UniversalClient
-	registryKey string
-	clientID    string // the value of every Redis key this registry holds
-	cfg         config
-	peer        *protocol.Peer // the calls it makes, spelled as the wire protocol has them
-	locals      localLocks     // the local side of every key held or waited for
-	batcher     batcher        // acquisitions' and releases' calls, coalesced
-	stats       counters
+	client    redis.UniversalClient
+	namespace string
+	clientID  string // the value of every Redis key this registry holds
+	cfg       config
+	peer      *protocol.Peer // the calls it makes, spelled as the wire protocol has them
+	locals    localLocks     // the local side of every key held or waited for
+	batcher   batcher        // acquisitions' and releases' calls, coalesced
+	stats     counters
 	// callsEndAtDeadline says that the client ends its calls at their
 	// context's deadline (go-redis's ContextTimeoutEnabled): see
 	// acquisition.firstAttemptHere.
@@ -35,26 +35,26 @@ type Registry struct {
 	owner              ownerRecord   // the name inspectors see (owner.go)
 }
 
-// New creates a registry whose locks live in Redis under registryKey. The
+// New creates a registry whose locks live in Redis under namespace. The
 // registry gets a random client id: registries in any process that share a
-// registryKey exclude each other; registries with different registryKeys
+// namespace exclude each other; registries with different namespaces
 // never interfere. On a *redis.ClusterClient, the registry pipelines
 // calls on each node's client (batch.go says why): hooks added with
 // OnNewNode see them, hooks added to the ClusterClient itself see only
 // its single calls.
-func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Registry, error) {
-	cfg, err := newConfig(client, registryKey, opts)
+func New(client redis.UniversalClient, namespace string, opts ...Option) (*Registry, error) {
+	cfg, err := newConfig(client, namespace, opts)
 	if err != nil {
 		return nil, err
 	}
 	clientID := uuid.NewString()
 	r := &Registry{
-		client:      client,
-		registryKey: registryKey,
-		clientID:    clientID,
-		cfg:         cfg,
+		client:    client,
+		namespace: namespace,
+		clientID:  clientID,
+		cfg:       cfg,
 		peer: protocol.NewPeer(scripts, protocol.Config{
-			Namespace: registryKey, ClientID: clientID,
+			Namespace: namespace, ClientID: clientID,
 			Lease: cfg.expireAfter, RetryInterval: cfg.retryInterval, GrantLease: cfg.grantLease(), Notify: cfg.pubSub,
 			Owner: cfg.owner, OwnerTTL: cfg.ownerTTL(), Since: time.Now(),
 		}),
@@ -75,9 +75,9 @@ func New(client redis.UniversalClient, registryKey string, opts ...Option) (*Reg
 	return r, nil
 }
 
-// Key returns the registryKey the registry was made with: the namespace
+// Key returns the namespace the registry was made with: the prefix
 // of its locks in Redis.
-func (r *Registry) Key() string { return r.registryKey }
+func (r *Registry) Key() string { return r.namespace }
 
 // endsCallsAtDeadline reports whether client ends its calls at their
 // context's deadline, as go-redis's clients do with ContextTimeoutEnabled.

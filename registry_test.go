@@ -30,7 +30,7 @@ func TestNewRejectsBadArguments(t *testing.T) {
 		names  string // what the message must name
 	}{
 		{"nil client", nil, "k", nil, "client is nil"},
-		{"empty registryKey", client, "", nil, "registryKey is empty"},
+		{"empty namespace", client, "", nil, "namespace is empty"},
 		{"zero lease", client, "k", []Option{WithExpireAfter(0)}, "WithExpireAfter(0s)"},
 		{"negative lease", client, "k", []Option{WithExpireAfter(-time.Second)}, "WithExpireAfter(-1s)"},
 		{"sub-millisecond lease", client, "k", []Option{WithExpireAfter(time.Microsecond)}, "WithExpireAfter(1µs)"},
@@ -168,7 +168,7 @@ func TestRegistryWorksWithAMinimalACL(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, verdict, "no permissions", "and it can touch nothing outside its prefix")
 	require.Eventually(t, func() bool {
-		return admin.HGet(ctx, protocol.OwnerKey(holder.registryKey, holder.clientID), "name").Val() == holder.cfg.owner
+		return admin.HGet(ctx, protocol.OwnerKey(holder.namespace, holder.clientID), "name").Val() == holder.cfg.owner
 	}, 5*time.Second, 10*time.Millisecond, "the owner name is published under the ACL")
 
 	// The ACL documented before owner names, without HSET: the registry

@@ -126,7 +126,7 @@ func (t *tracker) refuse(err error) {
 func (t *tracker) invalidated(keys []string) {
 	r := t.r
 	for _, redisKey := range keys {
-		key, ok := protocol.KeyOf(r.registryKey, redisKey)
+		key, ok := protocol.KeyOf(r.namespace, redisKey)
 		if !ok {
 			continue
 		}

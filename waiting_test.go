@@ -133,9 +133,9 @@ func TestOneSubscriptionPerRegistryWhateverTheKeys(t *testing.T) {
 			waiters[0].notes.subscribed.Load() && waiters[1].notes.subscribed.Load() && holder.notes.subscribed.Load()
 	}, 5*time.Second, time.Millisecond)
 
-	subs, err := admin.PubSubNumSub(ctx, protocol.ReleaseChannel(waiters[0].registryKey)).Result()
+	subs, err := admin.PubSubNumSub(ctx, protocol.ReleaseChannel(waiters[0].namespace)).Result()
 	require.NoError(t, err)
-	require.Equal(t, int64(3), subs[protocol.ReleaseChannel(waiters[0].registryKey)], "one subscription per registry, for 50 keys each: the waiters' and the holder's")
+	require.Equal(t, int64(3), subs[protocol.ReleaseChannel(waiters[0].namespace)], "one subscription per registry, for 50 keys each: the waiters' and the holder's")
 	list, err := admin.ClientList(ctx).Result()
 	require.NoError(t, err)
 	require.Equal(t, 3, strings.Count(list, "sub=2"), "one subscribed connection per registry, to the shared channel and its grant channel")
@@ -156,9 +156,9 @@ func TestWithoutPubSubWaitersOnlyPoll(t *testing.T) {
 	holder.Obtain("k").Unlock()
 	_, ok := <-taken
 	require.True(t, ok)
-	subs, err := admin.PubSubNumSub(ctx, protocol.ReleaseChannel(holder.registryKey)).Result()
+	subs, err := admin.PubSubNumSub(ctx, protocol.ReleaseChannel(holder.namespace)).Result()
 	require.NoError(t, err)
-	require.Equal(t, int64(1), subs[protocol.ReleaseChannel(holder.registryKey)], "the holder's subscription alone")
+	require.Equal(t, int64(1), subs[protocol.ReleaseChannel(holder.namespace)], "the holder's subscription alone")
 	require.False(t, waiter.notes.subscribed.Load())
 	require.Zero(t, waiter.Stats().Notifications)
 }
