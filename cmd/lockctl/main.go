@@ -1,27 +1,34 @@
 // Command lockctl shows who holds lockreg's locks and forces a stuck one
 // open.
 //
-//	lockctl -redis URL -namespace NS list          # key, owner, TTL, token
+//	lockctl -redis URL -namespace NS list          # key, owner, live or gone, TTL, token
 //	lockctl -redis URL -namespace NS show KEY      # one lock in detail
 //	lockctl -redis URL -namespace NS unlock KEY    # asks first on a terminal
-//	lockctl -redis URL -namespace NS unlock -yes KEY
+//	lockctl unlock KEY -yes -namespace NS          # flags go before or after the command
 //
-// -redis takes a redis:// (or rediss://) URL, or several addresses or URLs
-// separated by commas, which make a Cluster client (as -cluster does), or
-// Sentinels with -sentinel MASTER; REDIS_URL is the default. -json prints
-// JSON. The namespace is the registryKey the service passes to
-// lockreg.New. list, show and the confirmation need only read the
-// namespace (the README's inspector ACL); unlock runs forceunlock.lua.
+// -redis takes a redis:// (or rediss://, unix://) URL, or HOST:PORT, or
+// several addresses or URLs separated by commas, which make a Cluster
+// client (as -cluster does), or Sentinels with -sentinel MASTER; REDIS_URL
+// is the default. -json prints JSON. The namespace is the registryKey the
+// service passes to lockreg.New. list, show and the confirmation need only
+// read the namespace (the README's inspector ACL); unlock runs
+// forceunlock.lua.
 //
-// Exit codes: 0 done; 1 an error (Redis unreachable, a command the ACL
-// forbids); 2 bad usage (flags, URL); 3 not found (no such lock held, or
-// no lock held in the namespace).
+// An owner is live if its registry refreshed its owner hash within the
+// last two leases, gone if not (it died, or could not write the hash). A
+// namespace in which nothing is held is told apart from one that no
+// registry uses: lockctl names the namespaces whose registries it sees,
+// the close ones first, so that a mistyped one stands out.
+//
+// Exit codes: 0 done; 1 an error (Redis unreachable or too slow, a command
+// the ACL forbids, an unlock declined); 2 bad usage (a flag, command or
+// URL); 3 not found (no such lock held, or no lock held in the namespace).
+// lockctl -h lists them too.
 package main
 
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -29,8 +36,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -48,51 +55,113 @@ const (
 )
 
 // errNotFound marks what lockctl did not find; errUsage, what it was told
-// wrong.
+// wrong. They set the exit code, and are not printed (see failure).
 var (
 	errNotFound = errors.New("not found")
 	errUsage    = errors.New("bad usage")
 )
 
+// failure is an error of a kind, errUsage or errNotFound, that says only
+// what went wrong.
+type failure struct{ kind, err error }
+
+func (f failure) Error() string   { return f.err.Error() }
+func (f failure) Unwrap() []error { return []error{f.kind, f.err} }
+
+func usageError(format string, a ...any) error {
+	return failure{errUsage, fmt.Errorf(format, a...)}
+}
+
+func notFoundError(format string, a ...any) error {
+	return failure{errNotFound, fmt.Errorf(format, a...)}
+}
+
 func main() {
+	// go-redis logs each failed dial on its own (pool.go), ahead of the
+	// error lockctl reports; the error says it all.
+	redis.SetLogger(quietRedis{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, term.IsTerminal(int(os.Stdin.Fd()))))
 }
 
+// quietRedis drops go-redis's own log lines (redis.SetLogger).
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
 type options struct {
 	redisURL, namespace, sentinel string
-	cluster, json                 bool
+	cluster, json, yes            bool
 	timeout                       time.Duration
+	// redisFrom names where redisURL came from, for errors: -redis,
+	// $REDIS_URL or the default.
+	redisFrom string
 }
+
+// usageLine is the one-line usage that follows an error of usage.
+const usageLine = "usage: lockctl -namespace NS [flags] list | show KEY | unlock [-yes] KEY   (lockctl -h for more)"
+
+// helpHead and helpTail frame the flags in lockctl -h.
+const helpHead = `lockctl shows who holds lockreg's locks, and forces a stuck one open.
+
+usage: lockctl -namespace NS [flags] COMMAND
+
+commands:
+  list          the locks held in the namespace: key, owner, live or gone,
+                TTL, fencing token, waiters
+  show KEY      one lock in detail
+  unlock KEY    force KEY's lock open; asks first on a terminal, -yes does not
+
+Flags go before or after the command; a KEY that begins with '-' goes after
+"--". An owner is live if its registry refreshed its owner hash within the
+last two leases (a minute at the default 30s lease), gone if not: it died,
+or could not write the hash. Keys longer than 200 bytes are cut, as in
+lockreg's errors (-json prints them whole).
+
+flags:
+`
+
+const helpTail = `
+exit codes:
+  0  done
+  1  an error: Redis unreachable or too slow, a command the ACL forbids,
+     an unlock declined
+  2  bad usage: a flag, command or -redis URL lockctl cannot use, or
+     unlock without -yes and no terminal to ask on
+  3  not found: the key is not held, or no lock is held in the namespace
+`
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, terminal bool) int {
 	var o options
 	fs := flag.NewFlagSet("lockctl", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&o.redisURL, "redis", envOr("REDIS_URL", "redis://127.0.0.1:6379"), "a redis:// URL, or several addresses or URLs separated by commas (Cluster, or Sentinels with -sentinel); default $REDIS_URL")
-	fs.StringVar(&o.namespace, "namespace", "", "the registryKey the service passes to lockreg.New (required)")
+	fs.SetOutput(io.Discard) // run prints the errors, and -h its help
+	fs.Usage = func() {}
+	fs.StringVar(&o.redisURL, "redis", "", "a redis://, rediss:// or unix:// `URL` or HOST:PORT, or several separated by commas (Cluster, or Sentinels with -sentinel); default $REDIS_URL, else "+defaultRedis)
+	fs.StringVar(&o.namespace, "namespace", "", "`NS`, the namespace: the registryKey the service passes to lockreg.New (required)")
 	fs.BoolVar(&o.cluster, "cluster", false, "connect to a Redis Cluster (implied by several addresses)")
-	fs.StringVar(&o.sentinel, "sentinel", "", "the master name: the -redis addresses are Sentinels watching it")
+	fs.StringVar(&o.sentinel, "sentinel", "", "the `MASTER` name: the -redis addresses are Sentinels watching it")
 	fs.BoolVar(&o.json, "json", false, "print JSON")
+	fs.BoolVar(&o.yes, "yes", false, "unlock without asking")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "how long a command may take")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: lockctl [flags] list | show KEY | unlock [-yes] KEY")
+	args, err := parseArgs(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, helpHead)
+		fs.SetOutput(stdout)
 		fs.PrintDefaults()
+		fmt.Fprint(stdout, helpTail)
+		return exitOK
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
+	if err == nil {
+		o.redisURL, o.redisFrom = redisSource(o.redisURL)
+		err = dispatch(ctx, o, args, stdin, stdout, stderr, terminal)
 	}
-	err := dispatch(ctx, o, fs.Args(), stdin, stdout, stderr, terminal)
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.Is(err, errUsage):
 		fmt.Fprintln(stderr, "lockctl:", err)
-		fs.Usage()
+		fmt.Fprintln(stderr, usageLine)
 		return exitUsage
 	case errors.Is(err, errNotFound):
 		fmt.Fprintln(stderr, "lockctl:", err)
@@ -103,33 +172,95 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 }
 
-func dispatch(ctx context.Context, o options, args []string, stdin io.Reader, stdout, stderr io.Writer, terminal bool) error {
-	if len(args) == 0 {
-		return fmt.Errorf("%w: name a command", errUsage)
+// parseArgs parses fs's flags wherever they stand, before the command, after
+// it or between its arguments, and returns the others: the command and its
+// arguments. After "--" all are arguments (a key that begins with '-').
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			hint := ""
+			if strings.HasPrefix(err.Error(), "flag provided but not defined") {
+				hint = ` (a key that begins with '-' goes after "--")`
+			}
+			return nil, usageError("%w%s", err, hint)
+		}
+		left := fs.Args()
+		if n := len(args) - len(left); n > 0 && args[n-1] == "--" {
+			return append(rest, left...), nil
+		}
+		if len(left) == 0 {
+			return rest, nil
+		}
+		rest = append(rest, left[0])
+		args = left[1:]
 	}
-	if o.namespace == "" {
-		return fmt.Errorf("%w: -namespace is required", errUsage)
+}
+
+// defaultRedis is the Redis lockctl asks without -redis or $REDIS_URL.
+const defaultRedis = "redis://127.0.0.1:6379"
+
+// redisSource is the Redis to ask, given the value of -redis, and where it
+// comes from, for errors. ($REDIS_URL is not -redis's default, which -h
+// would print, password and all.)
+func redisSource(given string) (url, from string) {
+	switch env := os.Getenv("REDIS_URL"); {
+	case given != "":
+		return given, "-redis"
+	case env != "":
+		return env, "$REDIS_URL"
+	}
+	return defaultRedis, "the default -redis"
+}
+
+// commands are lockctl's commands, and what each takes.
+var commands = []string{"list", "show", "unlock"}
+
+// checkCommand refuses a command lockctl does not know, or the wrong
+// arguments for one.
+func checkCommand(o options, args []string) error {
+	if len(args) == 0 {
+		return usageError("name a command: list, show KEY or unlock KEY")
 	}
 	command, args := args[0], args[1:]
-	yes := false
-	if command == "unlock" {
-		sub := flag.NewFlagSet("unlock", flag.ContinueOnError)
-		sub.SetOutput(stderr)
-		sub.BoolVar(&yes, "yes", false, "do not ask for confirmation")
-		if err := sub.Parse(args); err != nil {
-			return fmt.Errorf("%w: %w", errUsage, err)
+	switch command {
+	case "list":
+		if len(args) > 0 {
+			return usageError("list takes no arguments (given %s)", quoteAll(args))
 		}
-		args = sub.Args()
-	}
-	switch {
-	case command == "list" && len(args) == 0:
-	case (command == "show" || command == "unlock") && len(args) == 1:
-		if args[0] == "" {
-			return fmt.Errorf("%w: the key is empty", errUsage)
+	case "show", "unlock":
+		switch {
+		case len(args) == 0:
+			return usageError("%s needs a KEY", command)
+		case len(args) > 1:
+			return usageError("%s takes one KEY (given %d: %s)", command, len(args), quoteAll(args))
+		case args[0] == "":
+			return usageError("the key is empty")
 		}
 	default:
-		return fmt.Errorf("%w: %s %s", errUsage, command, strings.Join(args, " "))
+		msg := fmt.Sprintf("unknown command %q; the commands are list, show KEY and unlock KEY", command)
+		if close := closeMatches(command, commands); len(close) > 0 {
+			msg += fmt.Sprintf(" (did you mean %s?)", close[0])
+		}
+		return usageError("%s", msg)
 	}
+	if o.yes && command != "unlock" {
+		return usageError("-yes is for unlock, not %s", command)
+	}
+	if o.namespace == "" {
+		return usageError("-namespace is required: the registryKey the service passes to lockreg.New")
+	}
+	return nil
+}
+
+func dispatch(ctx context.Context, o options, args []string, stdin io.Reader, stdout, stderr io.Writer, terminal bool) error {
+	if err := checkCommand(o, args); err != nil {
+		return err
+	}
+	command, args := args[0], args[1:]
 	client, err := connect(o)
 	if err != nil {
 		return err
@@ -137,202 +268,131 @@ func dispatch(ctx context.Context, o options, args []string, stdin io.Reader, st
 	defer client.Close()
 	registry, err := lockreg.New(client, o.namespace, lockreg.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
-		return fmt.Errorf("%w: %w", errUsage, err)
+		return usageError("-namespace: %w", err)
 	}
-	defer registry.Close()
+	defer closeBriefly(registry)
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	p := printer{out: stdout, json: o.json}
+	c := commandRun{ctx: ctx, client: client, registry: registry, namespace: o.namespace, p: printer{out: stdout, json: o.json}}
 	switch command {
 	case "list":
-		return list(ctx, registry, o.namespace, p)
+		err = c.list()
 	case "show":
-		info, err := inspectHeld(ctx, registry, args[0])
-		if err != nil {
-			return err
+		var info lockreg.LockInfo
+		if info, err = c.inspectHeld(args[0]); err == nil {
+			err = c.p.detail(info)
 		}
-		return p.detail(info)
 	default:
-		return unlock(ctx, registry, args[0], yes, terminal, stdin, stderr, p)
+		err = c.unlock(args[0], o.yes, terminal, stdin, stderr)
+	}
+	return explainRedisError(err, o)
+}
+
+// closeWait is how long lockctl waits for its registry to close.
+const closeWait = 200 * time.Millisecond
+
+// closeBriefly closes registry, but waits closeWait at most: lockctl holds
+// nothing, and exits next. (lockreg's Close can wait 15s, its
+// subscriptionCheck, when it races the tracking subscription that New
+// starts on a single server: about one run of lockctl in five.)
+func closeBriefly(registry *lockreg.Registry) {
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		_ = registry.Close()
+	}()
+	select {
+	case <-closed:
+	case <-time.After(closeWait):
 	}
 }
 
-func list(ctx context.Context, registry *lockreg.Registry, namespace string, p printer) error {
+// commandRun is what a command runs with.
+type commandRun struct {
+	ctx       context.Context
+	client    redis.UniversalClient
+	registry  *lockreg.Registry
+	namespace string
+	p         printer
+}
+
+func (c commandRun) list() error {
 	var infos []lockreg.LockInfo
-	for info, err := range registry.Locks(ctx) {
+	for info, err := range c.registry.Locks(c.ctx) {
 		if err != nil {
 			return err
 		}
 		infos = append(infos, info)
 	}
-	if err := p.table(infos); err != nil {
+	slices.SortFunc(infos, func(a, b lockreg.LockInfo) int { return strings.Compare(a.Key, b.Key) })
+	if err := c.p.table(infos); err != nil {
 		return err
 	}
 	if len(infos) == 0 {
-		return fmt.Errorf("%w: no lock held in namespace %q", errNotFound, namespace)
+		return notFoundError("no locks held in namespace %q; %s", c.namespace, c.namespaceHint(true))
 	}
 	return nil
 }
 
 // inspectHeld inspects key, which must be held.
-func inspectHeld(ctx context.Context, registry *lockreg.Registry, key string) (lockreg.LockInfo, error) {
-	info, err := registry.Inspect(ctx, key)
+func (c commandRun) inspectHeld(key string) (lockreg.LockInfo, error) {
+	info, err := c.registry.Inspect(c.ctx, key)
 	if err == nil && !info.Held {
-		err = fmt.Errorf("%w: %q is not held", errNotFound, key)
+		err = notFoundError("%s is not held in namespace %q", quoteKey(key), c.namespace)
+		if hint := c.namespaceHint(false); hint != "" {
+			err = fmt.Errorf("%w; %s", err, hint)
+		}
 	}
 	return info, err
 }
 
-func unlock(ctx context.Context, registry *lockreg.Registry, key string, yes, terminal bool, stdin io.Reader, stderr io.Writer, p printer) error {
-	info, err := inspectHeld(ctx, registry, key)
+// namespaceHint tells a namespace in which nothing was found from one that
+// no registry uses (see seenNamespaces); of a namespace that some do, only
+// if always.
+func (c commandRun) namespaceHint(always bool) string {
+	seen, err := seenNamespaces(c.ctx, c.client)
+	if err != nil {
+		return fmt.Sprintf("could not look for the namespaces in use: %v", err)
+	}
+	return describeNamespace(c.namespace, seen, always)
+}
+
+func (c commandRun) unlock(key string, yes, terminal bool, stdin io.Reader, stderr io.Writer) error {
+	info, err := c.inspectHeld(key)
 	if err != nil {
 		return err
 	}
 	if !yes {
 		if !terminal {
-			return fmt.Errorf("%w: unlock asks for confirmation on a terminal; pass -yes to unlock without asking", errUsage)
+			return usageError("unlock asks for confirmation on a terminal; pass -yes to unlock without asking")
 		}
 		if !confirm(stdin, stderr, info) {
 			return errors.New("not unlocked")
 		}
 	}
-	found, err := registry.ForceUnlock(ctx, key)
+	found, err := c.registry.ForceUnlock(c.ctx, key)
 	if err != nil {
 		return err
 	}
 	if !found {
-		return fmt.Errorf("%w: %q was released meanwhile", errNotFound, key)
+		return notFoundError("%s was released meanwhile", quoteKey(key))
 	}
-	return p.unlocked(info)
+	return c.p.unlocked(info)
 }
 
-// confirm asks on a terminal whether to force info's lock open.
+// confirm asks on a terminal whether to force info's lock open: warning,
+// if its owner is live, that it may still be working.
 func confirm(stdin io.Reader, stderr io.Writer, info lockreg.LockInfo) bool {
-	fmt.Fprintf(stderr, "Force %q open? %s holds it for another %v, and may still be working. [y/N] ",
-		info.Key, ownerOf(info.Owner, info.OwnerID), info.TTL.Round(time.Millisecond))
+	var prompt string
+	if live(info) {
+		prompt = fmt.Sprintf("Force %s open? %s holds it (live: seen within two leases) %s, and may still be working.",
+			quoteKey(info.Key), ownerOf(info.Owner, info.OwnerID), ttlPhrase(info.TTL))
+	} else {
+		prompt = fmt.Sprintf("Force %s open? Its owner, %s, is gone (not seen for two leases); %s.",
+			quoteKey(info.Key), ownerOf(info.Owner, info.OwnerID), expiryPhrase(info.TTL))
+	}
+	fmt.Fprint(stderr, prompt+" [y/N] ")
 	answer, _ := bufio.NewReader(stdin).ReadString('\n')
 	answer = strings.ToLower(strings.TrimSpace(answer))
 	return answer == "y" || answer == "yes"
-}
-
-// connect makes the client o names.
-func connect(o options) (redis.UniversalClient, error) {
-	var urls []*redis.Options
-	for _, part := range strings.Split(o.redisURL, ",") {
-		part = strings.TrimSpace(part)
-		if !strings.Contains(part, "://") {
-			part = "redis://" + part
-		}
-		opt, err := redis.ParseURL(part)
-		if err != nil {
-			return nil, fmt.Errorf("%w: -redis %q: %w", errUsage, o.redisURL, err)
-		}
-		urls = append(urls, opt)
-	}
-	first := urls[0]
-	var addrs []string
-	for _, u := range urls {
-		addrs = append(addrs, u.Addr)
-	}
-	switch {
-	case o.sentinel != "":
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName: o.sentinel, SentinelAddrs: addrs,
-			Username: first.Username, Password: first.Password, DB: first.DB, TLSConfig: first.TLSConfig,
-		}), nil
-	case o.cluster || len(addrs) > 1:
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: addrs, Username: first.Username, Password: first.Password, TLSConfig: first.TLSConfig,
-		}), nil
-	}
-	return redis.NewClient(first), nil
-}
-
-func envOr(name, fallback string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return fallback
-}
-
-// printer prints locks as tables or JSON.
-type printer struct {
-	out  io.Writer
-	json bool
-}
-
-// lockJSON is a lock as -json prints it.
-type lockJSON struct {
-	Key     string       `json:"key"`
-	Held    bool         `json:"held"`
-	Owner   string       `json:"owner"`
-	OwnerID string       `json:"owner_id"`
-	TTLms   int64        `json:"ttl_ms"`
-	Token   int64        `json:"token"`
-	Waiting []waiterJSON `json:"waiting"`
-}
-
-type waiterJSON struct {
-	Owner   string `json:"owner"`
-	OwnerID string `json:"owner_id"`
-}
-
-func toJSON(info lockreg.LockInfo) lockJSON {
-	j := lockJSON{Key: info.Key, Held: info.Held, Owner: info.Owner, OwnerID: info.OwnerID,
-		TTLms: info.TTL.Milliseconds(), Token: info.Token, Waiting: []waiterJSON{}}
-	for _, w := range info.Waiting {
-		j.Waiting = append(j.Waiting, waiterJSON{Owner: w.Owner, OwnerID: w.OwnerID})
-	}
-	return j
-}
-
-func (p printer) table(infos []lockreg.LockInfo) error {
-	if p.json {
-		all := make([]lockJSON, 0, len(infos))
-		for _, info := range infos {
-			all = append(all, toJSON(info))
-		}
-		return json.NewEncoder(p.out).Encode(all)
-	}
-	if len(infos) == 0 {
-		return nil
-	}
-	w := tabwriter.NewWriter(p.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "KEY\tOWNER\tTTL\tTOKEN\tWAITING")
-	for _, info := range infos {
-		fmt.Fprintf(w, "%q\t%s\t%v\t%d\t%d\n", info.Key, ownerOf(info.Owner, info.OwnerID), info.TTL.Round(time.Millisecond), info.Token, len(info.Waiting))
-	}
-	return w.Flush()
-}
-
-func (p printer) detail(info lockreg.LockInfo) error {
-	if p.json {
-		return json.NewEncoder(p.out).Encode(toJSON(info))
-	}
-	w := tabwriter.NewWriter(p.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "key\t%q\n", info.Key)
-	fmt.Fprintf(w, "owner\t%s\n", ownerOf(info.Owner, info.OwnerID))
-	fmt.Fprintf(w, "owner id\t%s\n", info.OwnerID)
-	fmt.Fprintf(w, "ttl\t%v\n", info.TTL.Round(time.Millisecond))
-	fmt.Fprintf(w, "token\t%d\n", info.Token)
-	for i, waiter := range info.Waiting {
-		fmt.Fprintf(w, "waiting %d\t%s\n", i+1, ownerOf(waiter.Owner, waiter.OwnerID))
-	}
-	return w.Flush()
-}
-
-func (p printer) unlocked(info lockreg.LockInfo) error {
-	if p.json {
-		return json.NewEncoder(p.out).Encode(map[string]any{"unlocked": toJSON(info)})
-	}
-	_, err := fmt.Fprintf(p.out, "unlocked %q, held by %s\n", info.Key, ownerOf(info.Owner, info.OwnerID))
-	return err
-}
-
-// ownerOf names an owner: by name, or by client id if it has none.
-func ownerOf(name, id string) string {
-	if name == "" {
-		return "(unnamed) " + id
-	}
-	return name
 }

@@ -84,17 +84,16 @@ func TestLockctlAgainstALiveRegistry(t *testing.T) {
 	require.NoError(t, err)
 	other, err := service.Obtain("order-7").Acquire(ctx)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		info, err := service.Inspect(ctx, "order-42")
-		return err == nil && info.Owner != ""
-	}, 5*time.Second, 10*time.Millisecond, "the service published its name")
+	awaitOwnerName(t, service, "order-42", "billing/pod-7")
 
 	res := runLockctl(t, nil, "-redis", url, "-namespace", ns, "list")
 	require.Equal(t, exitOK, res.code, res.stderr)
-	require.Contains(t, res.stdout, "KEY")
-	require.Contains(t, res.stdout, `"order-42"`)
-	require.Contains(t, res.stdout, `"order-7"`)
-	require.Contains(t, res.stdout, "billing/pod-7")
+	require.Empty(t, res.stderr)
+	lines := strings.Split(strings.TrimSuffix(res.stdout, "\n"), "\n")
+	require.Len(t, lines, 3, res.stdout)
+	require.Regexp(t, `^\s+TTL\s+TOKEN\s+WAITING\s+STATE\s+OWNER\s+KEY$`, lines[0])
+	require.Regexp(t, `^\s*\d+\.\ds\s+\d+\s+0\s+live\s+billing/pod-7\s+"order-42"$`, lines[1], "sorted by key")
+	require.Regexp(t, `^\s*\d+\.\ds\s+-\s+0\s+live\s+billing/pod-7\s+"order-7"$`, lines[2], "no token drawn")
 
 	res = runLockctl(t, []string{"REDIS_URL=" + url}, "-namespace", ns, "-json", "show", "order-42")
 	require.Equal(t, exitOK, res.code, res.stderr)
@@ -107,7 +106,7 @@ func TestLockctlAgainstALiveRegistry(t *testing.T) {
 
 	res = runLockctl(t, nil, "-redis", url, "-namespace", ns, "show", "order-1")
 	require.Equal(t, exitNotFound, res.code)
-	require.Contains(t, res.stderr, `"order-1" is not held`)
+	require.Equal(t, "lockctl: \"order-1\" is not held in namespace \"orders\"\n", res.stderr, "the namespace is in use: no hint")
 
 	res = runLockctl(t, nil, "-redis", url, "-namespace", ns, "unlock", "order-42")
 	require.Equal(t, exitUsage, res.code, "no terminal to ask on")
@@ -116,12 +115,8 @@ func TestLockctlAgainstALiveRegistry(t *testing.T) {
 
 	res = runLockctl(t, nil, "-redis", url, "-namespace", ns, "unlock", "-yes", "order-42")
 	require.Equal(t, exitOK, res.code, res.stderr)
-	require.Contains(t, res.stdout, `unlocked "order-42", held by billing/pod-7`)
-	select {
-	case <-held.Lost():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the holder did not hear of the forced unlock")
-	}
+	require.Equal(t, "unlocked \"order-42\", held by billing/pod-7 (live: it may still be working, and learns that it lost the lock)\n", res.stdout)
+	requireLost(t, held)
 	require.ErrorIs(t, held.Release(ctx), lockreg.ErrLockLost)
 
 	res = runLockctl(t, nil, "-redis", url, "-namespace", ns, "-json", "list")
@@ -132,31 +127,15 @@ func TestLockctlAgainstALiveRegistry(t *testing.T) {
 	require.Equal(t, "order-7", listed[0].Key)
 	require.NoError(t, other.Release(ctx))
 
+	res = runLockctl(t, nil, "-redis", url, "-namespace", ns, "list")
+	require.Equal(t, exitNotFound, res.code)
+	require.Empty(t, res.stdout)
+	require.Equal(t, "lockctl: no locks held in namespace \"orders\"; 1 registry of it is live: seen within "+twoLeases+"\n", res.stderr)
+
 	res = runLockctl(t, nil, "-redis", url, "-namespace", "nobody", "list")
 	require.Equal(t, exitNotFound, res.code)
-	require.Contains(t, res.stderr, `no lock held in namespace "nobody"`)
-}
-
-func TestLockctlRefusesBadInput(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		args []string
-		code int
-		says string
-	}{
-		{"no command", []string{"-namespace", "ns"}, exitUsage, "name a command"},
-		{"no namespace", []string{"list"}, exitUsage, "-namespace is required"},
-		{"unknown command", []string{"-namespace", "ns", "drop"}, exitUsage, "drop"},
-		{"empty key", []string{"-namespace", "ns", "show", ""}, exitUsage, "the key is empty"},
-		{"bad URL", []string{"-redis", "http://x:y:z", "-namespace", "ns", "list"}, exitUsage, `-redis "http://x:y:z"`},
-		{"Redis down", []string{"-redis", "redis://127.0.0.1:1", "-timeout", "2s", "-namespace", "ns", "list"}, exitError, "Redis call failed"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			res := runLockctl(t, nil, tc.args...)
-			require.Equal(t, tc.code, res.code, res.stderr)
-			require.Contains(t, res.stderr, tc.says)
-		})
-	}
+	require.Contains(t, res.stderr, `no locks held in namespace "nobody"; no registry of this namespace seen`)
+	require.Contains(t, res.stderr, `the namespaces in use are "orders"`)
 }
 
 // TestLockctlNamesTheCommandAnACLForbids: an inspector's user may list,
@@ -207,12 +186,24 @@ func TestLockctlListsACluster(t *testing.T) {
 	require.ElementsMatch(t, keys, got)
 }
 
-func TestConfirmAsksForYes(t *testing.T) {
-	info := lockreg.LockInfo{Key: "k", Owner: "billing", TTL: time.Second}
-	for answer, want := range map[string]bool{"y\n": true, "YES\n": true, "n\n": false, "\n": false, "": false} {
-		var prompt bytes.Buffer
-		require.Equal(t, want, confirm(strings.NewReader(answer), &prompt, info), "%q", answer)
-		require.Contains(t, prompt.String(), `Force "k" open? billing holds it`)
+// awaitOwnerName waits until Inspect names key's owner: a registry
+// publishes its name in the background (publishSoon) when it first
+// acquires.
+func awaitOwnerName(t *testing.T, r *lockreg.Registry, key, name string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		info, err := r.Inspect(context.Background(), key)
+		return err == nil && info.Owner == name
+	}, 5*time.Second, 10*time.Millisecond, "the owner of %q published its name", key)
+}
+
+// requireLost waits for h to hear that its lock was forced open.
+func requireLost(t *testing.T, h *lockreg.Hold) {
+	t.Helper()
+	select {
+	case <-h.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the holder did not hear of the forced unlock")
 	}
 }
 
@@ -266,12 +257,15 @@ func TestLockctlFreesACrashedHoldersKeys(t *testing.T) {
 	line := make([]byte, len("holding\n"))
 	_, err = io.ReadFull(out, line)
 	require.NoError(t, err, "the holder took its keys")
-	require.NoError(t, holder.Process.Kill())
-	_ = holder.Wait()
-
 	waiter, err := lockreg.New(srv.Client(t), "orders")
 	require.NoError(t, err)
 	defer waiter.Close()
+	// Kill the holder once its name is there, else lockctl may find none
+	// to print.
+	awaitOwnerName(t, waiter, keys[0], "doomed-worker")
+	require.NoError(t, holder.Process.Kill())
+	_ = holder.Wait()
+
 	for _, key := range keys {
 		info, err := waiter.Inspect(ctx, key)
 		require.NoError(t, err)
@@ -286,7 +280,8 @@ func TestLockctlFreesACrashedHoldersKeys(t *testing.T) {
 	for _, key := range keys {
 		res := runLockctl(t, nil, "-redis", "redis://"+srv.Addr(), "-namespace", "orders", "unlock", "-yes", key)
 		require.Equal(t, exitOK, res.code, res.stderr)
-		require.Contains(t, res.stdout, "doomed-worker")
+		// Its name outlives it by two leases: live, as lockctl counts it.
+		require.Contains(t, res.stdout, "held by doomed-worker (live")
 	}
 	for _, key := range keys {
 		h, err := waiter.Obtain(key).Acquire(ctx)
@@ -308,4 +303,24 @@ func TestLockctlFollowsSentinels(t *testing.T) {
 	require.Equal(t, exitOK, res.code, res.stderr)
 	require.Contains(t, res.stdout, "o-1")
 	require.NoError(t, h.Release(ctx))
+}
+
+// TestLockctlExitsPromptly: lockreg's Close can wait 15s when it races the
+// tracking subscription that New starts (about one run in five); lockctl
+// does not wait for it.
+func TestLockctlExitsPromptly(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	service, err := lockreg.New(srv.Client(t), "orders")
+	require.NoError(t, err)
+	defer service.Close()
+	h, err := service.Obtain("o-1").Acquire(ctx)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, h.Release(ctx)) }()
+	for i := range 20 {
+		start := time.Now()
+		res := runLockctl(t, nil, "-redis", srv.Addr(), "-namespace", "orders", "list")
+		require.Equal(t, exitOK, res.code, res.stderr)
+		require.Less(t, time.Since(start), 5*time.Second, "run %d", i)
+	}
 }

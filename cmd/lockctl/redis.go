@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// connect makes the client o names.
+func connect(o options) (redis.UniversalClient, error) {
+	parts := strings.Split(o.redisURL, ",")
+	var urls []*redis.Options
+	for i, part := range parts {
+		opt, err := redisAddress(strings.TrimSpace(part))
+		if err != nil {
+			where := ""
+			if len(parts) > 1 {
+				where = fmt.Sprintf("address %d, %q: ", i+1, redact(part))
+			}
+			return nil, usageError("%s %q: %s%w", o.redisFrom, redact(o.redisURL), where, err)
+		}
+		urls = append(urls, opt)
+	}
+	first := urls[0]
+	var addrs []string
+	for _, u := range urls {
+		addrs = append(addrs, u.Addr)
+	}
+	switch {
+	case o.sentinel != "":
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName: o.sentinel, SentinelAddrs: addrs,
+			Username: first.Username, Password: first.Password, DB: first.DB, TLSConfig: first.TLSConfig,
+		}), nil
+	case o.cluster || len(addrs) > 1:
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: addrs, Username: first.Username, Password: first.Password, TLSConfig: first.TLSConfig,
+		}), nil
+	}
+	return redis.NewClient(first), nil
+}
+
+// schemeLike is the start of a URL whose "//" is missing or mistyped.
+var schemeLike = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*):/`)
+
+// redisAddress reads one address of -redis: a redis://, rediss:// or
+// unix:// URL, or HOST:PORT, and says what is wrong with it if it cannot.
+func redisAddress(address string) (*redis.Options, error) {
+	if address == "" {
+		return nil, errors.New("an empty address (a stray comma?)")
+	}
+	if scheme, _, ok := strings.Cut(address, "://"); ok && !knownScheme(scheme) {
+		return nil, fmt.Errorf("the scheme is %q; lockctl takes redis://, rediss:// or unix://", scheme)
+	}
+	if !strings.Contains(address, "://") {
+		if m := schemeLike.FindStringSubmatch(address); m != nil {
+			if knownScheme(m[1]) {
+				return nil, fmt.Errorf(`"//" must follow %q, as in %s://HOST:PORT`, m[1]+":", m[1])
+			}
+			return nil, fmt.Errorf("%q is not a scheme lockctl takes (redis://, rediss:// or unix://), and the rest is not HOST:PORT", m[1]+":")
+		}
+		address = "redis://" + address // HOST:PORT
+	}
+	if _, err := url.Parse(address); err != nil {
+		var urlErr *url.Error
+		if errors.As(err, &urlErr) {
+			err = urlErr.Err // its message repeats the URL, password and all
+		}
+		return nil, err
+	}
+	opt, err := redis.ParseURL(address)
+	if err != nil {
+		return nil, errors.New(strings.TrimPrefix(err.Error(), "redis: "))
+	}
+	return opt, nil
+}
+
+func knownScheme(scheme string) bool {
+	switch strings.ToLower(scheme) {
+	case "redis", "rediss", "unix":
+		return true
+	}
+	return false
+}
+
+// redact hides the passwords of a -redis value, one address or several.
+func redact(value string) string {
+	parts := strings.Split(value, ",")
+	for i, part := range parts {
+		start := 0
+		if n := strings.Index(part, "://"); n >= 0 {
+			start = n + len("://")
+		}
+		authority := part[start:]
+		if end := strings.IndexAny(authority, "/?#"); end >= 0 {
+			authority = authority[:end]
+		}
+		at := strings.LastIndex(authority, "@")
+		if at < 0 {
+			continue
+		}
+		if user, _, hasPassword := strings.Cut(authority[:at], ":"); hasPassword {
+			parts[i] = part[:start] + user + ":xxxxx" + part[start+at:]
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// explainRedisError says, of an error that Redis could not be reached or
+// did not answer in time, which Redis, and for how long.
+func explainRedisError(err error, o options) error {
+	if err == nil || errors.Is(err, errUsage) || errors.Is(err, errNotFound) {
+		return err
+	}
+	var opErr *net.OpError
+	switch {
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return fmt.Errorf("cannot reach Redis (%s %q): %w", o.redisFrom, redact(o.redisURL), opErr)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("no answer from Redis (%s %q) within -timeout %v: %w", o.redisFrom, redact(o.redisURL), o.timeout, err)
+	}
+	return err
+}
