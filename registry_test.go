@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/protocol"
@@ -413,4 +414,22 @@ func TestAnAcquisitionThatCloseOvertakesFailsAndGivesTheKeyBack(t *testing.T) {
 	}
 	require.Zero(t, srv.Client(t).Exists(ctx, "lockreg-test:"+t.Name()+":{k}").Val(), "the key it took went back")
 	require.Zero(t, r.locals.size())
+}
+
+// TestCloseRightAfterNewReturnsAtOnce: Close ends the tracker that New
+// started even before its subscription is up (go-redis does not end a
+// blocked read when its context ends: the subscription must be closed,
+// including one made after Close came).
+func TestCloseRightAfterNewReturnsAtOnce(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	for range 30 {
+		r, err := New(client, "lockreg-test:"+t.Name())
+		require.NoError(t, err)
+		closed := make(chan struct{})
+		go func() {
+			defer close(closed)
+			assert.NoError(t, r.Close())
+		}()
+		requireFires(t, closed, 2*time.Second, "Close returned; it waited for a blocked read before")
+	}
 }

@@ -22,8 +22,12 @@ type tracker struct {
 	sub    *redis.Client // the target's client
 	client *redis.Client // the client the tracking connection is drawn from
 	subID  atomic.Int64  // the target's connection id, set as it connects
-	// pubsub is the target's subscription, which Close closes to end run.
-	pubsub atomic.Pointer[redis.PubSub]
+	// pubsub is the target's subscription, which Close closes to end run
+	// (go-redis does not end a read when its context ends); stopped says
+	// that Close came, so that one made after it is closed at once.
+	subMu   sync.Mutex
+	pubsub  *redis.PubSub
+	stopped bool
 	// refused says that the server refused tracking.
 	refused atomic.Bool
 
@@ -48,7 +52,9 @@ func (t *tracker) run(stop context.Context) {
 	for pause := t.r.cfg.retryInterval; ; pause = min(2*pause, subscribeTimeout) {
 		channels := t.r.peer.TrackingChannels()
 		sub := t.sub.Subscribe(stop, channels...)
-		t.pubsub.Store(sub)
+		if !t.keep(sub) {
+			return
+		}
 		var err error
 		for range channels { // one confirmation each
 			if _, err = sub.ReceiveTimeout(stop, subscribeTimeout); err != nil {
@@ -72,6 +78,30 @@ func (t *tracker) run(stop context.Context) {
 			return
 		case <-time.After(pause):
 		}
+	}
+}
+
+// keep records sub as the target's subscription, unless Close came, which
+// it then closes.
+func (t *tracker) keep(sub *redis.PubSub) bool {
+	t.subMu.Lock()
+	defer t.subMu.Unlock()
+	if t.stopped {
+		_ = sub.Close()
+		return false
+	}
+	t.pubsub = sub
+	return true
+}
+
+// stop closes the target's subscription, and any made later, which ends
+// run once Close cancelled its context.
+func (t *tracker) stop() {
+	t.subMu.Lock()
+	defer t.subMu.Unlock()
+	t.stopped = true
+	if t.pubsub != nil {
+		_ = t.pubsub.Close()
 	}
 }
 
@@ -120,6 +150,9 @@ func (t *tracker) route(stop context.Context, sub *redis.PubSub) {
 func (t *tracker) refuse(err error) {
 	t.refused.Store(true)
 	t.r.trackingRefused(err)
+	// Holds queued for arming while there was no connection are checked
+	// once on the registry's client instead.
+	t.r.verifyHolds(LossDeleted)
 }
 
 // invalidated queues a verify of the held keys among keys, which changed.

@@ -137,9 +137,7 @@ func (r *Registry) stopTracking() {
 	r.tracking.mu.Lock()
 	defer r.tracking.mu.Unlock()
 	for _, t := range r.tracking.trackers {
-		if sub := t.pubsub.Load(); sub != nil {
-			_ = sub.Close()
-		}
+		t.stop()
 	}
 }
 
