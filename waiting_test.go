@@ -138,7 +138,13 @@ func TestOneSubscriptionPerRegistryWhateverTheKeys(t *testing.T) {
 	require.Equal(t, int64(3), subs[protocol.ReleaseChannel(waiters[0].namespace)], "one subscription per registry, for 50 keys each: the waiters' and the holder's")
 	list, err := admin.ClientList(ctx).Result()
 	require.NoError(t, err)
-	require.Equal(t, 3, strings.Count(list, "sub=2"), "one subscribed connection per registry, to the shared channel and its grant channel")
+	require.Equal(t, 6, strings.Count(list, "sub=2"), "per registry, one subscribed connection to the shared channel and its grant channel, and its tracker's target, to the invalidations and its forced unlocks")
+	for _, r := range append(waiters, holder) {
+		grants := protocol.GrantChannel(r.namespace, r.clientID)
+		subs, err := admin.PubSubNumSub(ctx, grants).Result()
+		require.NoError(t, err)
+		require.Equal(t, int64(1), subs[grants], "one subscription to a registry's grants, whatever the keys")
+	}
 	require.Equal(t, 0, strings.Count(list, "psub=1"), "no patterns")
 	cancel()
 	wg.Wait()
