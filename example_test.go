@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -254,4 +256,178 @@ func ExampleLock_Token() {
 	// stale holder writes: stale fencing token: the writer lost its lock
 	// stale holder's token: true
 	// stale holder unlocks: true
+}
+
+// Inspect tells an operator who holds a key and who waits for it, by the
+// names the registries gave themselves (WithOwner).
+func ExampleRegistry_Inspect() {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer client.Close()
+	// Three registries stand for three processes.
+	billing, _ := lockreg.New(client, "example:inspect", lockreg.WithOwner("billing/pod-7"))
+	defer billing.Close()
+	reports, _ := lockreg.New(client, "example:inspect", lockreg.WithOwner("reports/pod-1"))
+	defer reports.Close()
+	operator, _ := lockreg.New(client, "example:inspect")
+	defer operator.Close()
+
+	hold, err := billing.Obtain("order-42").Acquire(ctx)
+	if err != nil {
+		panic(err)
+	}
+	waited := make(chan error)
+	go func() {
+		waited <- reports.Do(ctx, "order-42", func(context.Context) error { return nil })
+	}()
+
+	// A registry publishes its name in the background as it acquires or
+	// waits: look again until the holder and the waiter are both named.
+	var info lockreg.LockInfo
+	for range 500 {
+		if info, err = operator.Inspect(ctx, "order-42"); err != nil {
+			panic(err)
+		}
+		if info.Owner != "" && len(info.Waiting) > 0 && info.Waiting[0].Owner != "" {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Println(info.Key, "held by", info.Owner)
+	for _, w := range info.Waiting { // first in line first
+		fmt.Println("waiting:", w.Owner)
+	}
+
+	if err := hold.Release(ctx); err != nil { // the release grants the key to the waiter
+		panic(err)
+	}
+	fmt.Println("the waiter's turn:", <-waited)
+	// Output:
+	// order-42 held by billing/pod-7
+	// waiting: reports/pod-1
+	// the waiter's turn: <nil>
+}
+
+// Locks lists the locks held in the namespace, on every primary, in no
+// particular order: sort them for a report.
+func ExampleRegistry_Locks() {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer client.Close()
+	registry, _ := lockreg.New(client, "example:invoices")
+	defer registry.Close()
+
+	for _, key := range []string{"invoice-3", "invoice-1"} {
+		hold, err := registry.Obtain(key).Acquire(ctx)
+		if err != nil {
+			panic(err)
+		}
+		defer hold.Release(ctx)
+	}
+	// A lock released is listed no more.
+	if err := registry.Do(ctx, "invoice-2", func(context.Context) error { return nil }); err != nil {
+		panic(err)
+	}
+
+	var held []string
+	for info, err := range registry.Locks(ctx) {
+		if err != nil { // the listing stopped there
+			panic(err)
+		}
+		held = append(held, info.Key)
+	}
+	slices.Sort(held)
+	fmt.Println(held)
+	// Output: [invoice-1 invoice-3]
+}
+
+// ForceUnlock frees a key whose holder is stuck, or dead with a long
+// lease, and tells the holder: its Lost channel closes, and its Err names
+// the cause. Its release then leaves the key alone, whoever took it since.
+func ExampleRegistry_ForceUnlock() {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer client.Close()
+	// Two registries stand for a worker's process and an operator's.
+	worker, _ := lockreg.New(client, "example:exports", lockreg.WithOwner("exports/pod-3"))
+	defer worker.Close()
+	operator, _ := lockreg.New(client, "example:exports")
+	defer operator.Close()
+
+	hold, err := worker.Obtain("export-9").Acquire(ctx)
+	if err != nil {
+		panic(err)
+	}
+	// A holder hears of a forced unlock at once through Redis's CLIENT
+	// TRACKING, which its registry turns on in the background as it first
+	// acquires; a long-running worker has it on long before.
+	for range 500 {
+		if worker.Stats().Tracking {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	freed, err := operator.ForceUnlock(ctx, "export-9")
+	fmt.Println("freed:", freed, err)
+	<-hold.Lost() // the worker stops its work here
+	fmt.Println(hold.Err())
+	fmt.Println("its release:", errors.Is(hold.Release(ctx), lockreg.ErrLockLost))
+
+	freed, err = operator.ForceUnlock(ctx, "export-9")
+	fmt.Println("freed again:", freed, err) // nobody holds it now
+	// Output:
+	// freed: true <nil>
+	// lockreg: lock lost: key "export-9": an operator forced its key open (ForceUnlock)
+	// its release: true
+	// freed again: false <nil>
+}
+
+// Hooks feed metrics and logs. The registry calls them on the goroutine
+// where the event happens, so they only count, or hand the event on
+// without blocking.
+func ExampleRegistry_AddHooks() {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer client.Close()
+	// A fixed 100ms lease stands for a holder stalled for longer than it.
+	registry, _ := lockreg.New(client, "example:hooks", lockreg.WithExpireAfter(100*time.Millisecond),
+		lockreg.WithRetryInterval(10*time.Millisecond), lockreg.WithRenewal(false))
+	defer registry.Close()
+
+	var acquired, notObtained atomic.Int64
+	losses := make(chan lockreg.LossEvent, 100) // read by a logging goroutine, here the example's
+	registry.AddHooks(lockreg.Hooks{
+		AcquireDone: func(_ context.Context, e lockreg.AcquireEvent) {
+			switch e.Outcome {
+			case lockreg.OutcomeAcquired:
+				acquired.Add(1)
+			case lockreg.OutcomeNotObtained:
+				notObtained.Add(1)
+			}
+		},
+		Lost: func(e lockreg.LossEvent) {
+			select {
+			case losses <- e:
+			default: // a full log drops the event rather than stall the registry
+			}
+		},
+	})
+
+	for range 3 {
+		_ = registry.Do(ctx, "report", func(context.Context) error { return nil })
+	}
+	hold, err := registry.Obtain("report").Acquire(ctx)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("taken while held:", registry.Obtain("report").TryLock())
+	lost := <-losses // the lease ran out unrenewed
+	fmt.Println("lost", lost.Key)
+	_ = hold.Release(ctx) // ErrLockLost
+	fmt.Println("acquired:", acquired.Load(), "not obtained:", notObtained.Load())
+	// Output:
+	// taken while held: false
+	// lost report
+	// acquired: 4 not obtained: 1
 }

@@ -28,12 +28,13 @@
 //     released yet. A lost hold counts until its owner releases it, as in
 //     Stats. With WithLockKeys, a key held no more has no series.
 //   - lockreg.lost, a counter: holds lost; lockreg.cause (expired,
-//     max_hold, deleted, restart, closed, forced, as lockreg.LossCause
-//     names them). A loss that the hold's release found first counts
-//     then: expired or max_hold if its lease ran out, deleted if Redis
-//     said the key was not the registry's.
+//     max_hold, deleted, restart, closed, forced, overwritten, flushed,
+//     evicted, as lockreg.LossCause names them). A loss that the hold's
+//     release found first counts then: expired or max_hold if its lease
+//     ran out, deleted if Redis said the key was not the registry's.
 //   - lockreg.redis.calls, an observed counter: calls sent to Redis;
-//     lockreg.operation (acquire, release, renew, token, withdraw, check).
+//     lockreg.operation (acquire, release, renew, token, withdraw, check,
+//     track, as lockreg.RedisOp names them).
 //
 // Every instrument carries lockreg.registry, the registry's registryKey
 // (lockreg.Registry.Key), and the attributes of WithAttributes.
@@ -41,6 +42,32 @@
 // nested in a Do of the key) cost nothing and are not reported. Lock keys
 // become attributes (lockreg.key) only with WithLockKeys: a series per
 // key is what breaks metric backends.
+//
+// # Prometheus
+//
+// OpenTelemetry's Prometheus exporter (otelprom below:
+// go.opentelemetry.io/otel/exporters/prometheus) names the instruments in
+// Prometheus's style (lockreg_holds, lockreg_lost_total,
+// lockreg_acquire_duration_seconds, ...) and their attributes as labels
+// (lockreg_registry, lockreg_cause, ...). By default it also labels every
+// series with the instrumentation scope, this package:
+//
+//	lockreg_holds{lockreg_registry="myapp:orders",otel_scope_name="github.com/lockreg/lockreg/extra/lockregotel",otel_scope_schema_url="",otel_scope_version=""} 0
+//
+// Every lockreg_ series comes from this one scope, so those labels tell
+// nothing apart. WithoutScopeInfo drops them, as cmd/lockdemo does; a
+// translation strategy set explicitly keeps the names in Prometheus's
+// style whatever the exporter's default:
+//
+//	exporter, err := otelprom.New(otelprom.WithoutScopeInfo(),
+//		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes))
+//	...
+//	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+//	err = lockregotel.InstrumentMetrics(registry, lockregotel.WithMeterProvider(provider))
+//
+// The series above then reads:
+//
+//	lockreg_holds{lockreg_registry="myapp:orders"} 0
 //
 // # Traces
 //
