@@ -119,6 +119,12 @@ func (r *Registry) renew(ctx context.Context, batches [][]*Hold, refresh ...*pro
 	if len(batches) == 0 {
 		return
 	}
+	if r.servers.native.Load() {
+		if r.renewNatively(ctx, batches, refresh) {
+			return
+		}
+		refresh = nil // sent already
+	}
 	calls := make([]*protocol.Call, len(batches), len(batches)+len(refresh))
 	for i, batch := range batches {
 		keys := make([]string, len(batch))
@@ -147,6 +153,44 @@ func (r *Registry) renew(ctx context.Context, batches [][]*Hold, refresh ...*pro
 	r.renew(ctx, oneByOne)
 }
 
+// renewNatively renews the holds of batches one SET ... IFEQ each, all in
+// one pipeline (protocol.Peer.RenewOne), with refresh. It reports false if
+// a server refused the command (a failover to an older one): the registry
+// then renews by renew.lua, starting with this round.
+func (r *Registry) renewNatively(ctx context.Context, batches [][]*Hold, refresh []*protocol.Call) bool {
+	var holds []*Hold
+	for _, batch := range batches {
+		holds = append(holds, batch...)
+	}
+	calls := make([]*protocol.Call, len(holds), len(holds)+len(refresh))
+	for i, h := range holds {
+		c := r.peer.RenewOne(h.redisKey())
+		calls[i] = &c
+	}
+	sent := time.Now()
+	r.countCalls(OpRenew, len(calls))
+	protocol.RunPipeline(ctx, r.client, append(calls, refresh...))
+	if len(refresh) > 0 {
+		r.refreshed(refresh, sent)
+	}
+	leaseEnd := sent.Add(r.cfg.expireAfter).UnixNano()
+	for i, h := range holds {
+		renewed, err := protocol.ReadRenewOne(calls[i].Cmd)
+		switch {
+		case protocol.NativeRenewalRefused(err):
+			r.servers.native.Store(false)
+			return false
+		case err != nil:
+			if ctx.Err() == nil {
+				r.cfg.logger.Warn("lockreg: lease renewal failed; retrying on the next tick", "key", printedKey(h.Key()), "error", err)
+			}
+		default:
+			r.extended(h, renewed, sent, leaseEnd)
+		}
+	}
+	return true
+}
+
 // applyRenewal applies renew.lua's reply for batch, sent at sent.
 func (r *Registry) applyRenewal(ctx context.Context, batch []*Hold, cmd *redis.Cmd, sent time.Time) {
 	ok, err := protocol.ReadRenew(cmd)
@@ -158,16 +202,22 @@ func (r *Registry) applyRenewal(ctx context.Context, batch []*Hold, cmd *redis.C
 	}
 	leaseEnd := sent.Add(r.cfg.expireAfter).UnixNano()
 	for i, h := range batch {
-		// The holds were picked while their leases lived, but the process
-		// may have stood still before sending (a stop, a long pause). Once
-		// a lease has run out, the key may have passed through other owners
-		// and come back, which the owner check cannot tell: only a renewal
-		// sent within the lease carries the hold on.
-		switch {
-		case i >= len(ok) || !ok[i]:
-			h.endLease(LossDeleted)
-		case !h.extendLease(sent, leaseEnd):
-			h.endLease(r.lapseCause(h))
-		}
+		r.extended(h, i < len(ok) && ok[i], sent, leaseEnd)
+	}
+}
+
+// extended applies a renewal of h, sent at sent, that renewed its key or
+// found it gone or taken.
+func (r *Registry) extended(h *Hold, renewed bool, sent time.Time, leaseEnd int64) {
+	// The hold was picked while its lease lived, but the process may have
+	// stood still before sending (a stop, a long pause). Once a lease has
+	// run out, the key may have passed through other owners and come back,
+	// which the owner check cannot tell: only a renewal sent within the
+	// lease carries the hold on.
+	switch {
+	case !renewed:
+		h.endLease(LossDeleted)
+	case !h.extendLease(sent, leaseEnd):
+		h.endLease(r.lapseCause(h))
 	}
 }

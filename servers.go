@@ -26,6 +26,9 @@ type serverCheck struct {
 	// then the error every acquisition fails with, if set.
 	looked  chan struct{}
 	refused atomic.Pointer[error]
+	// native says that every primary renews natively (SET ... IFEQ, see
+	// protocol.Peer.RenewOne), rather than by renew.lua.
+	native atomic.Bool
 	// evicts says that a server may evict lock keys, as WithEvictionAllowed
 	// lets it: a key found gone after the server evicted keys lost its hold
 	// to eviction. evicted is the servers' evicted_keys when last read.
@@ -63,13 +66,16 @@ func (r *Registry) checkServers(stop context.Context) {
 	}
 }
 
-// readEvictionPolicies reads and judges every primary's policy.
+// readEvictionPolicies reads and judges every primary's policy, and
+// whether every one renews natively.
 func (r *Registry) readEvictionPolicies(ctx context.Context) error {
-	return r.forEachPrimary(ctx, func(ctx context.Context, addr string, node redis.Cmdable) error {
-		info, err := node.Info(ctx, "memory").Result()
+	native := true
+	err := r.forEachPrimary(ctx, func(ctx context.Context, addr string, node redis.Cmdable) error {
+		info, err := node.Info(ctx, "memory", "server").Result()
 		if err != nil {
 			return err
 		}
+		native = native && protocol.RenewsNatively(info)
 		e, err := protocol.ReadEviction(info)
 		if err != nil || !e.Evicts() {
 			return err
@@ -85,6 +91,8 @@ func (r *Registry) readEvictionPolicies(ctx context.Context) error {
 		r.evictedSince(ctx, addr, node)
 		return nil
 	})
+	r.servers.native.Store(err == nil && native)
+	return err
 }
 
 // forEachPrimary calls fn for every primary of the registry's client, one

@@ -100,6 +100,15 @@ func ReadRenew(cmd *redis.Cmd) ([]bool, error) {
 	return ok, err
 }
 
+// ReadRenewOne reads RenewOne's reply: whether the key was renewed.
+func ReadRenewOne(cmd *redis.Cmd) (bool, error) {
+	return ReadSetIfFree(cmd) // OK, or nil when the key is not the registry's
+}
+
+// NativeRenewalRefused reports whether a server refused RenewOne's SET for
+// its syntax: it has no IFEQ (a failover to an older server, say).
+func NativeRenewalRefused(err error) bool { return redis.HasErrorPrefix(err, "ERR syntax error") }
+
 // ReadToken reads token.lua's reply: the token, or 0 if the key was not
 // this registry's; ErrFenceMoving if the key's slot is migrating.
 func ReadToken(cmd *redis.Cmd) (int64, error) {

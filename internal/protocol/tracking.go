@@ -108,6 +108,33 @@ func ReadEviction(info string) (Eviction, error) {
 	return e, nil
 }
 
+// RenewsNatively reports whether a server, by its INFO server reply, has
+// SET ... IFEQ for RenewOne: Valkey 8.1 or later, Redis 8.4 or later.
+func RenewsNatively(info string) bool {
+	fields := map[string]string{}
+	for line := range strings.SplitSeq(info, "\n") {
+		if name, value, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			fields[name] = value
+		}
+	}
+	if v, ok := fields["valkey_version"]; ok {
+		return atLeast(v, 8, 1)
+	}
+	return fields["server_name"] != "valkey" && atLeast(fields["redis_version"], 8, 4)
+}
+
+// atLeast reports whether version, "major.minor.patch", is at least
+// major.minor.
+func atLeast(version string, major, minor int) bool {
+	parts := strings.SplitN(version, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(parts[1])
+	return err1 == nil && err2 == nil && (ma > major || ma == major && mi >= minor)
+}
+
 // EvictedKeys reads evicted_keys from INFO stats' reply, or -1.
 func EvictedKeys(info string) int64 {
 	for line := range strings.SplitSeq(info, "\n") {
