@@ -292,7 +292,7 @@ func TestRedisClusterRenewsInOneRoundTripPerNode(t *testing.T) {
 	require.Len(t, keysOn, 3, "the keys live on every node")
 
 	time.Sleep(lease / 2) // the first tick loads the script on each node
-	renewal := "evalsha" // renew.lua, or SET ... IFEQ where the servers have it
+	renewal := "evalsha"  // renew.lua, or SET ... IFEQ where the servers have it
 	if r.servers.native.Load() {
 		renewal = "set"
 	}

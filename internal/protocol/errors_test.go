@@ -70,11 +70,11 @@ func TestRenewsNativelyOnValkey81AndRedis84(t *testing.T) {
 		"# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:8.1.1\r\n": true,
 		"# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:8.0.3\r\n": false,
 		"# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:9.0.0\r\n": true,
-		"# Server\r\nredis_version:8.0.2\r\n":  false,
-		"# Server\r\nredis_version:8.4.0\r\n":  true,
-		"# Server\r\nredis_version:7.0.15\r\n": false,
-		"# Server\r\nredis_version:10.0.0\r\n": true,
-		"":                                     false,
+		"# Server\r\nredis_version:8.0.2\r\n":                                               false,
+		"# Server\r\nredis_version:8.4.0\r\n":                                               true,
+		"# Server\r\nredis_version:7.0.15\r\n":                                              false,
+		"# Server\r\nredis_version:10.0.0\r\n":                                              true,
+		"":                                                                                  false,
 	} {
 		require.Equal(t, native, RenewsNatively(info), info)
 	}
