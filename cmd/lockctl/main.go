@@ -9,7 +9,7 @@
 // -redis takes a redis:// (or rediss://, unix://) URL, or HOST:PORT, or
 // several addresses or URLs separated by commas, which make a Cluster
 // client (as -cluster does), or Sentinels with -sentinel MASTER; REDIS_URL
-// is the default. -json prints JSON. The namespace is the registryKey the
+// is the default. -json prints JSON. The namespace is the one the
 // service passes to lockreg.New. list, show and the confirmation need only
 // read the namespace (the README's inspector ACL); unlock runs
 // forceunlock.lua.
@@ -138,7 +138,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.SetOutput(io.Discard) // run prints the errors, and -h its help
 	fs.Usage = func() {}
 	fs.StringVar(&o.redisURL, "redis", "", "a redis://, rediss:// or unix:// `URL` or HOST:PORT, or several separated by commas (Cluster, or Sentinels with -sentinel); default $REDIS_URL, else "+defaultRedis)
-	fs.StringVar(&o.namespace, "namespace", "", "`NS`, the namespace: the registryKey the service passes to lockreg.New (required)")
+	fs.StringVar(&o.namespace, "namespace", "", "`NS`, the namespace the service passes to lockreg.New (required)")
 	fs.BoolVar(&o.cluster, "cluster", false, "connect to a Redis Cluster (implied by several addresses)")
 	fs.StringVar(&o.sentinel, "sentinel", "", "the `MASTER` name: the -redis addresses are Sentinels watching it")
 	fs.BoolVar(&o.json, "json", false, "print JSON")
@@ -251,7 +251,7 @@ func checkCommand(o options, args []string) error {
 		return usageError("-yes is for unlock, not %s", command)
 	}
 	if o.namespace == "" {
-		return usageError("-namespace is required: the registryKey the service passes to lockreg.New")
+		return usageError("-namespace is required: the namespace the service passes to lockreg.New")
 	}
 	return nil
 }

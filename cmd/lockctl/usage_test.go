@@ -22,8 +22,8 @@ func TestLockctlRefusesBadInput(t *testing.T) {
 		says string // in the first line of stderr
 	}{
 		{"no command", []string{"-namespace", "ns"}, "name a command: list, show KEY or unlock KEY"},
-		{"no namespace", []string{"list"}, "-namespace is required: the registryKey the service passes to lockreg.New"},
-		{"no namespace after the command", []string{"show", "k", "-json"}, "-namespace is required: the registryKey the service passes to lockreg.New"},
+		{"no namespace", []string{"list"}, "-namespace is required: the namespace the service passes to lockreg.New"},
+		{"no namespace after the command", []string{"show", "k", "-json"}, "-namespace is required: the namespace the service passes to lockreg.New"},
 		{"a typo of list", []string{"-namespace", "ns", "lsit"}, `unknown command "lsit"; the commands are list, show KEY and unlock KEY (did you mean list?)`},
 		{"a typo of unlock", []string{"unlok", "k", "-namespace", "ns"}, `unknown command "unlok"; the commands are list, show KEY and unlock KEY (did you mean unlock?)`},
 		{"unknown command", []string{"-namespace", "ns", "drop", "k"}, `unknown command "drop"; the commands are list, show KEY and unlock KEY`},

@@ -64,7 +64,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	workers := fs.Int("workers", 8, "goroutines per service")
 	increments := fs.Int("increments", 60, "increments per worker")
 	key := fs.String("key", "counter", "the lock key")
-	registryKey := fs.String("registry", "lockdemo", "the registry's Redis key prefix")
+	namespace := fs.String("registry", "lockdemo", "the registry's namespace: its Redis keys' prefix")
 	expire := fs.Duration("expire", 30*time.Second, fmt.Sprintf("lock lease, longer than the %v retry interval", retryInterval))
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics at http://ADDR/metrics while it runs, such as 127.0.0.1:9464")
 	keepServing := fs.Bool("keep-serving", false, "with -metrics, keep serving them after the work ends, until interrupted")
@@ -89,7 +89,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return usage("-increments must be at least 1, got %d", *increments)
 	case *key == "":
 		return usage("-key must not be empty")
-	case *registryKey == "":
+	case *namespace == "":
 		return usage("-registry must not be empty")
 	case *expire <= retryInterval:
 		return usage("-expire must be longer than the %v retry interval, got %v", retryInterval, *expire)
@@ -120,7 +120,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// lock traffic.
 	data := redis.NewClient(opts)
 	defer data.Close()
-	counterKey := *registryKey + ":" + *key + ":value"
+	counterKey := *namespace + ":" + *key + ":value"
 	if err := data.Set(ctx, counterKey, 0, 0).Err(); err != nil {
 		fmt.Fprintf(stderr, "lockdemo: cannot use Redis at %s: %v; start it or omit -redis\n", opts.Addr, err)
 		return 1
@@ -135,7 +135,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		client := redis.NewClient(opts)
 		defer client.Close()
 		client.AddHook(lockTraffic)
-		reg, err := lockreg.New(client, *registryKey,
+		reg, err := lockreg.New(client, *namespace,
 			lockreg.WithExpireAfter(*expire), lockreg.WithRetryInterval(retryInterval), lockreg.WithLogger(logger))
 		if err != nil {
 			fmt.Fprintf(stderr, "lockdemo: %v\n", err)

@@ -14,7 +14,7 @@ const scope = "github.com/lockreg/lockreg/extra/lockregotel"
 // The attributes, in OpenTelemetry's dotted style under the library's
 // namespace: Prometheus shows them as lockreg_outcome and so on.
 const (
-	registryAttr  = attribute.Key("lockreg.registry")  // the registryKey
+	registryAttr  = attribute.Key("lockreg.registry")  // the namespace
 	keyAttr       = attribute.Key("lockreg.key")       // a lock's key, with WithLockKeys only
 	outcomeAttr   = attribute.Key("lockreg.outcome")   // lockreg.Outcome
 	pathAttr      = attribute.Key("lockreg.path")      // lockreg.Path, of acquired holds

@@ -36,7 +36,7 @@
 //     lockreg.operation (acquire, release, renew, token, withdraw, check,
 //     track, as lockreg.RedisOp names them).
 //
-// Every instrument carries lockreg.registry, the registry's registryKey
+// Every instrument carries lockreg.registry, the registry's namespace
 // (lockreg.Registry.Key), and the attributes of WithAttributes.
 // Reentrant acquisitions (a goroutine taking its own hold again, a Do
 // nested in a Do of the key) cost nothing and are not reported. Lock keys

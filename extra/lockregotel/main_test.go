@@ -25,37 +25,37 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.M(m)) }
 
 // newRegistry is a registry on client for one test, closed when it ends,
-// and its registryKey, of its own: the runs of -count must not meet the
+// and its namespace, of its own: the runs of -count must not meet the
 // keys that earlier ones left to expire.
 func newRegistry(t testing.TB, client redis.UniversalClient, opts ...lockreg.Option) (*lockreg.Registry, string) {
 	t.Helper()
-	registryKey := fmt.Sprintf("lockregotel-test:%s:%d", t.Name(), registries.Add(1))
-	return openRegistry(t, client, registryKey, opts...), registryKey
+	namespace := fmt.Sprintf("lockregotel-test:%s:%d", t.Name(), registries.Add(1))
+	return openRegistry(t, client, namespace, opts...), namespace
 }
 
-var registries atomic.Int64 // registries made, for their registryKeys
+var registries atomic.Int64 // registries made, for their namespaces
 
-// openRegistry is a registry of registryKey on client, closed when the
+// openRegistry is a registry of namespace on client, closed when the
 // test ends.
-func openRegistry(t testing.TB, client redis.UniversalClient, registryKey string, opts ...lockreg.Option) *lockreg.Registry {
+func openRegistry(t testing.TB, client redis.UniversalClient, namespace string, opts ...lockreg.Option) *lockreg.Registry {
 	t.Helper()
 	opts = append([]lockreg.Option{lockreg.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
-	r, err := lockreg.New(client, registryKey, opts...)
+	r, err := lockreg.New(client, namespace, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, r.Close()) })
 	return r
 }
 
-// contenders are two registries of one registryKey, on the shared server,
+// contenders are two registries of one namespace, on the shared server,
 // the first made with opts: each with its own client, as two processes'
 // would have. The client of the first is returned.
-func contenders(t *testing.T, opts ...lockreg.Option) (r, other *lockreg.Registry, registryKey string, client *redis.Client) {
+func contenders(t *testing.T, opts ...lockreg.Option) (r, other *lockreg.Registry, namespace string, client *redis.Client) {
 	t.Helper()
 	srv := redistest.Shared(t)
 	client = srv.Client(t)
-	r, registryKey = newRegistry(t, client, opts...)
-	other = openRegistry(t, srv.Client(t), registryKey)
-	return r, other, registryKey, client
+	r, namespace = newRegistry(t, client, opts...)
+	other = openRegistry(t, srv.Client(t), namespace)
+	return r, other, namespace, client
 }
 
 // timesOut holds key in other, and requires that r's acquisition of it
@@ -84,17 +84,17 @@ func requireFires(t *testing.T, ch <-chan struct{}, limit time.Duration, msg str
 // meters reads the metrics of the registries instrumented with it, in
 // memory, as an exporter would.
 type meters struct {
-	reader      *sdkmetric.ManualReader
-	provider    *sdkmetric.MeterProvider
-	registryKey string // what every measurement's lockreg.registry must be
-	keys        bool   // whether every measurement names its key (WithLockKeys)
+	reader    *sdkmetric.ManualReader
+	provider  *sdkmetric.MeterProvider
+	namespace string // what every measurement's lockreg.registry must be
+	keys      bool   // whether every measurement names its key (WithLockKeys)
 }
 
-func newMeters(t *testing.T, registryKey string) *meters {
+func newMeters(t *testing.T, namespace string) *meters {
 	reader := sdkmetric.NewManualReader()
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { require.NoError(t, provider.Shutdown(context.Background())) })
-	return &meters{reader: reader, provider: provider, registryKey: registryKey}
+	return &meters{reader: reader, provider: provider, namespace: namespace}
 }
 
 // instrument is InstrumentMetrics for r, into m, with opts.
@@ -126,7 +126,7 @@ func (m *meters) collect(t *testing.T) map[string][]point {
 		for _, kv := range set.ToSlice() {
 			attrs[string(kv.Key)] = kv.Value.Emit()
 		}
-		require.Equal(t, m.registryKey, attrs["lockreg.registry"], name)
+		require.Equal(t, m.namespace, attrs["lockreg.registry"], name)
 		_, keyed := attrs["lockreg.key"]
 		require.Equal(t, m.keys && name != "lockreg.redis.calls", keyed, "%s: %v", name, attrs)
 		return attrs

@@ -36,9 +36,9 @@ func InstrumentMetrics(reg *lockreg.Registry, opts ...Option) error {
 }
 
 // metricsHooks are the hooks that InstrumentMetrics adds to a registry of
-// registryKey.
-func metricsHooks(registryKey string, opts []Option) (lockreg.Hooks, error) {
-	c := newConfig(registryKey, opts)
+// namespace.
+func metricsHooks(namespace string, opts []Option) (lockreg.Hooks, error) {
+	c := newConfig(namespace, opts)
 	m, err := newMetrics(&c)
 	if err != nil {
 		return lockreg.Hooks{}, err

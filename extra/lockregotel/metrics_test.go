@@ -24,12 +24,12 @@ func waitsInRedis(t *testing.T, r *lockreg.Registry, failedBefore int64) {
 	require.Eventually(t, func() bool { return r.Stats().FailedAttempts > failedBefore }, 5*time.Second, time.Millisecond)
 }
 
-// subscribed waits until a registry of registryKey has subscribed to its
+// subscribed waits until a registry of namespace has subscribed to its
 // release notifications (docs/PROTOCOL.md), as one does once it holds a
 // key.
-func subscribed(t *testing.T, client *redis.Client, registryKey string) {
+func subscribed(t *testing.T, client *redis.Client, namespace string) {
 	t.Helper()
-	channel := registryKey + ":released"
+	channel := namespace + ":released"
 	require.Eventually(t, func() bool {
 		return client.PubSubNumSub(context.Background(), channel).Val()[channel] > 0
 	}, 5*time.Second, time.Millisecond)
@@ -73,8 +73,8 @@ func (m *meters) requireLost(t *testing.T, h *lockreg.Hold) {
 // every hold released; Redis calls as Stats counts them.
 func TestMetricsOfAcquisitionsByPath(t *testing.T) {
 	ctx := context.Background()
-	r, other, registryKey, client := contenders(t, lockreg.WithLocalHandoff(16, time.Hour))
-	m := newMeters(t, registryKey)
+	r, other, namespace, client := contenders(t, lockreg.WithLocalHandoff(16, time.Hour))
+	m := newMeters(t, namespace)
 	m.instrument(t, r)
 
 	h, err := r.Obtain("first").Acquire(ctx)
@@ -82,7 +82,7 @@ func TestMetricsOfAcquisitionsByPath(t *testing.T) {
 	_, err = h.Token(ctx)
 	require.NoError(t, err)
 	require.NoError(t, h.Release(ctx))
-	subscribed(t, client, registryKey) // only r is: it hears grants from now on
+	subscribed(t, client, namespace) // only r is: it hears grants from now on
 
 	held, err := other.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
@@ -119,8 +119,8 @@ func TestMetricsOfAcquisitionsByPath(t *testing.T) {
 // the key, and a TryLock, are not obtained; the abandoned wait withdrew
 // its mark from Redis.
 func TestMetricsOfFailedAcquisitions(t *testing.T) {
-	r, other, registryKey, _ := contenders(t, lockreg.WithRetryInterval(20*time.Millisecond))
-	m := newMeters(t, registryKey)
+	r, other, namespace, _ := contenders(t, lockreg.WithRetryInterval(20*time.Millisecond))
+	m := newMeters(t, namespace)
 	m.instrument(t, r)
 
 	timesOut(t, r, other, "k")
@@ -129,7 +129,7 @@ func TestMetricsOfFailedAcquisitions(t *testing.T) {
 	points := m.collect(t)
 	failed := points["lockreg.acquire.duration"]
 	require.Len(t, failed, 1, "one series: no path")
-	require.Equal(t, map[string]string{"lockreg.registry": registryKey, "lockreg.outcome": "not_obtained"}, failed[0].attrs)
+	require.Equal(t, map[string]string{"lockreg.registry": namespace, "lockreg.outcome": "not_obtained"}, failed[0].attrs)
 	require.EqualValues(t, 2, failed[0].count)
 	require.GreaterOrEqual(t, failed[0].sum, 0.1, "the timeout waited 100ms")
 	require.EqualValues(t, 0, total(t, points["lockreg.holds"]).value, "nothing was held")
@@ -150,23 +150,23 @@ func TestMetricsOfLosses(t *testing.T) {
 	for _, tc := range []struct {
 		name, cause string
 		opts        []lockreg.Option
-		// lose makes the hold of r (of registryKey) lose its key; Lost
+		// lose makes the hold of r (of namespace) lose its key; Lost
 		// fires unless silent.
-		lose   func(t *testing.T, registryKey string)
+		lose   func(t *testing.T, namespace string)
 		silent bool
 	}{{
 		name: "deleted", cause: "deleted",
-		lose: func(t *testing.T, registryKey string) {
-			require.NoError(t, client.Del(ctx, registryKey+":{k}").Err())
+		lose: func(t *testing.T, namespace string) {
+			require.NoError(t, client.Del(ctx, namespace+":{k}").Err())
 		},
 	}, {
 		// An operator's registry forces the key open; the holder hears of
 		// it through its subscription. Its lease is long, so that no
 		// renewal finds the key gone first (a deletion, to it).
 		name: "forced", cause: "forced", opts: []lockreg.Option{lockreg.WithExpireAfter(time.Minute)},
-		lose: func(t *testing.T, registryKey string) {
-			subscribed(t, client, registryKey)
-			found, err := openRegistry(t, client, registryKey).ForceUnlock(ctx, "k")
+		lose: func(t *testing.T, namespace string) {
+			subscribed(t, client, namespace)
+			found, err := openRegistry(t, client, namespace).ForceUnlock(ctx, "k")
 			require.NoError(t, err)
 			require.True(t, found)
 		},
@@ -180,24 +180,24 @@ func TestMetricsOfLosses(t *testing.T) {
 		// Without renewal, nothing looks at the key before the release,
 		// which finds it not the registry's.
 		name: "found by the release", cause: "deleted", opts: []lockreg.Option{lockreg.WithRenewal(false), lockreg.WithExpireAfter(time.Minute)},
-		lose: func(t *testing.T, registryKey string) {
-			require.NoError(t, client.Del(ctx, registryKey+":{k}").Err())
+		lose: func(t *testing.T, namespace string) {
+			require.NoError(t, client.Del(ctx, namespace+":{k}").Err())
 		},
 		silent: true,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := append([]lockreg.Option{lockreg.WithExpireAfter(lease), lockreg.WithRetryInterval(20 * time.Millisecond)}, tc.opts...)
-			r, registryKey := newRegistry(t, client, opts...)
-			m := newMeters(t, registryKey)
+			r, namespace := newRegistry(t, client, opts...)
+			m := newMeters(t, namespace)
 			m.instrument(t, r)
 			h, err := r.Obtain("k").Acquire(ctx)
 			require.NoError(t, err)
-			tc.lose(t, registryKey)
+			tc.lose(t, namespace)
 			if !tc.silent {
 				m.requireLost(t, h)
 				points := m.collect(t)
 				require.EqualValues(t, 1, total(t, points["lockreg.holds"]).value, "until its release")
-				require.Equal(t, []point{{attrs: map[string]string{"lockreg.registry": registryKey, "lockreg.cause": tc.cause}, value: 1}}, points["lockreg.lost"])
+				require.Equal(t, []point{{attrs: map[string]string{"lockreg.registry": namespace, "lockreg.cause": tc.cause}, value: 1}}, points["lockreg.lost"])
 			} else {
 				require.Empty(t, m.collect(t)["lockreg.lost"], "nothing has looked at the key yet")
 			}
@@ -205,7 +205,7 @@ func TestMetricsOfLosses(t *testing.T) {
 
 			points := m.collect(t)
 			require.EqualValues(t, 0, total(t, points["lockreg.holds"]).value)
-			require.Equal(t, []point{{attrs: map[string]string{"lockreg.registry": registryKey, "lockreg.cause": tc.cause}, value: 1}}, points["lockreg.lost"])
+			require.Equal(t, []point{{attrs: map[string]string{"lockreg.registry": namespace, "lockreg.cause": tc.cause}, value: 1}}, points["lockreg.lost"])
 			ended := points["lockreg.hold.duration"]
 			require.Len(t, ended, 1, "measured once, at the loss")
 			require.Equal(t, tc.cause, ended[0].attrs["lockreg.cause"])
@@ -220,12 +220,12 @@ func TestMetricsOfARestart(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	client := srv.Client(t)
-	r, registryKey := newRegistry(t, client)
-	m := newMeters(t, registryKey)
+	r, namespace := newRegistry(t, client)
+	m := newMeters(t, namespace)
 	m.instrument(t, r)
 	h, err := r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
-	subscribed(t, client, registryKey)
+	subscribed(t, client, namespace)
 	srv.Stop(t)
 	time.Sleep(time.Second) // down for a while: the subscription retries meanwhile
 	require.NoError(t, srv.Relaunch())
@@ -233,7 +233,7 @@ func TestMetricsOfARestart(t *testing.T) {
 	require.ErrorIs(t, h.Release(ctx), lockreg.ErrLockLost)
 
 	points := m.collect(t)
-	require.Equal(t, []point{{attrs: map[string]string{"lockreg.registry": registryKey, "lockreg.cause": "restart"}, value: 1}}, points["lockreg.lost"])
+	require.Equal(t, []point{{attrs: map[string]string{"lockreg.registry": namespace, "lockreg.cause": "restart"}, value: 1}}, points["lockreg.lost"])
 	require.EqualValues(t, 0, total(t, points["lockreg.holds"]).value)
 	// With tracking on, the registry checks its keys on its tracking
 	// connection ("track"); without, on the client ("check").
@@ -246,8 +246,8 @@ func TestMetricsOfARestart(t *testing.T) {
 // the holds (closed); later acquisitions are refused at once, unmeasured.
 func TestMetricsOfClose(t *testing.T) {
 	ctx := context.Background()
-	r, other, registryKey, _ := contenders(t)
-	m := newMeters(t, registryKey)
+	r, other, namespace, _ := contenders(t)
+	m := newMeters(t, namespace)
 	m.instrument(t, r)
 
 	h, err := r.Obtain("mine").Acquire(ctx)
@@ -270,7 +270,7 @@ func TestMetricsOfClose(t *testing.T) {
 	points := m.collect(t)
 	require.EqualValues(t, 1, total(t, points["lockreg.acquire.duration"], "lockreg.outcome", "closed").count)
 	require.EqualValues(t, 2, total(t, points["lockreg.acquire.duration"]).count, "the first, and the one Close ended")
-	require.Equal(t, []point{{attrs: map[string]string{"lockreg.registry": registryKey, "lockreg.cause": "closed"}, value: 1}}, points["lockreg.lost"])
+	require.Equal(t, []point{{attrs: map[string]string{"lockreg.registry": namespace, "lockreg.cause": "closed"}, value: 1}}, points["lockreg.lost"])
 	require.EqualValues(t, 0, total(t, points["lockreg.holds"]).value)
 }
 
@@ -278,13 +278,13 @@ func TestMetricsOfClose(t *testing.T) {
 // measurement of a lock names its key; WithAttributes' go on all.
 func TestMetricsWithLockKeysAndAttributes(t *testing.T) {
 	ctx := context.Background()
-	r, registryKey := newRegistry(t, redistest.Shared(t).Client(t))
-	m := newMeters(t, registryKey)
+	r, namespace := newRegistry(t, redistest.Shared(t).Client(t))
+	m := newMeters(t, namespace)
 	m.keys = true
 	m.instrument(t, r, lockregotel.WithLockKeys(), lockregotel.WithAttributes(attribute.String("deployment", "blue")))
 	for _, key := range []string{"order-42", "order-43"} {
 		require.NoError(t, r.Do(ctx, key, func(context.Context) error {
-			want := point{attrs: map[string]string{"lockreg.registry": registryKey, "lockreg.key": key, "deployment": "blue"}, value: 1}
+			want := point{attrs: map[string]string{"lockreg.registry": namespace, "lockreg.key": key, "deployment": "blue"}, value: 1}
 			require.Equal(t, []point{want}, m.collect(t)["lockreg.holds"])
 			return nil
 		}))

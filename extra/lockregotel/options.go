@@ -15,13 +15,13 @@ type Option func(*config)
 type config struct {
 	mp       metric.MeterProvider
 	tp       trace.TracerProvider
-	registry string // the registryKey
+	registry string // the namespace
 	attrs    []attribute.KeyValue
 	keys     bool
 }
 
-func newConfig(registryKey string, opts []Option) config {
-	c := config{mp: otel.GetMeterProvider(), tp: otel.GetTracerProvider(), registry: registryKey}
+func newConfig(namespace string, opts []Option) config {
+	c := config{mp: otel.GetMeterProvider(), tp: otel.GetTracerProvider(), registry: namespace}
 	for _, opt := range opts {
 		opt(&c)
 	}

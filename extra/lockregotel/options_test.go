@@ -20,10 +20,10 @@ func TestInstrumentRefusesNoRegistry(t *testing.T) {
 
 // TestProvidersDefaultToTheGlobalOnes: without WithMeterProvider and
 // WithTracerProvider, measurements and spans go to otel's global
-// providers, with the registry's registryKey.
+// providers, with the registry's namespace.
 func TestProvidersDefaultToTheGlobalOnes(t *testing.T) {
-	r, registryKey := newRegistry(t, redistest.Shared(t).Client(t))
-	m, s := newMeters(t, registryKey), newSpans(t)
+	r, namespace := newRegistry(t, redistest.Shared(t).Client(t))
+	m, s := newMeters(t, namespace), newSpans(t)
 	otel.SetMeterProvider(m.provider)
 	otel.SetTracerProvider(s.provider)
 	t.Cleanup(func() {
@@ -38,6 +38,6 @@ func TestProvidersDefaultToTheGlobalOnes(t *testing.T) {
 	ended := s.ended()
 	require.Len(t, ended, 2)
 	for _, span := range ended {
-		require.Equal(t, registryKey, attrsOf(span)["lockreg.registry"], span.Name())
+		require.Equal(t, namespace, attrsOf(span)["lockreg.registry"], span.Name())
 	}
 }

@@ -22,9 +22,9 @@ func InstrumentTracing(reg *lockreg.Registry, opts ...Option) error {
 }
 
 // tracingHooks are the hooks that InstrumentTracing adds to a registry of
-// registryKey.
-func tracingHooks(registryKey string, opts []Option) lockreg.Hooks {
-	c := newConfig(registryKey, opts)
+// namespace.
+func tracingHooks(namespace string, opts []Option) lockreg.Hooks {
+	c := newConfig(namespace, opts)
 	t := &tracing{
 		tracer: c.tp.Tracer(scope),
 		start:  []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(c.baseAttributes()...)},

@@ -77,7 +77,7 @@ func eventsOf(span sdktrace.ReadOnlySpan) []string {
 // child of the caller's span; reentrant ones make no span, by a goroutine
 // or through Do's context.
 func TestSpansOfAcquisitionsAndReleases(t *testing.T) {
-	r, registryKey := newRegistry(t, redistest.Shared(t).Client(t))
+	r, namespace := newRegistry(t, redistest.Shared(t).Client(t))
 	s := newSpans(t)
 	s.instrument(t, r)
 	ctx, parent := s.parent(context.Background())
@@ -100,7 +100,7 @@ func TestSpansOfAcquisitionsAndReleases(t *testing.T) {
 		require.Equal(t, parent.SpanContext().SpanID(), span.Parent().SpanID(), "a child of the caller's span")
 		require.Equal(t, trace.SpanKindInternal, span.SpanKind())
 		require.Equal(t, codes.Unset, span.Status().Code)
-		want := map[string]string{"lockreg.registry": registryKey}
+		want := map[string]string{"lockreg.registry": namespace}
 		if name == "lockreg.acquire" {
 			want["lockreg.outcome"], want["lockreg.path"] = "acquired", "redis"
 			require.Equal(t, []string{"lockreg.attempt"}, eventsOf(span))
@@ -166,7 +166,7 @@ func TestRedisCallsAreChildrenOfTheSpans(t *testing.T) {
 // which granted it the key.
 func TestSpansOfAGrant(t *testing.T) {
 	ctx := context.Background()
-	r, other, registryKey, _ := contenders(t)
+	r, other, namespace, _ := contenders(t)
 	s := newSpans(t)
 	s.instrument(t, r)
 
@@ -181,7 +181,7 @@ func TestSpansOfAGrant(t *testing.T) {
 
 	ended := s.ended()
 	require.Len(t, ended, 1)
-	require.Equal(t, map[string]string{"lockreg.registry": registryKey, "lockreg.outcome": "acquired", "lockreg.path": "grant"}, attrsOf(ended[0]))
+	require.Equal(t, map[string]string{"lockreg.registry": namespace, "lockreg.outcome": "acquired", "lockreg.path": "grant"}, attrsOf(ended[0]))
 	events := eventsOf(ended[0])
 	require.GreaterOrEqual(t, len(events), 3, "attempts, then the grant")
 	require.Equal(t, "lockreg.grant", events[len(events)-1])
@@ -195,7 +195,7 @@ func TestSpansOfAGrant(t *testing.T) {
 // lost, end in an error status that names the cause but not the key.
 func TestSpansOfFailures(t *testing.T) {
 	ctx := context.Background()
-	r, other, registryKey, _ := contenders(t, lockreg.WithRetryInterval(20*time.Millisecond))
+	r, other, namespace, _ := contenders(t, lockreg.WithRetryInterval(20*time.Millisecond))
 	s := newSpans(t)
 	s.instrument(t, r)
 
@@ -208,7 +208,7 @@ func TestSpansOfFailures(t *testing.T) {
 	ended := s.ended()
 	require.Len(t, ended, 3)
 	notObtained, lost := ended[0], ended[2]
-	require.Equal(t, map[string]string{"lockreg.registry": registryKey, "lockreg.outcome": "not_obtained"}, attrsOf(notObtained))
+	require.Equal(t, map[string]string{"lockreg.registry": namespace, "lockreg.outcome": "not_obtained"}, attrsOf(notObtained))
 	require.Contains(t, eventsOf(notObtained), "lockreg.attempt")
 	require.Equal(t, codes.Error, notObtained.Status().Code)
 	require.Equal(t, `lockreg: lock not obtained: key "…": context deadline exceeded`, notObtained.Status().Description)
@@ -220,7 +220,7 @@ func TestSpansOfFailures(t *testing.T) {
 // TestSpansWithLockKeysAndAttributes: with WithLockKeys spans name their
 // key, in attributes and error descriptions; WithAttributes' go on all.
 func TestSpansWithLockKeysAndAttributes(t *testing.T) {
-	r, other, registryKey, _ := contenders(t)
+	r, other, namespace, _ := contenders(t)
 	s := newSpans(t)
 	s.instrument(t, r, lockregotel.WithLockKeys(), lockregotel.WithAttributes(attribute.String("deployment", "blue")))
 
@@ -229,7 +229,7 @@ func TestSpansWithLockKeysAndAttributes(t *testing.T) {
 	ended := s.ended()
 	require.Len(t, ended, 1)
 	require.Equal(t, map[string]string{
-		"lockreg.registry": registryKey, "lockreg.key": "order-42", "deployment": "blue", "lockreg.outcome": "not_obtained",
+		"lockreg.registry": namespace, "lockreg.key": "order-42", "deployment": "blue", "lockreg.outcome": "not_obtained",
 	}, attrsOf(ended[0]))
 	require.Equal(t, `lockreg: lock not obtained: key "order-42": context deadline exceeded`, ended[0].Status().Description)
 }
