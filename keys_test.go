@@ -41,13 +41,13 @@ func TestHostileKeysWorkAgainstRedis(t *testing.T) {
 	}
 }
 
-func TestRegistryKeyWithAnEmptyHashTagIsRefused(t *testing.T) {
+func TestANamespaceWithAnEmptyHashTagIsRefused(t *testing.T) {
 	_, err := New(redistest.Shared(t).Client(t), "locks{}:orders")
 	require.ErrorIs(t, err, ErrInvalidOption)
 	require.ErrorContains(t, err, `"{}"`)
 }
 
-func TestRegistryKeysDoNotCollide(t *testing.T) {
+func TestNamespacesDoNotCollide(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	base := "lockreg-test:" + t.Name()
 	outer, err := New(client, base)

@@ -181,7 +181,7 @@ func TestRegistryWorksWithAMinimalACL(t *testing.T) {
 	require.NoError(t, older.Do(ctx, "o-2", func(context.Context) error { return nil }))
 }
 
-func TestRegistriesWithSameRegistryKeyExclude(t *testing.T) {
+func TestRegistriesOfOneNamespaceExclude(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	r1 := newRegistry(t, client)
 	r2 := newRegistry(t, client)
@@ -200,7 +200,7 @@ func TestRegistriesWithSameRegistryKeyExclude(t *testing.T) {
 	r2.Obtain("k").Unlock()
 }
 
-func TestRegistriesWithDifferentRegistryKeysDoNotInterfere(t *testing.T) {
+func TestRegistriesOfDifferentNamespacesDoNotInterfere(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	a, err := New(client, "lockreg-test:"+t.Name()+":a")
 	require.NoError(t, err)
