@@ -9,13 +9,15 @@
 #              runs on Redis 8.0 and Valkey 8.1, fetched from Debian trixie
 #              by scripts/servers (SMOKE_TESTS).
 # make demo  - the demo, on an in-process Redis (nothing to install).
-# make chaos - cmd/lockcheck for 10 minutes on each topology, and 10 more
-#              with network faults on one server: locks under injected
-#              faults, checked for overlaps, stale writes and lost
-#              increments (docs/RELIABILITY.md). Each run is a target of its
-#              own: chaos-single, chaos-sentinel, chaos-cluster, chaos-net.
-#              make test runs the single-server one for 30s and the network
-#              one for 20s.
+# make chaos - cmd/lockcheck for 10 minutes on each topology, 10 more with
+#              network faults on one server, and 10 more with key faults
+#              (held keys deleted, overwritten, flushed, evicted behind
+#              their holders' backs, with each holder's blind time): locks
+#              under injected faults, checked for overlaps, stale writes and
+#              lost increments (docs/RELIABILITY.md). Each run is a target of
+#              its own: chaos-single, chaos-sentinel, chaos-cluster,
+#              chaos-net, chaos-keys. make test runs the single-server one
+#              for 30s and the network one for 20s.
 # make compat - a registry of the previous release (COMPAT_REV, from git
 #              history) and one of this tree take turns on the same keys,
 #              in two processes: no overlap, rising tokens, grants both
@@ -54,9 +56,10 @@ BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9
 # deployed before it.
 COMPAT_REV ?= 60a5730
 
-.PHONY: test demo bench bench-lib bench-otel fuzz chaos chaos-single chaos-sentinel chaos-cluster chaos-net compat lockctl e2e-metrics redis-server prometheus
+.PHONY: test demo bench bench-lib bench-otel fuzz chaos chaos-single chaos-sentinel chaos-cluster chaos-net chaos-keys compat lockctl e2e-metrics redis-server prometheus
 
 NET_FAULTS = net-stall,net-delay,net-reset
+KEY_FAULTS = del,overwrite,flush,evict
 
 # PKGS are the packages of the workspace (go.work): the library's, and
 # those of cmd/lockdemo and extra/lockregotel, modules of their own so that
@@ -90,7 +93,7 @@ test: redis-server
 
 # One run at a time even under make -j: each is timed, on a shared machine.
 .NOTPARALLEL: chaos
-chaos: chaos-single chaos-sentinel chaos-cluster chaos-net
+chaos: chaos-single chaos-sentinel chaos-cluster chaos-net chaos-keys
 
 chaos-single: redis-server
 	$(GO) run ./cmd/lockcheck -d 10m
@@ -103,6 +106,9 @@ chaos-cluster: redis-server
 
 chaos-net: redis-server
 	$(GO) run ./cmd/lockcheck -faults $(NET_FAULTS) -d 10m
+
+chaos-keys: redis-server
+	$(GO) run ./cmd/lockcheck -faults $(KEY_FAULTS) -d 10m
 
 lockctl:
 	$(GO) build -o bin/lockctl ./cmd/lockctl

@@ -37,10 +37,34 @@ type result struct {
 	NoTokens       int            `json:"no_token"`
 	Overlaps       int            `json:"overlaps"`
 	// The overlaps by what the earlier hold learnt (see overlaps), and
-	// those that no failover explains (each a violation).
+	// those that no failover or key fault explains (each a violation).
 	OverlapsReported        int `json:"overlaps_reported"`
 	OverlapsSilent          int `json:"overlaps_silent"`
 	OverlapsOutsideFailover int `json:"overlaps_outside_failover"`
+	// OverlapsAfterKeyFault counts the reported overlaps that a key fault
+	// explains, and KeyOverlap how long they overlapped: from the later
+	// hold's entry to the end of the earlier one's live interval, its
+	// Lost or its exit (see blindtime.go for the rest).
+	OverlapsAfterKeyFault int       `json:"overlaps_after_key_fault"`
+	KeyOverlap            blindTime `json:"key_fault_overlap"`
+	// SilentTenureTold counts the silent overlaps after a key fault whose
+	// silent hold's tenure was told within a lease all the same, in a
+	// later hold: the silent hold ran, and a local hand-off ended it,
+	// while the registry was blind.
+	SilentTenureTold int `json:"silent_overlaps_tenure_told"`
+	// KeyFaults is, by key fault kind, what it struck and the blind time
+	// of the holders; Untold counts the holders not told within a lease
+	// (each a violation); TakenAfterTold the struck tenures whose key
+	// another worker took after the holder was told, while it was still
+	// inside (no overlap: its live interval had ended).
+	KeyFaults      map[string]keyFaultResult `json:"key_faults,omitempty"`
+	Untold         int                       `json:"not_told_within_lease"`
+	TakenAfterTold int                       `json:"taken_after_told"`
+	// EvictionRefused says whether a registry without WithEvictionAllowed
+	// refused the evicting lock Redis (nil: not checked); EvictionRefusal
+	// is what it said.
+	EvictionRefused *bool  `json:"eviction_refused,omitempty"`
+	EvictionRefusal string `json:"eviction_refusal,omitempty"`
 	// Switches counts the promotions the watcher saw, Spontaneous those no
 	// injected failover caused; AtFailover the holds live at one, and
 	// LostAtFailover those of them lost (see atFailovers).
@@ -75,6 +99,9 @@ type result struct {
 	// first maxListed.
 	ViolationCount int      `json:"violation_count"`
 	Violations     []string `json:"violations"`
+	// Notes are the first maxListed oddities that are no violation (a
+	// loss with another cause than the key fault's own).
+	Notes []string `json:"notes,omitempty"`
 }
 
 // faultResult is one fault's takeover and recovery (-1: none).
@@ -128,6 +155,24 @@ func (r *result) violation(format string, a ...any) {
 	}
 }
 
+// note records an oddity that is no violation.
+func (a *analysis) note(format string, args ...any) {
+	if len(a.res.Notes) < maxListed {
+		a.res.Notes = append(a.res.Notes, fmt.Sprintf(format, args...))
+	}
+}
+
+// refusal files what a registry without WithEvictionAllowed did on the
+// evicting lock Redis: it must have refused it.
+func (a *analysis) refusal() {
+	if rf := a.h.refusal; rf != nil {
+		a.res.EvictionRefused, a.res.EvictionRefusal = &rf.refused, rf.said
+		if !rf.refused {
+			a.res.violation("a registry without WithEvictionAllowed did not refuse the evicting lock Redis: %s", rf.said)
+		}
+	}
+}
+
 // analysis holds the indexes analyze builds over a history.
 type analysis struct {
 	h        *history
@@ -140,6 +185,16 @@ type analysis struct {
 	byKey    map[string][]int // hold indexes, in enter order
 	// lostAtFailover: the holds another overlapped across a failover.
 	lostAtFailover map[int]bool
+	// keyOverlaps: how long each reported overlap after a key fault lasted.
+	keyOverlaps []time.Duration
+	// For the key faults (blindtime.go): the holds by tenure, each hold's
+	// tenure, the lost holds that got no token by worker and key in enter
+	// order, and by key fault (its index) the holds overlaps found
+	// holding its key from before it while another held it after.
+	byTenure  map[tenure][]int
+	tenureOf  map[int]tenure
+	tokenless map[wk][]tokenless
+	stale     map[int][]staleHold
 }
 
 type wk struct {
@@ -162,8 +217,11 @@ func analyze(h *history) *result {
 		a.res.violation("%s", e)
 	}
 	a.index()
+	a.indexKeyFaults()
 	a.counts()
 	a.overlaps()
+	a.keyFaults()
+	a.refusal()
 	a.tokens()
 	a.fencing()
 	a.increments()
@@ -523,7 +581,7 @@ func merge(parts []*result) *result {
 	t := &result{Faults: make(map[string]int), Recovery: make(map[string]recovery), Promotion: make(map[string]recovery)}
 	byKind := make(map[string][]time.Duration)
 	promotions := make(map[string][]time.Duration)
-	var all, takeovers []time.Duration
+	var all, takeovers, keyOverlaps []time.Duration
 	for _, p := range parts {
 		t.Seconds += p.Seconds
 		t.Workers += p.Workers
@@ -546,6 +604,19 @@ func merge(parts []*result) *result {
 		t.OverlapsReported += p.OverlapsReported
 		t.OverlapsSilent += p.OverlapsSilent
 		t.OverlapsOutsideFailover += p.OverlapsOutsideFailover
+		t.OverlapsAfterKeyFault += p.OverlapsAfterKeyFault
+		t.SilentTenureTold += p.SilentTenureTold
+		keyOverlaps = append(keyOverlaps, p.KeyOverlap.samples...)
+		t.Untold += p.Untold
+		t.TakenAfterTold += p.TakenAfterTold
+		if p.EvictionRefused != nil {
+			t.EvictionRefused, t.EvictionRefusal = p.EvictionRefused, p.EvictionRefusal
+		}
+		for _, n := range p.Notes {
+			if len(t.Notes) < maxListed {
+				t.Notes = append(t.Notes, fmt.Sprintf("keys=%d: %s", p.Keys, n))
+			}
+		}
 		t.Switches += p.Switches
 		t.Spontaneous += p.Spontaneous
 		t.AtFailover += p.AtFailover
@@ -589,5 +660,7 @@ func merge(parts []*result) *result {
 	t.RecoveryAll = newRecovery(all)
 	t.Takeover = newRecovery(takeovers)
 	t.Promotion = recoveries(promotions)
+	t.KeyOverlap = newBlindTime(keyOverlaps)
+	t.KeyFaults = mergeKeyFaults(parts)
 	return t
 }

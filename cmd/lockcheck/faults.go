@@ -28,6 +28,15 @@ type injector struct {
 	// failovers counts the run's failovers so far, which alternate
 	// between variants (see failover.go), across phases.
 	failovers *int
+	// keyAdmin is a client of the lock Redis for the key faults (del,
+	// overwrite), whatever its topology; flushes counts this phase's flush
+	// faults, which alternate between FLUSHALL and FLUSHDB; evictLimit is
+	// the lock Redis's memory limit for the evict fault, whose fillers
+	// are filler.
+	keyAdmin   redis.UniversalClient
+	flushes    int
+	evictLimit int64
+	filler     string
 }
 
 // Fault durations, in terms of the lease: stops and pauses outlast it, so
@@ -84,6 +93,8 @@ func (in *injector) inject(ctx context.Context, kind string, last time.Time) (fa
 		return in.clusterFailover(ctx, in.topo.(*cluster), last)
 	case faultMigrate:
 		return in.migrate(ctx, in.topo.(*cluster), last)
+	case faultDel, faultOverwrite, faultFlush, faultEvict:
+		return in.keyFault(ctx, kind, last)
 	case faultStop, faultKill:
 		w, keys, ok := in.pickHolder(ctx, last)
 		if !ok {

@@ -36,9 +36,13 @@ type hold struct {
 	// (0: it did not); only a Lost before exit ends the live interval.
 	lost int64
 	// unlock is what the hold's unlock returned; 0 if the worker died
-	// before it did.
-	unlock unlocked
-	read   storeCall
+	// before it did. unlocked is when it returned.
+	unlock   unlocked
+	unlocked int64
+	// cause is the LossCause the library named when Lost fired ("" if it
+	// did not, or the worker did not hear it).
+	cause string
+	read  storeCall
 	// write is only tried after an accepted read; writeValue is the value
 	// it wrote (the read's value + 1).
 	write      storeCall
@@ -95,6 +99,9 @@ type workerRun struct {
 
 // Fault kinds. The first six fault a single lock Redis; stop and kill-9
 // fault a worker, and the net- kinds its connections, on any topology.
+// The key faults (keyfaults.go) change held keys behind their holders'
+// backs: del and overwrite on any topology, flush and evict on a single
+// server.
 const (
 	faultStop            = "stop"
 	faultClientKill      = "client-kill"
@@ -108,12 +115,17 @@ const (
 	faultFailover        = "failover"
 	faultClusterFailover = "cluster-failover"
 	faultMigrate         = "migrate"
+	faultDel             = "del"
+	faultOverwrite       = "overwrite"
+	faultFlush           = "flush"
+	faultEvict           = "evict"
 )
 
 // faultKinds are all the kinds, in the order the report lists them.
 var faultKinds = []string{
 	faultStop, faultClientKill, faultRestart, faultPause, faultSleep, faultKill,
 	faultNetStall, faultNetDelay, faultNetReset, faultFailover, faultClusterFailover, faultMigrate,
+	faultDel, faultOverwrite, faultFlush, faultEvict,
 }
 
 // faultTitles name the kinds in the report.
@@ -130,6 +142,10 @@ var faultTitles = map[string]string{
 	faultFailover:        "kill -9 the primary; Sentinel fails over",
 	faultClusterFailover: "kill -9 a key's primary; replica takes over",
 	faultMigrate:         "move a held key's slot to another primary",
+	faultDel:             "DEL a held key",
+	faultOverwrite:       "SET a held key to a foreign value, TTL lease/2",
+	faultFlush:           "FLUSHALL or FLUSHDB the lock Redis",
+	faultEvict:           "fill the lock Redis until it evicts a held key",
 }
 
 // isFailover reports whether kind kills a primary for its replica to
@@ -159,6 +175,19 @@ type fault struct {
 	note       string
 	// variant is a failover's: forced or detected (see failover.go).
 	variant string
+	// changes are a key fault's changes of run keys (keyfaults.go).
+	changes []keyChange
+}
+
+// keyChange is a change of key behind its holders' backs, made between lo
+// and hi (unix ns): hi is when the injector knew it was made, the reply of
+// its DEL, SET or FLUSHALL, or the notification of an eviction; lo is when
+// that command was sent, or for an eviction, when the filler before the
+// last one sent by then was (a worker's call may trigger the eviction a
+// filler made due).
+type keyChange struct {
+	key    string
+	lo, hi int64
 }
 
 // primarySwitch is a replica that became a primary, injected or not, as
@@ -188,7 +217,11 @@ type history struct {
 	// acknowledged: every hold's acquisition waited for a replica's
 	// acknowledgement (-wait-replicas).
 	acknowledged bool
-	records      map[string]recordState // the fenced store's final state, by key
+	// refusal, if set, is what a registry without WithEvictionAllowed did
+	// on the evicting lock Redis (checked once a run, before its first
+	// phase).
+	refusal *refusal
+	records map[string]recordState // the fenced store's final state, by key
 	// errors are what workers found impossible (a token no observed obtain
 	// explains, a failed acquisition other than a timeout): each is a
 	// violation, as the history cannot be trusted around it.
@@ -197,19 +230,32 @@ type history struct {
 	lostUnlocks int
 	// noTokens counts the holds that got no fencing token (lost, or Redis
 	// failing, when it was drawn), which skip the store and are not in
-	// holds.
-	noTokens int
+	// holds; tokenless are those of them that were lost.
+	noTokens  int
+	tokenless []tokenless
+}
+
+// tokenless is a hold that got no fencing token, as it was lost already:
+// its Token returned ErrLockLost at told. A key fault's analysis needs
+// the local hand-offs among them: they may be the first of a tenure to be
+// told (blindtime.go).
+type tokenless struct {
+	worker, g   int
+	key         string
+	enter, told int64
+	cause       string
+	handoff     bool
 }
 
 // event is one line a worker writes to its stdout.
 type event struct {
-	E         string        `json:"e"` // enter, exit, unlock, renew, timeout, done, error
+	E         string        `json:"e"` // enter, exit, unlock, notoken, renew, timeout, done, error
 	G         int           `json:"g,omitempty"`
 	Key       string        `json:"k,omitempty"`
 	Token     int64         `json:"t,omitempty"`
 	Fresh     bool          `json:"f,omitempty"`
 	Acq       int64         `json:"acq,omitempty"`
-	At        int64         `json:"at,omitempty"`   // enter, exit, the renewal's sending, the timeout
+	At        int64         `json:"at,omitempty"`   // enter, exit, the renewal's sending, the timeout, the unlock's return
 	Done      int64         `json:"done,omitempty"` // renew: when its reply came back
 	Root      int64         `json:"root,omitempty"`
 	RootLease time.Duration `json:"rl,omitempty"`
@@ -218,6 +264,8 @@ type event struct {
 	Write     storeCall     `json:"w,omitzero"`
 	Value     int64         `json:"v,omitempty"`
 	Unlock    unlocked      `json:"u,omitempty"`
+	Cause     string        `json:"c,omitempty"` // unlock, notoken: the LossCause Lost named
+	Handoff   bool          `json:"h,omitempty"` // notoken: the hold was a local hand-off
 	// done: each goroutine's run, how many unlocks reported ErrLockLost
 	// and how many holds got no token.
 	Goroutines  []goroutineRun `json:"gs,omitempty"`
@@ -314,10 +362,12 @@ func (c *collector) add(w int, ev event) {
 			return
 		}
 		hd := &c.h.holds[i]
-		hd.unlock = ev.Unlock
+		hd.unlock, hd.unlocked, hd.cause = ev.Unlock, ev.At, ev.Cause
 		if hd.lost == 0 {
 			hd.lost = ev.Lost
 		}
+	case "notoken":
+		c.h.tokenless = append(c.h.tokenless, tokenless{worker: w, g: ev.G, key: key, enter: ev.At, told: ev.Lost, cause: ev.Cause, handoff: ev.Handoff})
 	case "renew":
 		c.h.renewals = append(c.h.renewals, renewal{worker: w, key: key, sent: ev.At, done: ev.Done})
 	case "timeout":

@@ -13,7 +13,9 @@
 // and kills holders; kills connections, crashes and restarts the lock
 // Redis, pauses it and makes it sleep; stalls, slows down and resets one
 // worker's connections through a proxy; kills primaries for their
-// replicas to take over; and moves held keys' slots. The workers stream
+// replicas to take over; moves held keys' slots; and deletes, overwrites,
+// flushes or evicts held keys behind their holders' backs, timing how
+// long each holder stays blind to it. The workers stream
 // every hold to lockcheck, which then checks the history: no two holds of
 // a key whose leases were live overlap (across a failover, every overlap
 // must have been reported to the earlier holder), tokens only rise, the
@@ -25,6 +27,7 @@
 //	go run ./cmd/lockcheck -d 10m                                 # make chaos-single
 //	go run ./cmd/lockcheck -topology sentinel -d 60s
 //	go run ./cmd/lockcheck -faults net-stall,net-delay,net-reset -d 60s
+//	go run ./cmd/lockcheck -faults del,overwrite,flush,evict -d 60s  # make chaos-keys, 10m
 //
 // It exits 1 on any violation. It runs on Linux only: it relies on
 // SIGSTOP and on children that die with it (Pdeathsig).
@@ -131,7 +134,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&cfg.long, "long", 0, "the share of critical sections that pause 0.5 to 1.5 leases between read and write instead, renewed meanwhile (default 0.001 on sentinel and cluster, 0 on single)")
 	fs.DurationVar(&cfg.wait, "wait", 10*time.Second, "an acquisition that waits this long has starved (a violation)")
 	fs.DurationVar(&cfg.every, "every", 0, "the interval between faults; a fault also starts a lease after the one before ended at the earliest (default 2.5 leases)")
-	faults := fs.String("faults", "", "the faults to inject, in rotation; empty for none (default: every kind that applies to -topology, but the network faults on single)")
+	faults := fs.String("faults", "", "the faults to inject, in rotation, comma-separated; empty for none. On any topology: stop, kill-9, net-stall, net-delay, net-reset, "+
+		"and the key faults del (DEL a held key) and overwrite (SET it to a foreign value, TTL half a lease); on single also client-kill, restart, pause, debug-sleep, "+
+		"and the key faults flush (FLUSHALL or FLUSHDB) and evict (the server gets maxmemory and allkeys-lru, and is filled until it evicts a held key; registries then use WithEvictionAllowed); "+
+		"on sentinel failover; on cluster cluster-failover, migrate. "+
+		"The report gives each key fault's blind time, from the change to the holder's Lost (default: every kind that applies to -topology, but the key faults, and the network faults on single)")
 	fs.Uint64Var(&cfg.seed, "seed", 0, "random seed (0: pick one; the report shows it)")
 	fs.BoolVar(&cfg.json, "json", false, "print the results as JSON instead of a table")
 	if err := fs.Parse(args); err != nil {
@@ -263,10 +270,37 @@ func check(ctx context.Context, cfg config, stderr io.Writer, logf func(string, 
 	defer storeSrv.Shutdown()
 	store := redis.NewClient(&redis.Options{Addr: storeSrv.Addr()})
 	defer store.Close()
-	var admin *redis.Client // a single server's, for its faults
-	if single, ok := topo.(*singleServer); ok {
-		admin = redis.NewClient(&redis.Options{Addr: single.srv.Addr(), ReadTimeout: pauseFor(cfg.lease) + 5*time.Second})
+	var admin *redis.Client            // a single server's, for its faults
+	var keyAdmin redis.UniversalClient // the lock Redis's, for the key faults
+	switch t := topo.(type) {
+	case *singleServer:
+		admin = redis.NewClient(&redis.Options{Addr: t.srv.Addr(), ReadTimeout: pauseFor(cfg.lease) + 5*time.Second})
 		defer admin.Close()
+		keyAdmin = admin
+	case *sentinelGroup:
+		failover := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: t.g.SentinelAddrs()})
+		defer failover.Close()
+		keyAdmin = failover
+	case *cluster:
+		keyAdmin = t.admin
+	}
+	// The evict fault needs a server that evicts from the start, which a
+	// registry refuses without WithEvictionAllowed: checked once here.
+	var evictLimit int64
+	var refused *refusal
+	if slices.Contains(cfg.faults, faultEvict) {
+		if evictLimit, err = evictionLimit(ctx, admin); err != nil {
+			return nil, err
+		}
+		if err := evicting(ctx, admin, evictLimit); err != nil {
+			return nil, err
+		}
+		r, err := checkRefusal(ctx, admin.Options().Addr, cfg.lease)
+		if err != nil {
+			return nil, err
+		}
+		refused = &r
+		logf("evict: the lock Redis has maxmemory %d and allkeys-lru; a registry without WithEvictionAllowed: %s", evictLimit, r.said)
 	}
 
 	logf("%d workers x %d goroutines, lease %v, keys %s, %v per key count, faults %s, seed %d; %s, store Redis %s",
@@ -282,11 +316,15 @@ func check(ctx context.Context, cfg config, stderr io.Writer, logf func(string, 
 			routed:   slices.ContainsFunc(cfg.faults, func(k string) bool { return slices.Contains(networkFaults, k) }),
 			servers:  serverAddrs(topo),
 		}
+		if n == 0 {
+			ph.refusal = refused
+		}
 		for i := range keys {
 			ph.keys = append(ph.keys, fmt.Sprintf("k%d", i))
 		}
 		in := &injector{
 			ph: ph, topo: topo, admin: admin, kinds: cfg.faults, next: &rotation, failovers: &failovers,
+			keyAdmin: keyAdmin, evictLimit: evictLimit,
 			rng: rand.New(rand.NewPCG(cfg.seed, uint64(n))),
 			log: func(format string, a ...any) { logf("keys=%d: "+format, append([]any{keys}, a...)...) },
 		}

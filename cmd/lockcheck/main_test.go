@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -65,32 +66,53 @@ func TestRunUnderFaults(t *testing.T) {
 		name   string
 		args   []string
 		faults []string
+		// known: violations the library is known to commit under these
+		// faults, logged rather than failed (matched by substring).
+		known string
 	}{
-		{"single", []string{"-d", "7s", "-wait", "5s"}, defaultFaults[topoSingle]},
-		{"network", []string{"-d", "9s", "-wait", "5s", "-faults", strings.Join(networkFaults, ",")}, networkFaults},
+		{"single", []string{"-d", "7s", "-wait", "5s"}, defaultFaults[topoSingle], ""},
+		{"network", []string{"-d", "9s", "-wait", "5s", "-faults", strings.Join(networkFaults, ",")}, networkFaults, ""},
+		// A holder stays blind to a change of its key for up to the
+		// library's arming delay (5 ms) plus a round trip; the local
+		// hand-offs its registry makes meanwhile end with a nil Unlock,
+		// never told, while another registry may hold the key: silent
+		// overlaps (docs/RELIABILITY.md, "Keys changed behind the
+		// holder's back").
+		{"keys", []string{"-d", "9s", "-wait", "5s", "-faults", strings.Join(keyFaults, ",")}, keyFaults, "held the key from before the fault"},
 		// A failover detected by timeout, the second, keeps waiters a few
 		// seconds.
-		{"sentinel", []string{"-topology", "sentinel", "-d", "20s", "-wait", "8s"}, defaultFaults[topoSentinel]},
-		{"cluster", []string{"-topology", "cluster", "-d", "20s", "-wait", "8s"}, defaultFaults[topoCluster]},
+		{"sentinel", []string{"-topology", "sentinel", "-d", "20s", "-wait", "8s"}, defaultFaults[topoSentinel], ""},
+		{"cluster", []string{"-topology", "cluster", "-d", "20s", "-wait", "8s"}, defaultFaults[topoCluster], ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr strings.Builder
-			if code := run(append(tc.args, short...), &stdout, &stderr); code != 0 {
-				t.Fatalf("run exited %d\nstdout:\n%s\nstderr:\n%s", code, &stdout, &stderr)
-			}
+			code := run(append(tc.args, short...), &stdout, &stderr)
 			var out struct {
 				OK    bool
 				Total result
 			}
-			if err := json.Unmarshal([]byte(stdout.String()), &out); err != nil {
-				t.Fatalf("%v\n%s", err, &stdout)
+			if err := json.Unmarshal([]byte(stdout.String()), &out); err != nil || code != 0 && !onlyKnown(out.Total, tc.known) {
+				t.Fatalf("run exited %d (%v)\nstdout:\n%s\nstderr:\n%s", code, err, &stdout, &stderr)
 			}
-			if !out.OK || out.Total.Acquisitions == 0 {
-				t.Errorf("ok %v, %d acquisitions\n%s", out.OK, out.Total.Acquisitions, &stdout)
+			if code != 0 {
+				t.Logf("known violations: %q", out.Total.Violations)
+			} else if !out.OK {
+				t.Errorf("exit status 0, but not ok\n%s", &stdout)
+			}
+			if out.Total.Acquisitions == 0 {
+				t.Errorf("no acquisitions\n%s", &stdout)
 			}
 			for _, kind := range tc.faults {
 				if out.Total.Faults[kind] == 0 {
 					t.Errorf("no %s fault was injected\nstderr:\n%s", kind, &stderr)
+				}
+			}
+			if slices.Contains(tc.faults, faultEvict) && (out.Total.EvictionRefused == nil || !*out.Total.EvictionRefused) {
+				t.Errorf("a registry without WithEvictionAllowed was not seen to refuse the evicting server: %v", out.Total.EvictionRefused)
+			}
+			for _, kind := range tc.faults {
+				if isKeyFault(kind) && out.Total.KeyFaults[kind].Injections != out.Total.Faults[kind] {
+					t.Errorf("%d %s faults, %d in the blind time's count", out.Total.Faults[kind], kind, out.Total.KeyFaults[kind].Injections)
 				}
 			}
 			if failovers := out.Total.Faults[faultFailover] + out.Total.Faults[faultClusterFailover]; out.Total.Switches < failovers {
@@ -103,6 +125,20 @@ func TestRunUnderFaults(t *testing.T) {
 	}
 }
 
+// onlyKnown reports whether every violation of r is a silent overlap
+// whose message contains known (and r lists them all).
+func onlyKnown(r result, known string) bool {
+	if known == "" || r.ViolationCount != len(r.Violations) || r.ViolationCount != r.OverlapsSilent {
+		return false
+	}
+	for _, v := range r.Violations {
+		if !strings.Contains(v, "silent overlap on key") || !strings.Contains(v, known) {
+			return false
+		}
+	}
+	return true
+}
+
 func TestRunRejectsBadFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -113,6 +149,7 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"-topology", "ring"}, "unknown topology"},
 		{[]string{"-faults", "failover"}, "does not apply to -topology single"},
 		{[]string{"-topology", "cluster", "-faults", "restart"}, "does not apply to -topology cluster"},
+		{[]string{"-topology", "sentinel", "-faults", "del,evict"}, "evict does not apply to -topology sentinel"},
 		{[]string{"-wait-replicas", "1"}, "needs replicas"},
 		{[]string{"-retry", "2s"}, "shorter than -lease"},
 		{[]string{"-every", "1s"}, "at least two leases"},

@@ -2,7 +2,10 @@
 
 package main
 
-import "slices"
+import (
+	"slices"
+	"time"
+)
 
 // overlaps finds live intervals of one key that intersect, one overlap per
 // hold that entered while an earlier one was live. Holds in one registry
@@ -13,7 +16,14 @@ import "slices"
 // silent otherwise. An overlap across a failover (the earlier hold rests
 // on a call sent before a replica of its key's primary took over, the
 // later one entered after) is what asynchronous replication allows: it
-// must be reported. Any other overlap is a violation.
+// must be reported. So is one after a key fault (a DEL, an overwrite, a
+// flush or an eviction of the key after the call the hold with the lower
+// token rests on was sent, and before the other entered), which freed the
+// key for one of the two while the other, not told yet, held it from
+// before, live by its own count. That one has the lower token (a fresh
+// token after the fault is above every earlier one), and its report
+// counts; it may be the later of the two, a local hand-off of the stale
+// key. Any other overlap is a violation.
 func (a *analysis) overlaps() {
 	for key, idx := range a.byKey {
 		reach := -1 // the live hold whose interval reaches furthest so far
@@ -29,27 +39,53 @@ func (a *analysis) overlaps() {
 			}
 		}
 	}
+	a.res.KeyOverlap = newBlindTime(a.keyOverlaps)
 	a.atFailovers()
 }
 
 // overlap files the overlap of hold later with the live hold earlier.
 func (a *analysis) overlap(key string, earlier, later int) {
-	r, e := a.res, &a.h.holds[earlier]
-	reported := e.lost > 0 || e.unlock == unlockLost
+	r, e, l := a.res, &a.h.holds[earlier], &a.h.holds[later]
+	s, across := a.acrossFailover(key, e, l)
+	// After a key fault, the hold with the lower token held the key from
+	// before: its report counts.
+	older, newer := earlier, later
+	if l.token < e.token {
+		older, newer = later, earlier
+	}
+	fi, c, changed := a.acrossKeyChange(key, &a.h.holds[older], &a.h.holds[newer])
+	told := earlier // the hold whose report counts
+	if changed && !across {
+		told = older
+	}
+	t := &a.h.holds[told]
+	reported := t.lost > 0 || t.unlock == unlockLost
 	r.Overlaps++
 	if reported {
 		r.OverlapsReported++
 	} else {
 		r.OverlapsSilent++
 	}
-	s, across := a.acrossFailover(key, e, &a.h.holds[later])
 	switch {
-	case !across:
-		r.OverlapsOutsideFailover++
-		r.violation("overlap on key %s: %s entered while %s was live", key, a.describe(later), a.describe(earlier))
-	case !reported:
+	case across && !reported:
 		r.violation("silent overlap on key %s across the failover to %s at %s: %s entered while %s was live, which saw neither Lost nor ErrLockLost",
 			key, s.server, a.at(s.at), a.describe(later), a.describe(earlier))
+	case across:
+	case changed:
+		a.stale[fi] = append(a.stale[fi], staleHold{hold: told, c: c})
+		if !reported {
+			if at, _, _ := a.notice(a.fromOn(told)); at != 0 && at <= c.hi+a.lease {
+				r.SilentTenureTold++
+			}
+			r.violation("silent overlap on key %s after the %s fault at %s: %s entered while %s was live; %s held the key from before the fault and saw neither Lost nor ErrLockLost, its unlock %s (%s)",
+				key, a.h.faults[fi].kind, a.at(c.hi), a.describe(later), a.describe(earlier), a.holdName(told), unlockName(t.unlock), a.tenureNotice(told, c))
+			break
+		}
+		r.OverlapsAfterKeyFault++
+		a.keyOverlaps = append(a.keyOverlaps, time.Duration(min(a.live[earlier], a.live[later])-l.enter))
+	default:
+		r.OverlapsOutsideFailover++
+		r.violation("overlap on key %s: %s entered while %s was live", key, a.describe(later), a.describe(earlier))
 	}
 	if across {
 		a.lostAtFailover[earlier] = true

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,6 +36,9 @@ type phase struct {
 	// the network faults.
 	routed  bool
 	servers []string // the addresses of the lock Redis's servers
+	// refusal is what a registry without WithEvictionAllowed did on the
+	// evicting lock Redis (the first phase of a run with evict faults).
+	refusal *refusal
 
 	mu     sync.Mutex
 	procs  map[int]*workerProc // running
@@ -54,7 +58,7 @@ func (ph *phase) run(ctx context.Context, in *injector, store *redis.Client) (*h
 	start := time.Now()
 	ph.until = start.Add(cfg.perKeyCount)
 	ph.col = newCollector(history{
-		keys: len(ph.keys), lease: cfg.lease, wait: cfg.wait, start: start.UnixNano(), acknowledged: cfg.waitReplica > 0,
+		keys: len(ph.keys), lease: cfg.lease, wait: cfg.wait, start: start.UnixNano(), acknowledged: cfg.waitReplica > 0, refusal: ph.refusal,
 	}, ph.keys)
 	watchCtx, stopWatching := context.WithCancel(ctx)
 	watching := make(chan struct{})
@@ -130,6 +134,7 @@ func (ph *phase) startWorker() (int, error) {
 		StoreAddr: ph.storeAddr, Registry: ph.registry, Keys: ph.keys,
 		Goroutines: ph.cfg.g, Until: ph.until, Lease: ph.cfg.lease, Retry: ph.cfg.retry,
 		Wait: ph.cfg.wait, Work: ph.cfg.work, Long: ph.cfg.long, Seed: ph.cfg.seed,
+		EvictionAllowed: slices.Contains(ph.cfg.faults, faultEvict),
 	}
 	if ph.routed {
 		router, err := faultproxy.StartRouter()

@@ -39,6 +39,13 @@ func writeTable(w io.Writer, cfg config, phases []*result, total *result) error 
 		}
 	}
 	replicated := cfg.topology != topoSingle
+	var keyKinds []string // the key faults the run injected
+	for _, k := range kinds {
+		if isKeyFault(k) {
+			keyKinds = append(keyKinds, k)
+		}
+	}
+	evicts := slices.Contains(cfg.faults, faultEvict)
 	// Right-aligned numbers under left-aligned labels: tabwriter aligns
 	// whole columns, so the labels come padded.
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -106,10 +113,24 @@ func writeTable(w io.Writer, cfg config, phases []*result, total *result) error 
 	section("overlapping live holds, by what the earlier hold learnt")
 	row("  reported (Lost or ErrLockLost)", num(func(r *result) int { return r.OverlapsReported }))
 	row("  silent", num(func(r *result) int { return r.OverlapsSilent }))
+	if len(keyKinds) > 0 {
+		keyFaultRows(row, num, section, keyKinds, evicts)
+	}
 	section("violations (each must be 0)")
-	row("  overlaps that no failover explains", num(func(r *result) int { return r.OverlapsOutsideFailover }))
-	if replicated {
+	row("  overlaps that no failover or key fault explains", num(func(r *result) int { return r.OverlapsOutsideFailover }))
+	if replicated || len(keyKinds) > 0 {
 		row("  silent overlaps", num(func(r *result) int { return r.OverlapsSilent }))
+	}
+	if len(keyKinds) > 0 {
+		row("  holders of a changed key not told within a lease", num(func(r *result) int { return r.Untold }))
+	}
+	if evicts {
+		row("  evicting server not refused without WithEvictionAllowed", func(r *result) string {
+			if r.EvictionRefused == nil {
+				return "-"
+			}
+			return fmt.Sprint(b2i(!*r.EvictionRefused))
+		})
 	}
 	row("  fresh tokens not above earlier holds'", num(func(r *result) int { return r.TokenOrder }))
 	row("  duplicate tokens", num(func(r *result) int { return r.DuplicateToken }))
@@ -140,6 +161,12 @@ func writeTable(w io.Writer, cfg config, phases []*result, total *result) error 
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(total.Notes) > 0 {
+		fmt.Fprintln(w, "\nnotes (no violations):")
+		for _, n := range total.Notes {
+			fmt.Fprintln(w, "  "+n)
+		}
 	}
 	if total.ViolationCount == 0 {
 		_, err := fmt.Fprintln(w, "\nno violations")
@@ -174,4 +201,53 @@ func writeJSON(w io.Writer, cfg config, phases []*result, total *result) error {
 		},
 		Phases: phases, Total: total, OK: total.ViolationCount == 0,
 	})
+}
+
+// keyFaultRows are the report's rows on the key faults (blindtime.go):
+// for each kind, what it struck and how long the holders stayed blind.
+func keyFaultRows(row func(string, func(*result) string), num func(func(*result) int) func(*result) string, section func(string), kinds []string, evicts bool) {
+	section("key faults: held keys changed behind their holders' backs")
+	for _, k := range kinds {
+		kr := func(r *result) keyFaultResult { return r.KeyFaults[k] }
+		row("  "+k+": injections / hitting a held key / tenures struck", func(r *result) string {
+			return fmt.Sprintf("%d / %d / %d", kr(r).Injections, kr(r).Hit, kr(r).Struck)
+		})
+		row("  "+k+": blind time, ms: p50 / p99 / max", func(r *result) string { return blind(kr(r).Blind) })
+		row("  "+k+": told by Lost / by ErrLockLost / not within a lease", func(r *result) string {
+			return fmt.Sprintf("%d / %d / %d", kr(r).ToldByLost, kr(r).ToldByUnlock, kr(r).Untold)
+		})
+		row("  "+k+": Lost named "+expectedCause[k]+" / another cause (notes)", func(r *result) string {
+			return fmt.Sprintf("%d / %d", kr(r).ToldByLost-kr(r).OtherCause, kr(r).OtherCause)
+		})
+	}
+	row("  overlaps after a key fault, reported (taken before Lost)", num(func(r *result) int { return r.OverlapsAfterKeyFault }))
+	row("  ... how long they overlapped, ms: p50 / p99 / max", func(r *result) string { return blind(r.KeyOverlap) })
+	row("  silent overlaps after a key fault, the tenure told later", num(func(r *result) int { return r.SilentTenureTold }))
+	row("  keys taken after their holder was told, while it was inside", num(func(r *result) int { return r.TakenAfterTold }))
+	if evicts {
+		row("  a registry without WithEvictionAllowed refused the server", func(r *result) string {
+			switch {
+			case r.EvictionRefused == nil:
+				return "-"
+			case *r.EvictionRefused:
+				return "yes"
+			}
+			return "NO"
+		})
+	}
+}
+
+// blind renders a blindTime's p50 / p99 / max.
+func blind(b blindTime) string {
+	if b.N == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f / %.2f / %.2f", b.P50Ms, b.P99Ms, b.MaxMs)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -22,20 +22,24 @@ const (
 
 // topologyFaults are the fault kinds that apply to each topology, and
 // defaultFaults those a run rotates through unless -faults says
-// otherwise: all that apply, except that a single server's run keeps to
-// the server faults it always had (make chaos-net adds the network ones).
+// otherwise: all that apply but the key faults, except that a single
+// server's run keeps to the server faults it always had (make chaos-net
+// adds the network ones, make chaos-keys the key faults).
 var (
 	workerFaults   = []string{faultStop, faultKill}
 	networkFaults  = []string{faultNetStall, faultNetDelay, faultNetReset}
+	keyFaults      = []string{faultDel, faultOverwrite, faultFlush, faultEvict}
+	sentinelFaults = concat([]string{faultFailover}, networkFaults, workerFaults)
+	clusterFaults  = concat([]string{faultClusterFailover, faultMigrate}, networkFaults, workerFaults)
 	topologyFaults = map[string][]string{
-		topoSingle:   concat([]string{faultStop, faultClientKill, faultRestart, faultPause, faultSleep, faultKill}, networkFaults),
-		topoSentinel: concat([]string{faultFailover}, networkFaults, workerFaults),
-		topoCluster:  concat([]string{faultClusterFailover, faultMigrate}, networkFaults, workerFaults),
+		topoSingle:   concat([]string{faultStop, faultClientKill, faultRestart, faultPause, faultSleep, faultKill}, networkFaults, keyFaults),
+		topoSentinel: concat(sentinelFaults, keyFaults[:2]),
+		topoCluster:  concat(clusterFaults, keyFaults[:2]),
 	}
 	defaultFaults = map[string][]string{
 		topoSingle:   topologyFaults[topoSingle][:6],
-		topoSentinel: topologyFaults[topoSentinel],
-		topoCluster:  topologyFaults[topoCluster],
+		topoSentinel: sentinelFaults,
+		topoCluster:  clusterFaults,
 	}
 )
 

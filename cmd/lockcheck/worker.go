@@ -52,6 +52,9 @@ type workerConfig struct {
 	Work         time.Duration
 	Long         float64 // the share of critical sections that pause 0.5 to 1.5 leases
 	Seed         uint64
+	// EvictionAllowed: the lock Redis may evict keys (the evict fault),
+	// which the registry accepts (WithEvictionAllowed).
+	EvictionAllowed bool
 }
 
 // storeRecord is the fenced store's record for key.
@@ -83,11 +86,16 @@ func runWorker(spec string) int {
 	if cfg.WaitReplicas > 0 {
 		opts = append(opts, lockreg.WithWaitReplicas(cfg.WaitReplicas, cfg.Retry))
 	}
+	if cfg.EvictionAllowed {
+		opts = append(opts, lockreg.WithEvictionAllowed())
+	}
 	reg, err := lockreg.New(lockClient, cfg.Registry, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lockcheck worker:", err)
 		return 2
 	}
+	losses := &lossLog{last: make(map[string]lossNote)}
+	reg.AddHooks(lockreg.Hooks{Lost: losses.record, AcquireDone: tellPath})
 	// The tracker's subscriptions bypass the router: a network fault is
 	// for the library's connections, and a grant message it held back
 	// would leave the hold it explains unexplained.
@@ -97,7 +105,7 @@ func runWorker(spec string) int {
 		return 2
 	}
 	defer stopWatching()
-	w := &worker{cfg: cfg, reg: reg, store: storeClient, leases: leases, out: out}
+	w := &worker{cfg: cfg, reg: reg, store: storeClient, leases: leases, losses: losses, out: out}
 	runs := make([]goroutineRun, cfg.Goroutines)
 	var wg sync.WaitGroup
 	for g := range runs {
@@ -114,6 +122,7 @@ type worker struct {
 	reg         *lockreg.Registry
 	store       *redis.Client
 	leases      *leaseTracker
+	losses      *lossLog
 	out         *emitter
 	lostUnlocks atomic.Int64
 	noTokens    atomic.Int64
@@ -136,13 +145,14 @@ func (w *worker) loop(g int) goroutineRun {
 		if deadline.After(w.cfg.Until) {
 			deadline, cut = w.cfg.Until, true
 		}
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		path := new(lockreg.Path)
+		ctx, cancel := context.WithDeadline(context.WithValue(context.Background(), pathKey{}, path), deadline)
 		err := lock.LockContext(ctx)
 		cancel()
 		switch {
 		case err == nil:
 			run.Acquisitions++
-			w.critical(g, lock, acq, rng)
+			w.critical(g, lock, acq.UnixNano(), *path, rng)
 		case !errors.Is(err, context.DeadlineExceeded):
 			w.out.emit(event{E: "error", Msg: fmt.Sprintf("goroutine %d: LockContext(%s): %v", g, key, err)})
 		case !cut:
@@ -154,7 +164,7 @@ func (w *worker) loop(g int) goroutineRun {
 // critical is the critical section: a read-modify-write increment of the
 // key's record in the fenced store, with a pause between read and write
 // in which a stale holder's write could overtake a newer holder's.
-func (w *worker) critical(g int, lock *lockreg.Lock, acq time.Time, rng *rand.Rand) {
+func (w *worker) critical(g int, lock *lockreg.Lock, acq int64, path lockreg.Path, rng *rand.Rand) {
 	ctx := context.Background()
 	enter := time.Now().UnixNano()
 	key, lost := lock.Key(), lock.Lost()
@@ -167,6 +177,12 @@ func (w *worker) critical(g int, lock *lockreg.Lock, acq time.Time, rng *rand.Ra
 		}
 		w.noTokens.Add(1)
 		w.leases.note(key, "a hold got no token: %v", err)
+		if errors.Is(err, lockreg.ErrLockLost) {
+			// Told, at the start: a key fault's analysis needs it if the
+			// hold was handed off from one the fault struck (blindtime.go).
+			told := time.Now().UnixNano()
+			w.out.emit(event{E: "notoken", G: g, Key: key, Acq: acq, At: enter, Lost: told, Cause: w.losses.since(key, acq), Handoff: path == lockreg.PathHandoff})
+		}
 		w.unlock(ctx, lock)
 		return
 	}
@@ -174,7 +190,7 @@ func (w *worker) critical(g int, lock *lockreg.Lock, acq time.Time, rng *rand.Ra
 	if !ok {
 		w.out.emit(event{E: "error", Msg: fmt.Sprintf("goroutine %d holds %s with token %d, which no obtain call or grant the worker saw explains (last: %d); %s", g, key, token, w.leases.lastToken(key), w.leases.historyOf(key))})
 	}
-	w.out.emit(event{E: "enter", G: g, Key: key, Token: token, Fresh: root.fresh, Acq: acq.UnixNano(), At: enter, Root: root.sent, RootLease: root.lease})
+	w.out.emit(event{E: "enter", G: g, Key: key, Token: token, Fresh: root.fresh, Acq: acq, At: enter, Root: root.sent, RootLease: root.lease})
 
 	var lostAt atomic.Int64
 	stop, watched := make(chan struct{}), make(chan struct{})
@@ -212,13 +228,68 @@ func (w *worker) critical(g int, lock *lockreg.Lock, acq time.Time, rng *rand.Ra
 	// Lost may still fire while the unlock runs: the hold learns of the
 	// loss then, which counts for an overlap as much as before.
 	unlocked := w.unlock(ctx, lock)
+	returned := time.Now().UnixNano()
 	close(stop)
 	<-watched
-	late := int64(0)
+	late, cause := int64(0), ""
 	if ev.Lost == 0 {
 		late = lostAt.Load()
 	}
-	w.out.emit(event{E: "unlock", G: g, Unlock: unlocked, Lost: late})
+	if lostAt.Load() != 0 {
+		cause = w.losses.since(key, acq)
+	}
+	w.out.emit(event{E: "unlock", G: g, Unlock: unlocked, At: returned, Lost: late, Cause: cause})
+}
+
+// pathKey is the context key of an acquisition's *lockreg.Path, which
+// tellPath, a registry hook, sets as the acquisition ends.
+type pathKey struct{}
+
+// tellPath records how an acquisition took its key, in the *lockreg.Path
+// of its context. The registry calls it on the acquiring goroutine before
+// LockContext returns.
+func tellPath(ctx context.Context, e lockreg.AcquireEvent) {
+	if p, ok := ctx.Value(pathKey{}).(*lockreg.Path); ok {
+		*p = e.Path
+	}
+}
+
+// lossLog keeps, by key, the last loss the registry's Lost hook reported.
+// The hook runs right after the hold's Lost channel closed, on the
+// goroutine that found the loss out.
+type lossLog struct {
+	mu   sync.Mutex
+	last map[string]lossNote
+}
+
+type lossNote struct {
+	cause string
+	at    int64
+}
+
+func (l *lossLog) record(e lockreg.LossEvent) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.last[e.Key] = lossNote{cause: e.Cause.String(), at: time.Now().UnixNano()}
+}
+
+// since returns the cause of the last loss of key reported after from (a
+// hold's LockContext call), waiting a little for the hook of a Lost that
+// fired just now; "" if none came. Holds of a key in one registry follow
+// one another, and a hold asks once it knows its Lost fired, by when the
+// hook has run as a rule: the last loss reported is its own, or that of
+// the hold it was handed off from, lost with it for the same cause.
+func (l *lossLog) since(key string, from int64) string {
+	for range 50 {
+		l.mu.Lock()
+		n := l.last[key]
+		l.mu.Unlock()
+		if n.at >= from {
+			return n.cause
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return ""
 }
 
 // unlock unlocks lock and tells how it went.
