@@ -138,9 +138,20 @@ func (h *Hold) endLease(cause LossCause) {
 // hold handed off from h. evicted says that the server evicted keys
 // meanwhile.
 func (r *Registry) changedBehindItsBack(h *Hold, cause LossCause, gone, evicted bool) {
-	h.mu.Lock()
-	forced := h.forced
-	h.mu.Unlock()
+	if h.leaseEnd.Load() == 0 {
+		return // the tenure was ended by an earlier loss, which named its cause
+	}
+	current := h.local.hold.Load()
+	if current == nil || current.leaseEnd != h.leaseEnd {
+		current = h
+	}
+	// A forced unlock names the hold that was current when its note came.
+	forced := false
+	for _, held := range []*Hold{h, current} {
+		held.mu.Lock()
+		forced = forced || held.forced
+		held.mu.Unlock()
+	}
 	switch {
 	case forced:
 		cause = LossForced
@@ -153,7 +164,7 @@ func (r *Registry) changedBehindItsBack(h *Hold, cause LossCause, gone, evicted 
 		cause = LossEvicted
 	}
 	h.endLease(cause)
-	if current := h.local.hold.Load(); current != nil && current != h && current.leaseEnd == h.leaseEnd {
+	if current != h {
 		current.lose(cause)
 	}
 }

@@ -153,7 +153,7 @@ func (h *Hold) handedOut(token int64) int64 {
 // the next hold draws its own if asked.
 func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 	if r.cfg.handoffMax == 0 || h.handoffs >= r.cfg.handoffMax || h.isLost() || h.leaseOver() ||
-		time.Since(h.redisTaken) >= r.cfg.handoffFor || !local.waited() {
+		time.Since(h.redisTaken) >= r.cfg.handoffFor || local.unchecked.Load() > 0 || !local.waited() {
 		return nil
 	}
 	next := &Hold{

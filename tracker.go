@@ -165,7 +165,8 @@ func (t *tracker) invalidated(keys []string) {
 		}
 		if local, ok := r.locals.m.Load(key); ok {
 			if h := local.hold.Load(); h != nil {
-				t.enqueue(armRequest{h: h, cause: LossDeleted})
+				local.unchecked.Add(1)
+				t.enqueue(armRequest{h: h, cause: LossDeleted, invalidated: true})
 			}
 		}
 	}
@@ -260,6 +261,13 @@ func (t *tracker) armLoop(stop context.Context) {
 			drop()
 			t.ask(LossRestart, false) // the connection broke: a new one checks every key
 		}
+		// The invalidations of batch are checked, or given up on with their
+		// connection, whose successor checks every key: hand-offs go on.
+		for _, req := range batch {
+			if req.invalidated {
+				req.h.local.unchecked.Add(-1)
+			}
+		}
 		if retryCause != lossNone && (next.IsZero() || retryAt.Before(next)) {
 			next = retryAt
 		}
@@ -328,7 +336,13 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 	r.countCalls(OpTrack, len(calls))
 	protocol.RunPipeline(ctx, conn, calls)
 	var moved []*Hold
+	// Where the server may evict, each batch reads how many keys it
+	// evicted, so that a key found gone is put down to eviction only if
+	// the count rose since the last batch, not since an eviction long ago.
 	evicted := sync.OnceValue(func() bool { return r.evictedSince(ctx, t.addr, t.client) })
+	if r.servers.evicts.Load() {
+		defer evicted()
+	}
 	for i, req := range batch {
 		owner, err := r.peer.ReadOwner(calls[i])
 		switch {

@@ -52,11 +52,13 @@ type tracking struct {
 
 // armRequest is a hold to arm, or to verify after an invalidation or a
 // lost connection: cause is what a key found gone says happened. due, if
-// set, is when to arm it at the earliest (see armDelay).
+// set, is when to arm it at the earliest (see armDelay); invalidated, that
+// it counts in its key's unchecked invalidations.
 type armRequest struct {
-	h     *Hold
-	cause LossCause
-	due   time.Time
+	h           *Hold
+	cause       LossCause
+	due         time.Time
+	invalidated bool
 }
 
 // armDelay is how long a hold goes unarmed after its acquisition. Most

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -362,6 +363,18 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 			t.roots[key] = root{sent: sent}
 			t.saw(key, "SET NX took it")
 			t.mu.Unlock()
+		}
+		return
+	}
+	// A native renewal, where the server has it: SET <key> <id> IFEQ <id>
+	// PX <lease>, OK when renewed, nil when the key is not the registry's.
+	if cmd.Name() == "set" && len(args) == 7 && fmt.Sprint(args[3]) == "ifeq" {
+		if err := cmd.Err(); err == nil || errors.Is(err, redis.Nil) {
+			renewed := int64(0)
+			if err == nil {
+				renewed = 1
+			}
+			t.renewed(args[1:2], []int64{renewed}, sent)
 		}
 		return
 	}
