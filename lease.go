@@ -201,7 +201,9 @@ func (r *Registry) verifyHolds(cause LossCause) {
 			return
 		}
 		if t := r.trackerFor(h.redisKey()); t != nil {
-			t.enqueue(armRequest{h: h, cause: cause})
+			// Until the key is checked, it may have changed: no hand-off.
+			h.local.unchecked.Add(1)
+			t.enqueue(armRequest{h: h, cause: cause, invalidated: true})
 		} else {
 			unarmed = append(unarmed, h)
 		}
