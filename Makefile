@@ -17,7 +17,7 @@
 #              lost increments (docs/RELIABILITY.md). Each run is a target of
 #              its own: chaos-single, chaos-sentinel, chaos-cluster,
 #              chaos-net, chaos-keys. make test runs the single-server one
-#              for 30s and the network one for 20s.
+#              for 30s, and the network and key ones for 20s each.
 # make compat - a registry of the previous release (COMPAT_REV, from git
 #              history) and one of this tree take turns on the same keys,
 #              in two processes: no overlap, rising tokens, grants both
@@ -76,6 +76,7 @@ test: redis-server
 	$(GO) test -race -count=1 $(PKGS)
 	$(GO) run ./cmd/lockcheck -d 30s
 	$(GO) run ./cmd/lockcheck -faults $(NET_FAULTS) -d 20s
+	$(GO) run ./cmd/lockcheck -faults $(KEY_FAULTS) -d 20s
 	$(GO) test -run '^$$' -fuzz '^FuzzRedisKeys$$' -fuzztime 100000x ./internal/protocol
 	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	@# The comparison harness, as a smoke run, so that it never rots.
@@ -146,7 +147,7 @@ bench-lib: redis-server
 
 # SMOKE_TESTS are the library's tests that make test runs on Redis 8.0 and
 # Valkey 8.1: the core rules, each once.
-SMOKE_TESTS = ^(TestRegistriesWithSameRegistryKeyExclude|TestMutualExclusionStress|TestRegistryWorksWithAMinimalACL|TestRegistryWorksOverRESP2|TestReleaseGrantsTheKeyToTheWaitingRegistry|TestNotificationWakesARemoteWaiterAtOnce|TestTokensIncreaseAcrossRegistries|TestAHolderLearns.*|TestAnEvictingServerIsRefused|TestAPermanentErrorEndsTheAcquisitionAtOnce|TestForceUnlockFreesTheKeyAndTellsTheHolder|TestRedisCluster|TestRedisClusterMutualExclusion|TestFailoverKeepsWorkingAndReportsLostHolds)$$
+SMOKE_TESTS = ^(TestRegistriesOfOneNamespaceExclude|TestMutualExclusionStress|TestRegistryWorksWithAMinimalACL|TestRegistryWorksOverRESP2|TestReleaseGrantsTheKeyToTheWaitingRegistry|TestNotificationWakesARemoteWaiterAtOnce|TestTokensIncreaseAcrossRegistries|TestAHolderLearns.*|TestAnEvictingServerIsRefused|TestAPermanentErrorEndsTheAcquisitionAtOnce|TestForceUnlockFreesTheKeyAndTellsTheHolder|TestRedisCluster|TestRedisClusterMutualExclusion|TestFailoverKeepsWorkingAndReportsLostHolds)$$
 
 # SERVERS are the servers of make test-servers (scripts/servers names them).
 SERVERS = redis-7.0 redis-8.0 valkey-8.1

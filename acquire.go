@@ -104,7 +104,7 @@ func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold,
 	}
 	local.hold.Store(h)
 	if !handedOff {
-		r.arm(h, LossDeleted)
+		r.arm(h, LossDeleted, local.waited())
 	}
 	r.stats.acquired(time.Since(start), handedOff)
 	// Close signals the holds it finds, after closing: a hold stored once

@@ -45,10 +45,11 @@ type localLock struct {
 	// refs counts the holds and acquisitions of the key. It is changed
 	// only inside localLocks' Compute calls, which serialize per key.
 	refs int
-	// unchecked counts the invalidations of the key (tracking.go) not
-	// checked yet: while one is, the key may have changed behind the
-	// holder's back, and a release goes to Redis, whose owner check tells
-	// the releasing hold, rather than hand the key off unseen.
+	// unchecked counts the changes of the key that tracking (tracking.go)
+	// has not checked yet, its arming included when goroutines wait: while
+	// one is, the key may have changed behind the holder's back, and a
+	// release goes to Redis, whose owner check tells the releasing hold,
+	// rather than hand the key off unseen.
 	unchecked atomic.Int32
 }
 

@@ -53,7 +53,7 @@ type tracking struct {
 // armRequest is a hold to arm, or to verify after an invalidation or a
 // lost connection: cause is what a key found gone says happened. due, if
 // set, is when to arm it at the earliest (see armDelay); invalidated, that
-// it counts in its key's unchecked invalidations.
+// it counts in its key's unchecked changes (locallock.go).
 type armRequest struct {
 	h           *Hold
 	cause       LossCause
@@ -76,8 +76,20 @@ const armDelay = 5 * time.Millisecond
 // or a grant; a local hand-off keeps the key, and its arming). A key found
 // changed loses h for cause. Without a tracker the hold learns of changes
 // at its renewals.
-func (r *Registry) arm(h *Hold, cause LossCause) {
-	if t := r.trackerFor(h.redisKey()); t != nil {
+//
+// A key that goroutines of this registry wait for is armed at once, and
+// is not handed off locally until its arming read answered: a hand-off
+// before would pass on a key that may have changed unseen, and end the
+// hold with a nil Unlock that tells it nothing; its release then goes to
+// Redis, whose owner check tells it.
+func (r *Registry) arm(h *Hold, cause LossCause, waited bool) {
+	t := r.trackerFor(h.redisKey())
+	switch {
+	case t == nil:
+	case waited:
+		h.local.unchecked.Add(1)
+		t.enqueue(armRequest{h: h, cause: cause, invalidated: true})
+	default:
 		t.enqueue(armRequest{h: h, cause: cause, due: h.redisTaken.Add(armDelay)})
 	}
 }
