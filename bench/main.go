@@ -61,11 +61,28 @@ type Result struct {
 	AllocsPerOp         float64   `json:",omitempty"`
 	HeapPeak            uint64    `json:",omitempty"` // in process: peak live heap bytes the contender uses under the workload (see weighingPass)
 	HeapKept            uint64    `json:",omitempty"` // in process: live heap bytes the contender keeps after the workload
+
+	// S1 against the floor of a correct lock (contenders.LockFloor), timed
+	// in turn in the same session: its ns per cycle, this contender's time
+	// over it (lockreg's row: over all sessions) with a 95% interval within
+	// the session, and, in a peer's row, lockreg's time over it in the
+	// peer's session.
+	LockFloorNsPerOp                                               float64 `json:",omitempty"`
+	VsLockFloor, VsLockFloorLo, VsLockFloorHi                      float64 `json:",omitempty"`
+	LockRegVsLockFloor, LockRegVsLockFloorLo, LockRegVsLockFloorHi float64 `json:",omitempty"`
+	// Split is S4's hand-off split into its parts, in lockreg's row
+	// (split.go).
+	Split *HandoffSplit `json:",omitempty"`
+	// Scale is S8's figures (scale.go).
+	Scale *ScaleResult `json:",omitempty"`
 }
 
 func main() {
 	if spec := os.Getenv(workerEnv); spec != "" {
 		os.Exit(runWorker(spec))
+	}
+	if spec := os.Getenv(pingerEnv); spec != "" {
+		os.Exit(runPinger(spec))
 	}
 	quick := flag.Bool("quick", os.Getenv("BENCH_QUICK") != "", "smoke run: a fraction of a second per pass (also BENCH_QUICK=1)")
 	out := flag.String("out", ".", "where results/, RESULTS.md and charts/ go")
@@ -140,6 +157,9 @@ func measure(quick bool, only, onlyScenarios string) ([]Result, string, error) {
 		if onlyScenarios != "" && !slices.Contains(strings.Split(onlyScenarios, ","), sc.id) {
 			continue
 		}
+		if sc.scale != nil && quick && onlyScenarios == "" {
+			continue // S8 takes a minute and a half: a smoke run has it only if named
+		}
 		results = append(results, env.measureAll(sc, factories)...)
 	}
 	version, _ := admin.Info(context.Background(), "server").Result()
@@ -161,6 +181,8 @@ func (r Result) line() string {
 		return fmt.Sprintf("%s %-22s n/a (%s)", r.Scenario, r.Contender, r.NA)
 	case r.Err != "":
 		return fmt.Sprintf("%s %-22s error: %s", r.Scenario, r.Contender, r.Err)
+	case r.Scale != nil:
+		return r.Scale.line(r.Scenario, r.Contender)
 	}
 	return fmt.Sprintf("%s %-22s %10.0f ns/op %9.0f acq/s %6.2f rt/acq %6.2f srv/acq", r.Scenario, r.Contender, r.NsPerOp, r.AcqPerSec, r.RoundTrips, r.ServerCmds)
 }

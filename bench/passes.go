@@ -49,6 +49,9 @@ type contenderRun struct {
 // pass each.
 func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 	ctx := context.Background()
+	if sc.scale != nil {
+		return e.scale(ctx, sc, fs)
+	}
 	var runs []*contenderRun
 	for _, f := range fs {
 		runs = append(runs, e.prepare(ctx, sc, f))
@@ -75,6 +78,9 @@ func (e *benchEnv) measureAll(sc scenario, fs []contenders.Factory) []Result {
 		}
 		if sc.workers != nil && sc.workers.handoffFloor {
 			e.handoffFloor(ctx, sc, runs, slice)
+		}
+		if sc.workers != nil && sc.workers.split {
+			e.splitPasses(ctx, sc, runs, slice)
 		}
 	}
 	for _, run := range runs {

@@ -7,6 +7,7 @@ import (
 	"image/color"
 	"io"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -114,38 +115,58 @@ func tallyFiles(w io.Writer, paths []string) error {
 // runs. A session's own interval leaves out the machine's state between
 // sessions; this one has it in, so a peer that makes the same calls
 // (lockreg-spin, the A/A check) shows how wide a tie is. Peers with fewer
-// than two runs get no interval.
+// than two runs get no interval. Then, likewise, each contender's time
+// over the floor of a correct lock (VsLockFloor).
 func s1AcrossRuns(runs [][]Result) string {
-	var peers []string
-	logs := map[string][]float64{}
+	var peers, floored []string
+	logs, floors := map[string][]float64{}, map[string][]float64{}
 	for _, results := range runs {
 		for _, r := range results {
-			if r.Scenario != "S1" || r.VsLockReg <= 0 || r.NA != "" || r.Err != "" {
+			if r.Scenario != "S1" || r.NA != "" || r.Err != "" {
 				continue
 			}
-			if _, seen := logs[r.Contender]; !seen {
-				peers = append(peers, r.Contender)
+			if r.VsLockReg > 0 {
+				if _, seen := logs[r.Contender]; !seen {
+					peers = append(peers, r.Contender)
+				}
+				logs[r.Contender] = append(logs[r.Contender], -math.Log(r.VsLockReg))
 			}
-			logs[r.Contender] = append(logs[r.Contender], -math.Log(r.VsLockReg))
+			if r.VsLockFloor > 0 {
+				if _, seen := floors[r.Contender]; !seen {
+					floored = append(floored, r.Contender)
+				}
+				floors[r.Contender] = append(floors[r.Contender], math.Log(r.VsLockFloor))
+			}
 		}
-	}
-	if len(peers) == 0 {
-		return ""
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n# S1 across runs\n\nlockreg's time per cycle over the peer's, the geometric mean over the runs' sessions, with a 95%% interval over the runs:\n\n")
-	for _, peer := range peers {
-		l := logs[peer]
-		mean, sd := meanSD(l)
-		fmt.Fprintf(&b, "- vs %s: %.4fx over %d runs", peer, math.Exp(mean), len(l))
-		if len(l) > 1 {
-			half := studentT975(len(l)-1) * sd / math.Sqrt(float64(len(l)))
-			fmt.Fprintf(&b, ", 95%% interval %.4fx-%.4fx", math.Exp(mean-half), math.Exp(mean+half))
+	if len(peers) > 0 {
+		fmt.Fprintf(&b, "\n# S1 across runs\n\nlockreg's time per cycle over the peer's, the geometric mean over the runs' sessions, with a 95%% interval over the runs:\n\n")
+		for _, peer := range peers {
+			b.WriteString(pooledLine("vs "+peer, logs[peer]))
 		}
-		lo, hi := slices.Min(l), slices.Max(l)
-		fmt.Fprintf(&b, " (runs %.3fx-%.3fx)\n", math.Exp(lo), math.Exp(hi))
+	}
+	if len(floored) > 0 {
+		fmt.Fprintf(&b, "\n# S1 against the floor of a correct lock, across runs\n\nEach contender's time per cycle over the lock floor's (lockreg's: over all sessions of a run), the geometric mean over the runs, with a 95%% interval over the runs:\n\n")
+		for _, c := range floored {
+			b.WriteString(pooledLine(c+" ÷ floor", floors[c]))
+		}
 	}
 	return b.String()
+}
+
+// pooledLine is one line of s1AcrossRuns: the geometric mean of the
+// ratios whose logs are l, its 95% t interval over them (with two or
+// more) and their range.
+func pooledLine(label string, l []float64) string {
+	mean, sd := meanSD(l)
+	line := fmt.Sprintf("- %s: %.4fx over %d runs", label, math.Exp(mean), len(l))
+	if len(l) > 1 {
+		half := studentT975(len(l)-1) * sd / math.Sqrt(float64(len(l)))
+		line += fmt.Sprintf(", 95%% interval %.4fx-%.4fx", math.Exp(mean-half), math.Exp(mean+half))
+	}
+	lo, hi := slices.Min(l), slices.Max(l)
+	return line + fmt.Sprintf(" (runs %.3fx-%.3fx)\n", math.Exp(lo), math.Exp(hi))
 }
 
 func meanSD(xs []float64) (mean, sd float64) {
@@ -265,7 +286,7 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 	}
 	b.WriteString(".\nProduced by `make bench` (bench/main.go): all contenders in one run against one redis-server.\n" +
 		"Round trips are commands on the wire, counted by a proxy in a separate pass; server commands are INFO commandstats deltas (script bodies included).\n" +
-		"Contenders take turns, so that noise falls on all alike: S2, S3, S5 and S6 in six rounds of a slice each; S4's and S7's processes one contender after another; S1 cycle by cycle in an order shuffled every cycle, one session per peer beside lockreg and two PINGs.\n" +
+		"Contenders take turns, so that noise falls on all alike: S2, S3, S5 and S6 in six rounds of a slice each; S4's and S7's processes one contender after another; S1 cycle by cycle in an order shuffled every cycle, one session per peer beside lockreg, the floor of a correct lock and two PINGs.\n" +
 		"Each contender's timing pass lasts 3s (S3 and S7: 10s; S1: a 6s session per peer); a smoke run's, 300ms.\n" +
 		"Ratios are to lockreg in the same scenario. " +
 		"\"" + heapColumn + "\" weighs the live heap in a pass of its own, the contender connected straight to Redis and no other open, the harness recording nothing, over the live heap before the contender was made: the peak under load, weighed every 50ms by a full collection with each goroutine that holds its key parked until the weighing is done (connections, holds, waiters, pooled buffers, per-key state), and what stays once the workload is over, the contender still open (what it keeps per key once no goroutine uses the key).\n\n")
@@ -274,6 +295,10 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 		fmt.Fprintf(&b, "- %s: %s (%s)\n", t.Name, t.verdict(), t.Figure)
 	}
 	for _, sc := range scenarios {
+		if sc.scale != nil {
+			b.WriteString(scaleMarkdown(sc, results))
+			continue
+		}
 		fmt.Fprintf(&b, "\n## %s: %s\n\n", sc.id, sc.title)
 		base, hasBase := find(results, sc.id, "lockreg")
 		var rows []Result
@@ -321,13 +346,18 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 				}
 			}
 		}
+		if sc.id == "S4" {
+			if base, ok := find(results, "S4", "lockreg"); ok {
+				b.WriteString(splitMarkdown(base.Split))
+			}
+		}
 		if sc.id == "S7" {
 			fmt.Fprintf(&b, "\nEach process's one goroutine takes the key, holds it %v, releases it and asks again at once, so that every process waits for the others, longer than lockreg's retry interval (100ms). "+
 				"\"overtaken\" counts, for each hold, the holds other processes took while its goroutine asked for it: when turns go first come, first served, at most %d, one for each other process; its 99th percentile and the most in the run. "+
 				"\"holds per process\" is the fewest and the most one process got.\n", sc.workers.hold, sc.workers.processes-1)
 		}
 		if sc.id == "S1" {
-			b.WriteString("\nOne session per peer: lockreg, the peer and two PINGs (the floor) took turns cycle by cycle, in an order shuffled every cycle so that each follows each other equally often, no other client alive; \"vs lockreg\" is measured within the peer's session, lockreg's figures sum all sessions. " +
+			b.WriteString("\nOne session per peer: lockreg, the peer, the floor of a correct lock (below) and two PINGs (the old floor) took turns cycle by cycle, in an order shuffled every cycle so that each follows each other equally often, no other client alive; \"vs lockreg\" is measured within the peer's session, lockreg's figures sum all sessions. " +
 				"The 95% intervals resample the session's blocks of " + strconv.Itoa(blockCycles) + " cycles: they show the noise within a session, not between sessions, which moves S1 more: `-repeat N` and `-tally` pool the sessions of many runs. " +
 				"lockreg-spin makes the same Redis calls as lockreg when uncontended (its options differ only for waiting), so its session is an A/A check: how far two identical contenders can differ in one session.\n\n")
 			for _, r := range results {
@@ -339,9 +369,144 @@ func markdown(date time.Time, machine string, quick bool, results []Result) stri
 					b.WriteString("\n")
 				}
 			}
+			b.WriteString(lockFloorMarkdown(results))
 		}
 	}
 	return b.String()
+}
+
+// lockFloorMarkdown is S1 against the floor of a correct lock: in each
+// peer's session, lockreg's time and the peer's over the floor's, beside
+// each other, with their intervals within the session; and lockreg's
+// over all sessions. It says nothing if the floor was not timed.
+func lockFloorMarkdown(results []Result) string {
+	var rows []Result
+	var base *Result
+	for _, r := range results {
+		if r.Scenario != "S1" || r.VsLockFloor <= 0 || r.NA != "" || r.Err != "" {
+			continue
+		}
+		if r.Contender == "lockreg" {
+			base = &r
+			continue
+		}
+		rows = append(rows, r)
+	}
+	if base == nil && len(rows) == 0 {
+		return ""
+	}
+	ratio := func(x, lo, hi float64) string {
+		if x <= 0 {
+			return ""
+		}
+		if lo > 0 {
+			return fmt.Sprintf("%.3fx (%.3fx-%.3fx)", x, lo, hi)
+		}
+		return fmt.Sprintf("%.3fx", x)
+	}
+	var b strings.Builder
+	b.WriteString("\nAgainst the floor of a correct lock, a figure that travels between machines where two PINGs do not: `SET <key> <owner> NX PX 30000`, then `if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0` by EVALSHA, on one go-redis client, nothing else (`contenders/lockfloor.go`), timed in turn with the others in every session. " +
+		"Each row is one session, lockreg and the peer over the floor beside each other, with 95% intervals within the session:\n\n" +
+		"| session | lockreg ÷ floor | peer ÷ floor | floor (ns per cycle) |\n| --- | ---: | ---: | ---: |\n")
+	if base != nil {
+		fmt.Fprintf(&b, "| all sessions | %s | | %.0f |\n", ratio(base.VsLockFloor, base.VsLockFloorLo, base.VsLockFloorHi), base.LockFloorNsPerOp)
+	}
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %s | %s | %.0f |\n", r.Contender, ratio(r.LockRegVsLockFloor, r.LockRegVsLockFloorLo, r.LockRegVsLockFloorHi),
+			ratio(r.VsLockFloor, r.VsLockFloorLo, r.VsLockFloorHi), r.LockFloorNsPerOp)
+	}
+	return b.String()
+}
+
+// scaleMarkdown is S8's section, if the run measured it.
+func scaleMarkdown(sc scenario, results []Result) string {
+	var rows []Result
+	for _, r := range results {
+		if r.Scenario == sc.id {
+			rows = append(rows, r)
+		}
+	}
+	if len(rows) == 0 {
+		return ""
+	}
+	rounds := sc.scale.rounds // a smoke run's rows say theirs
+	for _, r := range rows {
+		if r.Scale != nil && r.Scale.Rounds > 0 {
+			rounds = r.Scale.Rounds
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n## %s: %s\n\n", sc.id, sc.title)
+	fmt.Fprintf(&b, "On a redis-server of its own, flushed before each row: %d goroutines take the keys (one registry; bsm/redislock one client), then they are held for %d renewal intervals (a third of the lease each) while an unrelated client, in a process and on a connection of its own, PINGs about every ms (and for %v at rest before any key is taken), then released. "+
+		"Redis bytes per lock are INFO memory's used_memory delta over the keys, and in brackets the same less the clients' buffers (MEMORY STATS clients.normal), which move with what the connections did lately; Go heap bytes and objects per lock, runtime.MemStats' HeapAlloc and HeapObjects after two collections, over a baseline taken after a warm-up at the same parallelism (the least of three readings a third of a renewal interval apart, so that a renewal round's garbage is not counted as held); \"kept\" is what stays once all are released. "+
+		"Server CPU is INFO cpu's sys+user over the window, in %% of one core; \"renew.lua in Redis\" is EVALSHA's commandstats usec over the window, in %% (the commands the scripts ran included). bsm/redislock holds without renewal: its memory only.\n\n", sc.scale.goroutines, rounds, sc.scale.rest)
+	b.WriteString("| contender | lease | keys | taking them (acq/s) | Redis bytes / lock (less client buffers) | Go heap bytes / objects per lock | heap kept per key (bytes) | renew calls/s | server cmds/s | server CPU % (at rest) | renew.lua in Redis % | PING p99 / max at rest (µs) | PING p99 / max while held (µs) | release all (ms) | lost |\n")
+	b.WriteString("| --- |" + strings.Repeat(" ---: |", 14) + "\n")
+	ping := func(f *PingFigures) string {
+		if f == nil {
+			return ""
+		}
+		return fmt.Sprintf("%.0f / %.0f", f.P99/1e3, f.Max/1e3)
+	}
+	var byName []string
+	for _, r := range rows {
+		s := r.Scale
+		switch {
+		case r.Err != "" && s == nil:
+			fmt.Fprintf(&b, "| %s | error: %s |%s\n", r.Contender, strings.ReplaceAll(r.Err, "|", "/"), strings.Repeat(" |", 13))
+			continue
+		case s.MemoryOnly:
+			fmt.Fprintf(&b, "| %s | none (memory only) | %d | | %.0f (%.0f) | %.0f / %.1f | %.0f |%s\n", r.Contender, s.Keys, s.RedisBytesPerLock, s.RedisBytesLessClients, s.HeapBytesPerLock, s.HeapObjectsPerLock, s.HeapKeptPerKey, strings.Repeat(" |", 8))
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %v | %d | %.0f | %.0f (%.0f) | %.0f / %.1f | %.0f | %.0f | %.0f | %.1f (%.1f) | %.1f | %s | %s | %.0f | %d |\n",
+			r.Contender, time.Duration(s.Lease), s.Keys, s.AcqPerSec, s.RedisBytesPerLock, s.RedisBytesLessClients, s.HeapBytesPerLock, s.HeapObjectsPerLock, s.HeapKeptPerKey,
+			s.RenewCallsPerSec, s.ServerCmdsPerSec, s.ServerCPU, s.ServerCPURest, s.ScriptBusy, ping(s.PingRest), ping(s.PingHold), s.ReleaseAll/1e6, s.Lost)
+		if r.Err != "" {
+			byName = append(byName, fmt.Sprintf("- %s, lease %v: error: %s", r.Contender, time.Duration(s.Lease), r.Err))
+		}
+		if s.RoundsTaking != nil || s.RoundsHeld != nil {
+			rf := func(f *RoundFigures) string {
+				if f == nil {
+					return "none"
+				}
+				return fmt.Sprintf("%d, median %.0f ms, longest %.0f ms", f.N, f.P50/1e6, f.Max/1e6)
+			}
+			byName = append(byName, fmt.Sprintf("- %s, lease %v: renewal rounds (one pipeline each) while the keys were taken: %s; while they were held: %s",
+				r.Contender, time.Duration(s.Lease), rf(s.RoundsTaking), rf(s.RoundsHeld)))
+		}
+		if s.Lost > 0 {
+			var causes []string
+			for _, cause := range slices.Sorted(maps.Keys(s.LostBy)) {
+				causes = append(causes, fmt.Sprintf("%s %d", cause, s.LostBy[cause]))
+			}
+			byName = append(byName, fmt.Sprintf("- %s, lease %v: %d of %d holds were lost before their release (causes signalled: %s): this row's figures are not those of as many held locks",
+				r.Contender, time.Duration(s.Lease), s.Lost, s.Keys, strings.Join(causes, ", ")))
+		}
+		if len(s.ServerCmdsByName) > 0 {
+			names := slices.Collect(maps.Keys(s.ServerCmdsByName))
+			slices.SortFunc(names, func(a, c string) int { return cmpFloat(s.ServerCmdsByName[c], s.ServerCmdsByName[a]) })
+			var parts []string
+			for _, name := range names {
+				parts = append(parts, fmt.Sprintf("%s %.0f (%.0f µs)", name, s.ServerCmdsByName[name], s.ServerUsecByName[name]))
+			}
+			byName = append(byName, fmt.Sprintf("- %s, lease %v, while held: server commands/s by name (and their µs in Redis per s; a script's include the commands it ran): %s; the registry's tracking reads: %.0f/s", r.Contender, time.Duration(s.Lease), strings.Join(parts, ", "), s.TrackCallsPerSec))
+		}
+	}
+	if len(byName) > 0 {
+		b.WriteString("\n" + strings.Join(byName, "\n") + "\n")
+	}
+	return b.String()
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 // column is one figure of a scenario's table.
@@ -520,7 +685,9 @@ func charts(dir string, results []Result) error {
 	}
 	var all []string
 	for _, sc := range scenarios {
-		all = append(all, sc.id)
+		if sc.scale == nil { // S8 has a table of its own
+			all = append(all, sc.id)
+		}
 	}
 	if err := bars("roundtrips.png", "Round trips per acquisition (commands sent)", "commands", all, func(r Result) float64 { return r.RoundTrips }); err != nil {
 		return err

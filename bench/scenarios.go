@@ -42,10 +42,16 @@ func (l *load) add(m load) {
 
 // turn is one hold in S4 or S7, numbered by INCR across all processes:
 // when its goroutine asked for the key, when it had it, when it began to
-// release it, and when that release call returned (unix ns).
+// release it, and when that release call returned (unix ns). The hand-off
+// split's passes (split.go) add when the release's call went out and its
+// reply came (Sent, Replied; 0 if the release made no call), when the
+// process last heard a grant before the hold (Heard), and how lockreg
+// took the key (Path).
 type turn struct {
 	Seq, Asked, Acquired, Released, Returned int64
 	Proc                                     int
+	Sent, Replied, Heard                     int64  `json:",omitempty"`
+	Path                                     string `json:",omitempty"`
 }
 
 // workload runs against one contender as p says.
@@ -80,17 +86,23 @@ type scenario struct {
 	// the run's default (3s).
 	timing time.Duration
 	work   workload
+	// scale, if set, is S8's shape: one registry holding many keys, on a
+	// server of its own (scale.go). A smoke run leaves it out unless
+	// -scenarios names it.
+	scale *scaleShape
 }
 
 var scenarios = []scenario{
 	{id: "S1", title: "uncontended lock/unlock, one goroutine, one key", cycleByCycle: true, work: cycleOneKey},
 	{id: "S2", title: "reentrant depth 5 while held", reentrant: true, work: reentrant5},
 	{id: "S3", title: "one process, 64 goroutines, one hot key", timing: 10 * time.Second, work: hotKey(64)}, // #5 fixes S3's 10s
-	{id: "S4", title: "4 processes x 16 goroutines, one hot key", workers: &workerShape{processes: 4, goroutines: 16, handoffFloor: true}},
+	{id: "S4", title: "4 processes x 16 goroutines, one hot key", workers: &workerShape{processes: 4, goroutines: 16, handoffFloor: true, split: true}},
 	{id: "S5", title: "one process, 64 goroutines, 10,000 keys", work: manyKeys(64, 10_000)},
 	{id: "S6", title: "parallel lock/unlock on distinct keys", work: distinctKeys(64)},
 	{id: "S7", title: "taking turns: 4 processes x 1 goroutine, one hot key held 50ms", timing: 10 * time.Second,
 		workers: &workerShape{processes: 4, goroutines: 1, hold: 50 * time.Millisecond}},
+	{id: "S8", title: "one registry holding 100,000 keys", scale: &scaleShape{
+		keys: 100_000, leases: []time.Duration{3 * time.Second, 30 * time.Second}, rounds: 3, rest: 2 * time.Second, goroutines: 64}},
 }
 
 // workerShape is how a scenario runs in worker processes, started with
@@ -104,6 +116,10 @@ type workerShape struct {
 	hold                  time.Duration
 	// handoffFloor: measure the hand-off floor beside the contenders (S4).
 	handoffFloor bool
+	// split: split the hand-offs between processes into their parts,
+	// lockreg's and the floor's, in probed passes of their own (S4; see
+	// splitPasses).
+	split bool
 }
 
 func cycleOneKey(ctx context.Context, c contenders.Contender, p pass) (load, error) {

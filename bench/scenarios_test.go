@@ -15,10 +15,13 @@ import (
 )
 
 // TestMain lets the test binary serve as the worker processes that
-// processes starts (os.Executable).
+// processes starts, and as S8's unrelated client (os.Executable).
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(workerEnv); spec != "" {
 		os.Exit(runWorker(spec))
+	}
+	if spec := os.Getenv(pingerEnv); spec != "" {
+		os.Exit(runPinger(spec))
 	}
 	os.Exit(m.Run())
 }

@@ -1,28 +1,33 @@
-// S1's timing pass: sessions in which lockreg, a peer and the PING floor
-// take turns cycle by cycle, and the bootstrap interval of the peer's
-// ratio to lockreg.
+// S1's timing pass: sessions in which lockreg, a peer, the floor of a
+// correct lock and the PING floor take turns cycle by cycle, and the
+// bootstrap intervals of the peer's ratio to lockreg and of both to the
+// lock floor.
 
 package main
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"time"
 
 	"github.com/lockreg/lockreg/bench/contenders"
 )
 
-// sessions runs S1 as one session per peer: lockreg, the peer and two
-// PINGs on another connection (the floor) take turns cycle by cycle, in
-// an order shuffled every cycle (see turnOrder), for
-// 2x the timing pass each. A cycle lasts a few hundred µs, shorter than the
-// bursts of noise on this machine, so all three meet the same conditions;
-// and only those two clients are alive, as another library's client in
-// the process (rueidis's goroutines) was seen to slow every other
-// contender's cycles by about 15%, but not PINGs. Each peer is compared
-// with lockreg in its own session (VsLockReg); lockreg's own figures sum
-// its sessions.
+// sessions runs S1 as one session per peer: lockreg, the peer, the
+// floor of a correct lock (contenders.LockFloor, on its own client) and
+// two PINGs on another connection (the old floor) take turns cycle by
+// cycle, in an order shuffled every cycle (see turnOrder), for 2x the
+// timing pass each. A cycle lasts a few hundred µs, shorter than the
+// bursts of noise on this machine, so all of them meet the same
+// conditions; and only those clients are alive, as another library's
+// client in the process (rueidis's goroutines) was seen to slow every
+// other contender's cycles by about 15%, but not PINGs. Each peer is
+// compared with lockreg in its own session (VsLockReg), and both with the
+// lock floor there (VsLockFloor, LockRegVsLockFloor); lockreg's own
+// figures sum its sessions.
 func (e *benchEnv) sessions(ctx context.Context, runs []*contenderRun) {
 	i := slices.IndexFunc(runs, func(run *contenderRun) bool { return run.f.Name == contenders.LockReg.Name })
 	var base *contenderRun
@@ -36,12 +41,15 @@ func (e *benchEnv) sessions(ctx context.Context, runs []*contenderRun) {
 		}
 	}
 	if len(peers) == 0 {
-		peers = []*contenderRun{nil} // lockreg beside the floor alone
+		peers = []*contenderRun{nil} // lockreg beside the floors alone
 	}
-	var floor, baseTotal time.Duration
-	var floorPairs, baseCycles int64
+	var floor, baseTotal, lockFloorTotal time.Duration
+	var floorPairs, baseCycles, lockFloorCycles int64
+	var baseBlocks [][2]time.Duration // the lock floor's and lockreg's time per block, over all sessions
 	for _, peer := range peers {
-		session := []*contenderRun{base, peer}
+		// The session's clients, by turn: lockreg, the peer, the lock
+		// floor; the PINGs take turn sessionPings.
+		session := []*contenderRun{base, peer, nil}
 		clients := make([]contenders.Contender, len(session))
 		for k, run := range session {
 			if run == nil {
@@ -58,18 +66,28 @@ func (e *benchEnv) sessions(ctx context.Context, runs []*contenderRun) {
 			}
 			clients[k] = c
 		}
+		if c, err := contenders.LockFloor.New(e.addr); err != nil {
+			fmt.Fprintln(os.Stderr, "S1 lock floor:", err)
+		} else {
+			defer c.Close()
+			if _, err := cycleOneKey(ctx, c, pass{d: 20 * time.Millisecond}); err != nil {
+				fmt.Fprintln(os.Stderr, "S1 lock floor:", err)
+			} else {
+				clients[sessionLockFloor] = c
+			}
+		}
 		times := make([]time.Duration, len(session))
-		var blocks [][2]time.Duration // lockreg's and the peer's time per block of cycles
+		var blocks [][3]time.Duration // lockreg's, the peer's and the lock floor's time per block of cycles
 		var cycles int64
 		var sessionFloor time.Duration
-		turns := newTurnOrder(len(session) + 1)
+		turns := newTurnOrder(sessionPings + 1)
 		for end := time.Now().Add(2 * e.d); time.Now().Before(end); cycles++ {
 			if cycles%blockCycles == 0 {
-				blocks = append(blocks, [2]time.Duration{})
+				blocks = append(blocks, [3]time.Duration{})
 			}
 			for _, k := range turns.next() {
 				start := time.Now()
-				if k == len(session) {
+				if k == sessionPings {
 					e.admin.Ping(ctx)
 					e.admin.Ping(ctx)
 					sessionFloor += time.Since(start)
@@ -83,6 +101,11 @@ func (e *benchEnv) sessions(ctx context.Context, runs []*contenderRun) {
 					err = release(ctx)
 				}
 				if err != nil {
+					if k == sessionLockFloor {
+						fmt.Fprintln(os.Stderr, "S1 lock floor:", err)
+						clients[k] = nil
+						continue
+					}
 					session[k].res.Err = err.Error()
 					return
 				}
@@ -91,23 +114,64 @@ func (e *benchEnv) sessions(ctx context.Context, runs []*contenderRun) {
 				blocks[len(blocks)-1][k] += took
 			}
 		}
+		withLockFloor := clients[sessionLockFloor] != nil
 		floor, floorPairs = floor+sessionFloor, floorPairs+cycles
 		if base != nil {
 			baseTotal, baseCycles = baseTotal+times[0], baseCycles+cycles
+			if withLockFloor {
+				lockFloorTotal, lockFloorCycles = lockFloorTotal+times[sessionLockFloor], lockFloorCycles+cycles
+				baseBlocks = append(baseBlocks, blockPairs(blocks, sessionLockFloor, 0)...)
+			}
 		}
 		if peer != nil {
 			peer.timed = load{acquisitions: cycles, ops: cycles, elapsed: times[1]}
 			peer.res.FloorNsPerOp = float64(sessionFloor.Nanoseconds()) / float64(cycles)
 			if base != nil {
 				peer.res.VsLockReg = float64(times[1]) / float64(times[0])
-				peer.res.VsLockRegLo, peer.res.VsLockRegHi = ratioInterval(blocks)
+				peer.res.VsLockRegLo, peer.res.VsLockRegHi = ratioInterval(blockPairs(blocks, 0, 1))
+			}
+			if withLockFloor {
+				peer.res.LockFloorNsPerOp = float64(times[sessionLockFloor].Nanoseconds()) / float64(cycles)
+				peer.res.VsLockFloor = float64(times[1]) / float64(times[sessionLockFloor])
+				peer.res.VsLockFloorLo, peer.res.VsLockFloorHi = ratioInterval(blockPairs(blocks, sessionLockFloor, 1))
+				if base != nil {
+					peer.res.LockRegVsLockFloor = float64(times[0]) / float64(times[sessionLockFloor])
+					peer.res.LockRegVsLockFloorLo, peer.res.LockRegVsLockFloorHi = ratioInterval(blockPairs(blocks, sessionLockFloor, 0))
+				}
 			}
 		}
 	}
 	if base != nil {
 		base.timed = load{acquisitions: baseCycles, ops: baseCycles, elapsed: baseTotal}
 		base.res.FloorNsPerOp = float64(floor.Nanoseconds()) / float64(floorPairs)
+		if lockFloorTotal > 0 {
+			// Over the sessions that timed the lock floor (all, unless it
+			// failed).
+			var lr time.Duration
+			for _, b := range baseBlocks {
+				lr += b[1]
+			}
+			base.res.LockFloorNsPerOp = float64(lockFloorTotal.Nanoseconds()) / float64(lockFloorCycles)
+			base.res.VsLockFloor = float64(lr) / float64(lockFloorTotal)
+			base.res.VsLockFloorLo, base.res.VsLockFloorHi = ratioInterval(baseBlocks)
+		}
 	}
+}
+
+// An S1 session's turns: lockreg is 0 and the peer 1.
+const (
+	sessionLockFloor = 2 // the lock floor's turn
+	sessionPings     = 3 // the two PINGs' turn
+)
+
+// blockPairs returns, for ratioInterval, each block's time of client a and
+// of client b: the interval is then of b's time over a's.
+func blockPairs(blocks [][3]time.Duration, a, b int) [][2]time.Duration {
+	out := make([][2]time.Duration, len(blocks))
+	for i, block := range blocks {
+		out[i] = [2]time.Duration{block[a], block[b]}
+	}
+	return out
 }
 
 // turnOrder is the order in which an S1 session's clients take their

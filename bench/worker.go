@@ -30,6 +30,11 @@ type workerSpec struct {
 	Proc, Processes, Goroutines     int
 	Start                           time.Time
 	Duration, Hold                  time.Duration
+	// Split probes the contender (lockreg or the hand-off floor) for the
+	// hand-off split (split.go): each hold records when its release call
+	// was sent and answered, and when the process last heard a grant (the
+	// floor: its baton).
+	Split bool `json:",omitempty"`
 }
 
 type workerResult struct {
@@ -41,6 +46,12 @@ type workerResult struct {
 // processes runs sc's worker processes for d with the contender f,
 // connected to addr, and gathers what they measured.
 func (e *benchEnv) processes(ctx context.Context, sc scenario, f contenders.Factory, addr string, d time.Duration) (load, error) {
+	return e.workerProcesses(ctx, sc, f.Name, addr, d, false)
+}
+
+// workerProcesses is processes for the contender named contender,
+// probed for the hand-off split if split.
+func (e *benchEnv) workerProcesses(ctx context.Context, sc scenario, contender, addr string, d time.Duration, split bool) (load, error) {
 	shape := sc.workers
 	self, err := os.Executable()
 	if err != nil {
@@ -66,8 +77,8 @@ func (e *benchEnv) processes(ctx context.Context, sc scenario, f contenders.Fact
 		}
 	}()
 	for p := range shape.processes {
-		spec, _ := json.Marshal(workerSpec{Contender: f.Name, Addr: addr, BooksAddr: e.addr, Key: strings.ToLower(sc.id), Proc: p,
-			Processes: shape.processes, Goroutines: shape.goroutines, Start: start, Duration: d, Hold: shape.hold})
+		spec, _ := json.Marshal(workerSpec{Contender: contender, Addr: addr, BooksAddr: e.addr, Key: strings.ToLower(sc.id), Proc: p,
+			Processes: shape.processes, Goroutines: shape.goroutines, Start: start, Duration: d, Hold: shape.hold, Split: split})
 		wg.Go(func() {
 			cmd := exec.CommandContext(ctx, self)
 			cmd.Env = append(os.Environ(), workerEnv+"="+string(spec))
@@ -106,9 +117,20 @@ func runWorker(raw string) int {
 	}
 	var c contenders.Contender
 	var err error
-	if spec.Contender == contenders.HandoffFloorName {
+	var probe *contenders.Probe
+	switch {
+	case spec.Split && spec.Contender == contenders.HandoffFloorName:
+		probe = contenders.NewProbe(contenders.FloorBaton)
+		c, err = contenders.NewHandoffFloor(spec.Addr, spec.Key, spec.Proc, spec.Processes, probe.Hook())
+	case spec.Split && spec.Contender == contenders.LockReg.Name:
+		probe = contenders.NewProbe(contenders.LockRegGrant)
+		c, err = contenders.NewProbedLockReg(spec.Addr, probe)
+	case spec.Split:
+		fmt.Fprintln(os.Stderr, "worker: no hand-off split for", spec.Contender)
+		return 2
+	case spec.Contender == contenders.HandoffFloorName:
 		c, err = contenders.NewHandoffFloor(spec.Addr, spec.Key, spec.Proc, spec.Processes)
-	} else {
+	default:
 		i := slices.IndexFunc(contenders.All, func(f contenders.Factory) bool { return f.Name == spec.Contender })
 		if i < 0 {
 			fmt.Fprintln(os.Stderr, "worker: unknown contender", spec.Contender)
@@ -141,6 +163,12 @@ func runWorker(raw string) int {
 		wg.Go(func() {
 			var waits []time.Duration
 			var holds []turn
+			ctx := ctx
+			var times *contenders.CallTimes
+			if probe != nil {
+				times = new(contenders.CallTimes)
+				ctx = contenders.WithCallTimes(ctx, times)
+			}
 			for time.Now().Before(end) {
 				t := time.Now()
 				release, err := c.Acquire(ctx, spec.Key)
@@ -151,14 +179,23 @@ func runWorker(raw string) int {
 					return
 				}
 				h := turn{Asked: t.UnixNano(), Acquired: time.Now().UnixNano(), Proc: spec.Proc}
+				if probe != nil {
+					h.Heard, h.Path = probe.Heard(), times.TakePath()
+				}
 				waits = append(waits, time.Since(t))
 				h.Seq, err = books.Incr(ctx, "bench:"+spec.Key+":seq").Result()
 				time.Sleep(spec.Hold)
+				if times != nil {
+					times.Arm()
+				}
 				h.Released = time.Now().UnixNano()
 				if err == nil {
 					err = release(ctx)
 				}
 				h.Returned = time.Now().UnixNano()
+				if times != nil {
+					h.Sent, h.Replied = times.Disarm()
+				}
 				if err != nil {
 					mu.Lock()
 					bad = cmp(bad, err)

@@ -41,11 +41,19 @@ type handoffFloor struct {
 	routed sync.WaitGroup
 }
 
+// floorBaton is the payload of the floor's one message.
+const floorBaton = "baton"
+
 // NewHandoffFloor makes process proc's instance of the floor among procs,
-// on channels named after name. Process 0 starts with the baton.
-func NewHandoffFloor(addr, name string, proc, procs int) (Contender, error) {
+// on channels named after name. Process 0 starts with the baton. hooks go
+// on its client before it dials (the hand-off split's Probe.Hook).
+func NewHandoffFloor(addr, name string, proc, procs int, hooks ...redis.Hook) (Contender, error) {
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	for _, h := range hooks {
+		client.AddHook(h)
+	}
 	c := &handoffFloor{
-		client:  redis.NewClient(&redis.Options{Addr: addr}),
+		client:  client,
 		channel: func(proc int) string { return "bench:floor:" + name + ":" + strconv.Itoa(proc) },
 		proc:    proc,
 		procs:   procs,
@@ -102,7 +110,7 @@ func (c *handoffFloor) release(ctx context.Context) error {
 // keeps it here if none does.
 func (c *handoffFloor) passOn(ctx context.Context) error {
 	for i := 1; i < c.procs; i++ {
-		heard, err := c.client.Publish(ctx, c.channel((c.proc+i)%c.procs), "baton").Result()
+		heard, err := c.client.Publish(ctx, c.channel((c.proc+i)%c.procs), floorBaton).Result()
 		if err != nil || heard > 0 {
 			return err
 		}
