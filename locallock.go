@@ -46,10 +46,9 @@ type localLock struct {
 	// only inside localLocks' Compute calls, which serialize per key.
 	refs int
 	// unchecked counts the changes of the key that tracking (tracking.go)
-	// has not checked yet, its arming included when goroutines wait: while
-	// one is, the key may have changed behind the holder's back, and a
-	// release goes to Redis, whose owner check tells the releasing hold,
-	// rather than hand the key off unseen.
+	// has not checked yet: while one is, the key may have changed behind
+	// the holder's back, and a release goes to Redis, whose owner check
+	// tells the releasing hold, rather than hand the key off unseen.
 	unchecked atomic.Int32
 }
 

@@ -77,18 +77,18 @@ const armDelay = 5 * time.Millisecond
 // changed loses h for cause. Without a tracker the hold learns of changes
 // at its renewals.
 //
-// A key that goroutines of this registry wait for is armed at once, and
-// is not handed off locally until its arming read answered: a hand-off
-// before would pass on a key that may have changed unseen, and end the
-// hold with a nil Unlock that tells it nothing; its release then goes to
-// Redis, whose owner check tells it.
+// A key that goroutines of this registry wait for is armed at once: its
+// holds may be handed off locally, which asks Redis nothing, so a change
+// unseen until the arming would pass on to the next hold of the tenure.
+// (The hand-offs do not wait for the arming: that would cost the
+// contended hand-off a round trip, as bench S4 measured, for a window of
+// a round trip.)
 func (r *Registry) arm(h *Hold, cause LossCause, waited bool) {
 	t := r.trackerFor(h.redisKey())
 	switch {
 	case t == nil:
 	case waited:
-		h.local.unchecked.Add(1)
-		t.enqueue(armRequest{h: h, cause: cause, invalidated: true})
+		t.enqueue(armRequest{h: h, cause: cause})
 	default:
 		t.enqueue(armRequest{h: h, cause: cause, due: h.redisTaken.Add(armDelay)})
 	}
