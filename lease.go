@@ -195,15 +195,20 @@ func (h *Hold) isLost() bool { return isClosed(h.lost) }
 // flush): a key found gone loses its hold for cause. Without tracking it
 // reads the keys on the registry's client, in one pipeline.
 func (r *Registry) verifyHolds(cause LossCause) {
+	// After a flush or a reconnect, a key may have changed until it is
+	// checked: no hand-off meanwhile. (A first tracking connection arms
+	// keys that nothing said changed.)
+	changed := cause == LossFlushed || cause == LossRestart
 	var unarmed []*Hold
 	r.forEachHold(func(h *Hold) {
 		if h.isLost() {
 			return
 		}
 		if t := r.trackerFor(h.redisKey()); t != nil {
-			// Until the key is checked, it may have changed: no hand-off.
-			h.local.unchecked.Add(1)
-			t.enqueue(armRequest{h: h, cause: cause, invalidated: true})
+			if changed {
+				h.local.unchecked.Add(1)
+			}
+			t.enqueue(armRequest{h: h, cause: cause, invalidated: changed})
 		} else {
 			unarmed = append(unarmed, h)
 		}

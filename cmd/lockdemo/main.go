@@ -97,8 +97,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return usage("-keep-serving needs -metrics")
 	}
 
+	// The library and the demo's goroutines write to stderr at once.
+	stderr = &syncWriter{w: stderr}
+	logLevel := slog.LevelInfo
 	opts := &redis.Options{}
 	if *redisURL == "" {
+		// The in-process Redis has neither INFO memory nor CLIENT
+		// TRACKING, as the registries would say at WARN and INFO: the
+		// demo shows their errors only.
+		logLevel = slog.LevelError
 		mr := miniredis.NewMiniRedis()
 		// miniredis freezes TTLs unless told otherwise; leases should run out
 		// on the wall clock as they do on a real server.
@@ -128,7 +135,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer data.Del(ctx, counterKey)
 
 	lockTraffic := &redisstat.Counter{}
-	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel}))
 	locks := make([]*lockreg.Lock, *services)
 	registries := make([]*lockreg.Registry, *services)
 	for i := range locks {
@@ -277,4 +284,16 @@ func printStats(w io.Writer, registries []*lockreg.Registry) {
 		sum.AcquireCalls, sum.FailedAttempts, sum.ReleaseCalls, sum.RenewCalls)
 	fmt.Fprintf(w, "notifications:       %d received\n", sum.Notifications)
 	fmt.Fprintf(w, "wait:                p99 at most %v, longest %v (worst service)\n", sum.Wait.P99.Round(time.Microsecond), sum.Wait.Max.Round(time.Microsecond))
+}
+
+// syncWriter serializes the writes of several goroutines to w.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -220,15 +221,16 @@ func (s *redisServer) newRegistry(t testing.TB, namespace string, opts []lockreg
 // start that it has no tracking, and checks such news itself, at once.
 type embeddedClient struct{ *redis.Client }
 
-// answerInfoMemory answers INFO memory, which miniredis does not, as a
-// Redis without a memory limit does: a registry reads it to refuse a
-// server that may evict lock keys, and miniredis never evicts. It lets
-// miniredis handle every other command.
+// answerInfoMemory answers INFO memory (with the server section, which a
+// registry reads with it), which miniredis does not, as a Redis 7.0
+// without a memory limit does: a registry reads it to refuse a server
+// that may evict lock keys, and miniredis never evicts. It lets miniredis
+// handle every other command.
 func answerInfoMemory(peer *server.Peer, cmd string, args ...string) bool {
-	if cmd != "INFO" || len(args) != 1 || !strings.EqualFold(args[0], "memory") {
+	if cmd != "INFO" || !slices.ContainsFunc(args, func(a string) bool { return strings.EqualFold(a, "memory") }) {
 		return false
 	}
-	peer.WriteBulk("# Memory\r\nmaxmemory:0\r\nmaxmemory_policy:noeviction\r\n")
+	peer.WriteBulk("# Server\r\nredis_version:7.0.0\r\n\r\n# Memory\r\nmaxmemory:0\r\nmaxmemory_policy:noeviction\r\n")
 	return true
 }
 
