@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"runtime"
@@ -85,6 +86,20 @@ func requireNoLocalState(t *testing.T, r *Registry, msgAndArgs ...any) {
 	require.Eventually(t, func() bool { return r.locals.size() == 0 }, time.Second, time.Millisecond, msgAndArgs...)
 }
 
+// waitersOf is how many goroutines of r wait in key's local queue. A
+// goroutine counts in refsOf before it joins the queue, so a test that
+// needs it behind the holder (a release hands off only to the queue)
+// waits for this.
+func waitersOf(r *Registry, key string) int {
+	l, ok := r.locals.m.Load(key)
+	if !ok {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.queue)
+}
+
 // refsOf is how many goroutines hold or wait for key in r.
 func refsOf(r *Registry, key string) int {
 	var refs int
@@ -159,13 +174,48 @@ func requireOpen(t *testing.T, ch <-chan struct{}, msg string) {
 	}
 }
 
-// waitUntilWaiting returns once r has failed an attempt and holds its
-// subscription (with pub/sub on), so that the next release must wake it.
+// waitUntilWaiting returns once r has failed an attempt and, with pub/sub
+// on, holds its subscription and has marked itself as taking grants, so
+// that the next release must grant it the key or wake it. (A registry
+// that subscribes on its first failed attempt marks without grants first,
+// then again at once: a release in between wakes it instead of granting.)
 func waitUntilWaiting(t *testing.T, r *Registry) {
 	t.Helper()
+	waitUntilWaitingSeenBy(t, r, r.client)
+}
+
+// waitUntilWaitingSeenBy is waitUntilWaiting for a registry whose client
+// may not read the marks (an ACL): admin reads them.
+func waitUntilWaitingSeenBy(t *testing.T, r *Registry, admin redis.UniversalClient) {
+	t.Helper()
 	require.Eventually(t, func() bool {
-		return r.Stats().FailedAttempts > 0 && (!r.cfg.pubSub || r.notes.subscribed.Load())
+		return r.Stats().FailedAttempts > 0 && (!r.cfg.pubSub || r.notes.subscribed.Load() && markedAnywhere(r, admin))
 	}, 5*time.Second, time.Millisecond)
+}
+
+// markedAnywhere says whether a key of r's namespace has r's mark as r
+// sets it now (markOf) among its waiting registries, as admin reads them.
+func markedAnywhere(r *Registry, admin redis.UniversalClient) bool {
+	var found atomic.Bool
+	look := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, r.namespace+":{*}:waiting", 0).Iterator()
+		for iter.Next(ctx) {
+			if c.ZScore(ctx, iter.Val(), markOf(r)).Err() == nil {
+				found.Store(true)
+			}
+		}
+		return iter.Err()
+	}
+	ctx := context.Background()
+	switch c := admin.(type) {
+	case *redis.ClusterClient:
+		_ = c.ForEachMaster(ctx, look)
+	case *redis.Client:
+		_ = look(ctx, c)
+	default:
+		panic(fmt.Sprintf("markedAnywhere: a client of type %T", admin))
+	}
+	return found.Load()
 }
 
 // lockInBackground starts lock.LockContext in a goroutine that unlocks at

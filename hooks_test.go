@@ -99,7 +99,7 @@ func TestHooksSeeAcquisitionsReleasesAndCalls(t *testing.T) {
 	require.NoError(t, err)
 	next := make(chan error)
 	go func() { next <- r.Do(ctx, "k", func(context.Context) error { return nil }) }()
-	require.Eventually(t, func() bool { return refsOf(r, "k") == 2 }, time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return waitersOf(r, "k") == 1 }, time.Second, time.Millisecond)
 	require.NoError(t, lock.UnlockContext(ctx))
 	require.NoError(t, <-next)
 	require.Positive(t, token)

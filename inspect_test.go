@@ -214,7 +214,7 @@ func TestForceUnlockFreesTheKeyAndTellsTheHolder(t *testing.T) {
 			assert.NoError(t, err)
 			next <- h
 		}()
-		require.Eventually(t, func() bool { return refsOf(stuck, "k") == 2 }, time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return waitersOf(stuck, "k") == 1 }, time.Second, time.Millisecond)
 		require.NoError(t, h.Release(ctx))
 		h = <-next
 		token++

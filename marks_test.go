@@ -70,7 +70,7 @@ func TestAWithdrawalSparesTheMarkOfTheGoroutineThatWaitsNext(t *testing.T) {
 	second, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
 	defer cancel()
 	taken := lockInBackground(second, waiter.Obtain("g"))
-	require.Eventually(t, func() bool { return refsOf(waiter, "g") == 2 }, time.Second, time.Millisecond, "the second goroutine waits behind the first")
+	require.Eventually(t, func() bool { return waitersOf(waiter, "g") == 1 }, time.Second, time.Millisecond, "the second goroutine waits behind the first")
 	require.ErrorIs(t, <-gaveUp, ErrNotObtained)
 
 	time.Sleep(300 * time.Millisecond) // the withdrawal landed, and the second goroutine attempted

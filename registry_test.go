@@ -154,7 +154,7 @@ func TestRegistryWorksWithAMinimalACL(t *testing.T) {
 
 	holder.Obtain("o-1").Lock()
 	taken := lockInBackground(ctx, waiter.Obtain("o-1"))
-	waitUntilWaiting(t, waiter)
+	waitUntilWaitingSeenBy(t, waiter, admin)
 	holder.Obtain("o-1").Unlock()
 	select {
 	case _, ok := <-taken:
@@ -336,7 +336,7 @@ func TestCloseStopsAcquisitions(t *testing.T) {
 	waitErrs := make(chan error, 2)
 	go func() { waitErrs <- r.Obtain("held").LockContext(ctx) }()   // waits locally
 	go func() { waitErrs <- r.Obtain("remote").LockContext(ctx) }() // waits in Redis
-	require.Eventually(t, func() bool { return r.locals.size() == 2 && refsOf(r, "held") == 2 }, time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return r.locals.size() == 2 && waitersOf(r, "held") == 1 }, time.Second, time.Millisecond)
 
 	require.NoError(t, r.Close())
 	require.NoError(t, r.Close(), "Close is idempotent")

@@ -40,7 +40,7 @@ func TestShutdownWaitsForTheHolds(t *testing.T) {
 	waiting := make(chan error, 2)
 	go func() { waiting <- r.Obtain("hold").LockContext(ctx) }()   // waits locally
 	go func() { waiting <- r.Obtain("remote").LockContext(ctx) }() // waits in Redis
-	require.Eventually(t, func() bool { return refsOf(r, "hold") == 2 && r.Stats().FailedAttempts > 0 }, time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return waitersOf(r, "hold") == 1 && r.Stats().FailedAttempts > 0 }, time.Second, time.Millisecond)
 
 	shutDown := make(chan error, 1)
 	go func() { shutDown <- r.Shutdown(ctx) }()
