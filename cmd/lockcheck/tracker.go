@@ -34,7 +34,12 @@ type leaseTracker struct {
 	// granted is, by key, the token of the latest grant to this registry:
 	// its message may come before the reply of the attempt it followed.
 	granted map[string]int64
-	keyOf   map[string]string // Redis key → key
+	// early holds, by grantee and key, the latest grants seen while the
+	// registry's client id is still unknown: the message of a grant after
+	// its first marked attempt can come before that attempt's reply, which
+	// tells the client id.
+	early map[string]map[string]int64
+	keyOf map[string]string // Redis key → key
 	// clientID and grantLease are the registry's, read off its attempts.
 	clientID   string
 	grantLease time.Duration
@@ -99,7 +104,7 @@ type explained struct {
 
 func newLeaseTracker(registry string, keys []string, out *emitter) *leaseTracker {
 	t := &leaseTracker{
-		roots: make(map[string]root), failed: make(map[string]failedAttempt), granted: make(map[string]int64),
+		roots: make(map[string]root), failed: make(map[string]failedAttempt), granted: make(map[string]int64), early: make(map[string]map[string]int64),
 		keyOf: make(map[string]string), history: make(map[string][]string), out: out,
 	}
 	for _, k := range keys {
@@ -236,6 +241,13 @@ func (t *leaseTracker) grant(note string) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.clientID == "" && grantee != "" {
+		if t.early[grantee] == nil {
+			t.early[grantee] = make(map[string]int64)
+		}
+		t.early[grantee][key] = max(t.early[grantee][key], token)
+		return
+	}
 	// Each server delivers the message: a copy adds nothing.
 	if grantee == "" || grantee != t.clientID || token <= t.granted[key] {
 		return
@@ -265,6 +277,13 @@ func (t *leaseTracker) credit(key string) {
 // credits a grant already seen. Called with mu held.
 func (t *leaseTracker) sawMark(key string, f failedAttempt, clientID, mark string) {
 	t.failed[key] = f
+	if t.clientID == "" {
+		for k, token := range t.early[clientID] {
+			t.saw(k, "grant with token %d, before the client id was known", token)
+			t.granted[k] = max(t.granted[k], token)
+		}
+		t.early = nil
+	}
 	t.clientID = clientID
 	if _, ms, ok := strings.Cut(mark, ":"); ok {
 		if n, err := strconv.Atoi(ms); err == nil {
