@@ -113,6 +113,7 @@ func TestAHoldMakesEveryOtherAcquisitionWait(t *testing.T) {
 		}
 	})
 	queued(3)
+	requireSettled(t, r)
 	calls := counter.RoundTrips()
 	time.Sleep(3 * r.cfg.retryInterval)
 	require.Equal(t, calls, counter.RoundTrips(), "local waiters make no Redis calls")

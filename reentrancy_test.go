@@ -43,6 +43,7 @@ func TestReentrantLockingMakesNoRedisCalls(t *testing.T) {
 	lock := r.Obtain("k")
 	lock.Lock() // loads both scripts into Redis, so no NOSCRIPT fallback below
 	lock.Unlock()
+	requireSettled(t, r)
 
 	lock.Lock()
 	before := counter.RoundTrips()
