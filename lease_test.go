@@ -156,8 +156,10 @@ func TestRenewalOutlastsTransientErrors(t *testing.T) {
 	lock := r.Obtain("k")
 	lock.Lock()
 
-	// Scripts are refused for a while: every renewal in that window fails.
-	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "default", "-evalsha", "-eval").Err())
+	// Scripts (renew.lua), and SET (the native renewal, where the server
+	// has SET IFEQ), are refused for a while: every renewal in that window
+	// fails.
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "default", "-evalsha", "-eval", "-set").Err())
 	require.Eventually(t, func() bool { return logs.String() != "" }, lease, time.Millisecond)
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "default", "+@all").Err())
 	require.Contains(t, logs.String(), "lease renewal failed; retrying on the next tick")
@@ -313,8 +315,10 @@ func TestLostFiresOnTimeWhileARenewalHangs(t *testing.T) {
 	slowRenewals := redistest.Hook{ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 		return func(ctx context.Context, cmds []redis.Cmder) error {
 			if hang.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool {
+				// renew.lua, or the native renewal (SET ... IFEQ) where
+				// the server has it (Valkey 8.1).
 				args := c.Args()
-				return len(args) > 1 && args[1] == renewHash
+				return len(args) > 1 && args[1] == renewHash || slices.Contains(args, any("ifeq"))
 			}) {
 				time.Sleep(3 * time.Second)
 			}
