@@ -364,16 +364,3 @@ func serverCommands(before, after map[string]int64) int64 {
 	}
 	return n
 }
-
-// pingFloor is the physical floor of a lock/unlock cycle: two PING round
-// trips on one go-redis connection. It pings in pairs for d and returns
-// the time taken and the pairs sent.
-func (e *benchEnv) pingFloor(ctx context.Context, d time.Duration) (time.Duration, int) {
-	start, n := time.Now(), 0
-	for time.Since(start) < d {
-		e.admin.Ping(ctx)
-		e.admin.Ping(ctx)
-		n++
-	}
-	return time.Since(start), n
-}

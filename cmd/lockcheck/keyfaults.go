@@ -22,7 +22,7 @@ import (
 // with redis-cli deletes it (del), sets it to a value of its own (overwrite)
 // or flushes the server (flush), or the server, out of memory, evicts it
 // (evict). The library tracks every key its holders hold (CLIENT TRACKING,
-// docs/PROTOCOL.md, "Tracking"), so each holder must learn of the change
+// docs/PROTOCOL.md, "Tracking: a holder knows at once"), so each holder must learn of the change
 // within a round trip or two: blindtime.go measures how long it was blind.
 //
 // They strike the lock Redis only: the fenced store is a server of its own,
