@@ -86,13 +86,13 @@ func (r *Registry) extendLater(local *localLock, h *Hold) bool {
 	if r.closing() {
 		return false
 	}
-	time.AfterFunc(time.Until(time.Unix(0, h.leaseEnd.Load()))/2, func() {
+	time.AfterFunc(time.Until(time.Unix(0, h.tenure.leaseEnd.Load()))/2, func() {
 		// Renewal stops at WithMaxHold, this extension too: the grant's
 		// short lease then runs out, as the watchdog's renewal would let it.
 		if r.cfg.maxHold > 0 && time.Since(h.taken) >= r.cfg.maxHold {
 			return
 		}
-		if current := local.hold.Load(); current != nil && current.leaseEnd == h.leaseEnd && !current.leaseOver() {
+		if current := local.hold.Load(); current != nil && current.tenure == h.tenure && !current.leaseOver() {
 			r.goBackground(func(ctx context.Context) { r.renew(ctx, [][]*Hold{{current}}) })
 		}
 	})

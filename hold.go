@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/lockreg/lockreg/internal/protocol"
@@ -27,12 +26,11 @@ type Hold struct {
 	// counts the local hand-offs since. Both bound the run of hand-offs.
 	redisTaken time.Time
 	handoffs   int
-	// leaseEnd (unix ns) is when the lease ends at the latest: measured
-	// from when the last successful acquisition or renewal was sent, so it
-	// never overestimates the real lease. Holds handed on locally share it
-	// with the hold they came from, as they share its Redis key.
-	leaseEnd *atomic.Int64
-	lost     chan struct{} // closed once the hold may be lost (lose)
+	// tenure is the registry's holding of the key in Redis that this hold
+	// is part of: holds handed on locally share it with the hold they came
+	// from, as they share its Redis key (tenure.go).
+	tenure *tenure
+	lost   chan struct{} // closed once the hold may be lost (lose)
 
 	// drawMu serializes token draws, so that a hold never has two tokens;
 	// it is held across the draw's round trip, which is why mu is apart.
@@ -63,8 +61,8 @@ type Hold struct {
 }
 
 func newHold(l *Lock, token int64, sent time.Time, lease time.Duration) *Hold {
-	h := &Hold{lock: l, via: viaRedis, token: token, taken: sent, redisTaken: sent, leaseEnd: new(atomic.Int64), lost: make(chan struct{})}
-	h.leaseEnd.Store(sent.Add(lease).UnixNano())
+	h := &Hold{lock: l, via: viaRedis, token: token, taken: sent, redisTaken: sent, tenure: new(tenure), lost: make(chan struct{})}
+	h.tenure.leaseEnd.Store(sent.Add(lease).UnixNano())
 	return h
 }
 

@@ -87,7 +87,7 @@ func (h *Hold) loseLocked(cause LossCause) (tell func()) {
 	}
 	h.ended()
 	h.cause = cause
-	h.lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(h.lock.key), cause.explain())
+	h.lostErr = lossError(h.lock.key, cause)
 	close(h.lost)
 	onLoss, err := h.onLoss, h.lostErr
 	return func() {
@@ -128,7 +128,10 @@ func (h *Hold) whenLost(fn func(error)) {
 // signals h lost for cause: Redis said that the key was not this
 // registry's, or a renewal came too late to tell.
 func (h *Hold) endLease(cause LossCause) {
-	h.leaseEnd.Store(0)
+	// Ended first: a release waiting for its confirmation that sees the
+	// lease at 0 finds the outcome there.
+	h.tenure.ended(verdict{cause: cause, err: lossError(h.lock.key, cause)}, false)
+	h.tenure.leaseEnd.Store(0)
 	h.lose(cause)
 }
 
@@ -138,11 +141,11 @@ func (h *Hold) endLease(cause LossCause) {
 // hold handed off from h. evicted says that the server evicted keys
 // meanwhile.
 func (r *Registry) changedBehindItsBack(h *Hold, cause LossCause, gone, evicted bool) {
-	if h.leaseEnd.Load() == 0 {
+	if h.tenure.leaseEnd.Load() == 0 {
 		return // the tenure was ended by an earlier loss, which named its cause
 	}
 	current := h.local.hold.Load()
-	if current == nil || current.leaseEnd != h.leaseEnd {
+	if current == nil || current.tenure != h.tenure {
 		current = h
 	}
 	// A forced unlock names the hold that was current when its note came.
@@ -174,11 +177,11 @@ func (r *Registry) changedBehindItsBack(h *Hold, cause LossCause, gone, evicted 
 // sent within the lease carries it on.
 func (h *Hold) extendLease(sent time.Time, end int64) bool {
 	for {
-		current := h.leaseEnd.Load()
+		current := h.tenure.leaseEnd.Load()
 		if current <= sent.UnixNano() {
 			return false
 		}
-		if current >= end || h.leaseEnd.CompareAndSwap(current, end) {
+		if current >= end || h.tenure.leaseEnd.CompareAndSwap(current, end) {
 			return true
 		}
 	}
@@ -186,7 +189,7 @@ func (h *Hold) extendLease(sent time.Time, end int64) bool {
 
 // leaseOver reports whether the lease ran out unrenewed, as the registry
 // counts it.
-func (h *Hold) leaseOver() bool { return time.Now().UnixNano() >= h.leaseEnd.Load() }
+func (h *Hold) leaseOver() bool { return time.Now().UnixNano() >= h.tenure.leaseEnd.Load() }
 
 func (h *Hold) isLost() bool { return isClosed(h.lost) }
 
@@ -231,19 +234,24 @@ func (r *Registry) verify(h *Hold, cause LossCause) {
 // pipeline, and loses the holds whose keys are not its own for cause.
 func (r *Registry) checkHolds(ctx context.Context, holds []*Hold, cause LossCause) {
 	calls := make([]*protocol.Call, len(holds))
+	confirming := make([][]chan verdict, len(holds)) // see armBatch
 	for i, h := range holds {
 		calls[i] = r.peer.CheckOwner(h.redisKey())
+		confirming[i] = h.tenure.toConfirm()
 	}
 	r.countCalls(OpCheck, len(calls))
 	protocol.RunPipeline(ctx, r.client, calls)
+	logged := false
 	for i, h := range holds {
 		owner, err := r.peer.ReadOwner(calls[i])
 		switch {
-		case err != nil:
+		case err != nil && !logged:
+			logged = true
 			r.cfg.logger.Debug("lockreg: could not check the held keys; the renewal will", "error", err)
-			return
+		case err != nil:
 		case owner != protocol.Ours:
 			r.changedBehindItsBack(h, cause, owner == protocol.Gone, false)
 		}
+		h.tenure.settle(confirming[i], err == nil && owner == protocol.Ours)
 	}
 }

@@ -300,7 +300,7 @@ func TestHoldAnsweredPastItsLeaseIsLostAtOnce(t *testing.T) {
 	waited := &localLock{queue: []*waiter{{}}}
 	live := newHold(r.Obtain("k"), 1, time.Now(), lease)
 	require.NotNil(t, r.nextLocalHold(live, 1, waited), "a live hold is handed on")
-	live.leaseEnd.Store(time.Now().UnixNano()) // within the run of hand-offs
+	live.tenure.leaseEnd.Store(time.Now().UnixNano()) // within the run of hand-offs
 	require.Nil(t, r.nextLocalHold(live, 1, waited))
 }
 
@@ -344,7 +344,7 @@ func holdPastItsLease(t *testing.T, client redis.UniversalClient, key string) (*
 	local := r.locals.ownedBy(key, goroutineID())
 	require.NotNil(t, local)
 	h := local.hold.Load()
-	h.leaseEnd.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	h.tenure.leaseEnd.Store(time.Now().Add(-time.Millisecond).UnixNano())
 	return r, lock, h
 }
 
@@ -382,7 +382,7 @@ func TestARenewalSentAfterTheLeaseRanOutIsNotCredited(t *testing.T) {
 	r.renew(ctx, [][]*Hold{{h}})
 	require.Equal(t, before+1, r.Stats().RenewCalls, "the renewal went out")
 	requireFires(t, lock.Lost(), time.Second, "but the hold is lost")
-	require.Less(t, h.leaseEnd.Load(), time.Now().UnixNano(), "and its lease not extended")
+	require.Less(t, h.tenure.leaseEnd.Load(), time.Now().UnixNano(), "and its lease not extended")
 	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
 }
 
@@ -409,13 +409,13 @@ func TestARenewalNeverShortensALease(t *testing.T) {
 	// answer out of order: the earlier one must not pull the lease back.
 	sent := time.Now()
 	h := newHold(nil, 0, sent, time.Minute)
-	later := h.leaseEnd.Load()
+	later := h.tenure.leaseEnd.Load()
 	require.True(t, h.extendLease(sent, sent.Add(time.Second).UnixNano()), "the lease was live when it was sent")
-	require.Equal(t, later, h.leaseEnd.Load(), "not shortened")
+	require.Equal(t, later, h.tenure.leaseEnd.Load(), "not shortened")
 	require.True(t, h.extendLease(sent, later+1))
-	require.Equal(t, later+1, h.leaseEnd.Load(), "extended")
+	require.Equal(t, later+1, h.tenure.leaseEnd.Load(), "extended")
 	require.False(t, h.extendLease(time.Unix(0, later+1), later+2), "sent once the lease had run out")
-	require.Equal(t, later+1, h.leaseEnd.Load())
+	require.Equal(t, later+1, h.tenure.leaseEnd.Load())
 }
 
 // TestRenewalIsNativeWhereTheServerHasSetIfeq: on Valkey 8.1 (or Redis

@@ -66,11 +66,25 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	r.holdEnded()
 	if keyReleased {
 		l.unlockLocal(local)
+		h.tenure.ended(verdict{cause: loss.cause, err: lostErr}, true)
 		return loss, lostErr
 	}
-	if next := r.nextLocalHold(h, token, local); next != nil && local.unlock(handoff{hold: next}) {
-		r.leave(l.key)
-		return loss, nil
+	if next := r.nextLocalHold(h, token, local); next != nil {
+		// The hand-off asks Redis nothing, so a read after it must confirm
+		// the hold (tenure.go). Its confirmations are made first, so that
+		// the next hold's release finds them.
+		t := r.trackerFor(h.redisKey())
+		var c *confirmations
+		if t != nil {
+			c = h.tenure.confirmations()
+		}
+		if local.unlock(handoff{hold: next}) {
+			r.leave(l.key)
+			if c == nil {
+				return loss, nil // no tracking: the renewals tell, as before it
+			}
+			return h.confirmed(r.confirmHandoff(t, h, next, c))
+		}
 	}
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
@@ -91,6 +105,10 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	// may have let another owner in, even if the key is this registry's
 	// again by the time the release runs.
 	leaseRanOut := h.leaseOver()
+	c := h.tenure.confirm.Load()
+	if c != nil {
+		c.releaseBegins()
+	}
 	found, err := l.releaseRedis(ctx, protocol.Release{HandedOut: h.handedOut(token), MarkNext: markNext})
 	var mark waitMark
 	if found.MarkToken != 0 {
@@ -119,13 +137,29 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		loss.cause = LossDeleted
 		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(l.key), lossUnknown)
 	}
-	if lostErr != nil && err != nil {
-		return loss, errors.Join(lostErr, err)
+	switch {
+	case lostErr != nil && err != nil:
+		err = errors.Join(lostErr, err)
+	case lostErr != nil:
+		err = lostErr
 	}
-	if lostErr != nil {
-		return loss, lostErr
+	if c != nil {
+		c.end(verdict{cause: loss.cause, err: err}, true)
 	}
 	return loss, err
+}
+
+// confirmed records v, the confirmation of h, which was handed off
+// locally, and returns it as releaseKey does.
+func (h *Hold) confirmed(v verdict) (releaseLoss, error) {
+	if v.cause != lossNone {
+		h.mu.Lock()
+		if h.lostErr == nil {
+			h.cause, h.lostErr = v.cause, v.err
+		}
+		h.mu.Unlock()
+	}
+	return releaseLoss{cause: v.cause}, v.err
 }
 
 // releaseContext is the context of a release that must not be cut short
@@ -163,7 +197,7 @@ func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 		taken:      time.Now(),
 		redisTaken: h.redisTaken,
 		handoffs:   h.handoffs + 1,
-		leaseEnd:   h.leaseEnd,
+		tenure:     h.tenure,
 		lost:       make(chan struct{}),
 	}
 	if token != 0 {

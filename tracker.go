@@ -293,7 +293,7 @@ func (t *tracker) dueNow(now time.Time) (due []armRequest, next time.Time) {
 				next = req.due
 			}
 		default:
-			if current := req.h.local.hold.Load(); current != nil && current.leaseEnd == req.h.leaseEnd {
+			if current := req.h.local.hold.Load(); current != nil && current.tenure == req.h.tenure {
 				req.h = current
 				due = append(due, req)
 			}
@@ -330,8 +330,12 @@ func (t *tracker) connect(ctx context.Context, cause LossCause) *redis.Conn {
 func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armRequest) bool {
 	r := t.r
 	calls := make([]*protocol.Call, len(batch))
+	// The releases waiting for a read of their key after their local
+	// hand-off (tenure.go) are answered by one sent from now on.
+	confirming := make([][]chan verdict, len(batch))
 	for i, req := range batch {
 		calls[i] = r.peer.Arm(req.h.redisKey())
+		confirming[i] = req.h.tenure.toConfirm()
 	}
 	r.countCalls(OpTrack, len(calls))
 	protocol.RunPipeline(ctx, conn, calls)
@@ -343,22 +347,31 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 	if r.servers.evicts.Load() {
 		defer evicted()
 	}
+	broke := false
 	for i, req := range batch {
 		owner, err := r.peer.ReadOwner(calls[i])
+		ours := false
 		switch {
+		case broke:
 		case protocol.Redirected(err):
 			// The key's slot moved to another node (a slot migration, a
 			// failover): the registry's client follows it.
 			moved = append(moved, req.h)
 		case err != nil && !protocol.IsReply(err):
-			return false
+			broke = true
 		case err != nil:
 			r.cfg.logger.Debug("lockreg: could not arm or verify a held key; its renewal checks it", "key", printedKey(req.h.Key()), "error", err)
 		case owner == protocol.Gone:
 			r.changedBehindItsBack(req.h, req.cause, true, evicted())
 		case owner == protocol.Other:
 			r.changedBehindItsBack(req.h, req.cause, false, false)
+		default:
+			ours = true
 		}
+		req.h.tenure.settle(confirming[i], ours)
+	}
+	if broke {
+		return false
 	}
 	if len(moved) > 0 {
 		r.checkHolds(ctx, moved, LossDeleted)

@@ -185,3 +185,73 @@ func TestAHolderOnClusterLearnsAtOnceThatItsKeyWasDeleted(t *testing.T) {
 		requireCause(t, h, LossDeleted)
 	}
 }
+
+func TestAHoldHandedOffJustAfterItsKeyChangedIsToldAtItsRelease(t *testing.T) {
+	// A hold that ends in a local hand-off asks Redis nothing, and tracking
+	// may not have told of a change yet: the release waits for a read of
+	// the key, so the hold that held it when it changed is told all the
+	// same, and so is the hold it passed to.
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour))
+	changes := map[string]func(redisKey string){
+		"deleted": func(redisKey string) { require.NoError(t, client.Del(ctx, redisKey).Err()) },
+		"overwritten": func(redisKey string) {
+			require.NoError(t, client.Set(ctx, redisKey, "someone-else", time.Minute).Err())
+		},
+	}
+	handedOff := 0
+	for name, change := range changes {
+		for i := range 20 {
+			key := name + "-" + strconv.Itoa(i)
+			first, err := r.Obtain(key).Acquire(ctx)
+			require.NoError(t, err)
+			next := make(chan *Hold, 1)
+			go func() {
+				h, err := r.Obtain(key).Acquire(ctx)
+				if err != nil {
+					t.Errorf("the waiter: %v", err)
+				}
+				next <- h
+			}()
+			require.Eventually(t, func() bool { return waitersOf(r, key) == 1 }, 5*time.Second, time.Millisecond)
+			change(first.redisKey())
+			require.ErrorIs(t, first.Release(ctx), ErrLockLost, "the hold that held the key when it changed is told")
+			require.ErrorIs(t, first.Err(), ErrLockLost)
+			h := <-next
+			if h == nil {
+				return
+			}
+			if h.via == viaHandoff {
+				handedOff++
+				requireFires(t, h.Lost(), blindLimit, "the hold it passed the key to learns it too")
+				require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+				continue
+			}
+			require.NoError(t, h.Release(ctx), "a waiter that took the key afresh holds it")
+		}
+	}
+	t.Logf("%d of %d releases handed the key off", handedOff, 2*20)
+}
+
+func TestAHoldHandedOffIsConfirmedAtItsRelease(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour))
+	first, err := r.Obtain("confirmed").Acquire(ctx)
+	require.NoError(t, err)
+	next := make(chan *Hold, 1)
+	go func() {
+		h, err := r.Obtain("confirmed").Acquire(ctx)
+		if err != nil {
+			t.Errorf("the waiter: %v", err)
+		}
+		next <- h
+	}()
+	require.Eventually(t, func() bool { return waitersOf(r, "confirmed") == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, first.Release(ctx), "a read after the hand-off found the key the registry's")
+	require.ErrorIs(t, first.Err(), ErrNotHeld)
+	h := <-next
+	require.Equal(t, viaHandoff, h.via)
+	require.NoError(t, h.Release(ctx))
+}

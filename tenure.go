@@ -1,0 +1,203 @@
+package lockreg
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A tenure is one stretch of the registry's holding of a key in Redis:
+// from the acquisition that took it (an attempt or a grant) to the release
+// that gives it back or the loss that ends it, over the holds handed off
+// locally in between, which share it.
+type tenure struct {
+	// leaseEnd (unix ns) is when the lease ends at the latest: measured
+	// from when the last successful acquisition or renewal was sent, so it
+	// never overestimates the real lease; 0 once the tenure was struck.
+	leaseEnd atomic.Int64
+	// confirm is made at the tenure's first local hand-off, where tracking
+	// is on; see confirmations.
+	confirm atomic.Pointer[confirmations]
+}
+
+// confirmations are the releases of the tenure's holds that ended in a
+// local hand-off, waiting to learn whether the key was still the
+// registry's when they ended.
+//
+// Such a release asks Redis nothing, so unlike an owner-checked release it
+// cannot itself find that the key changed behind the hold's back (a DEL, a
+// flush). Tracking tells of such a change within about a round trip, but a
+// hold may end within that round trip: the key then passes on, and the
+// hold that held it when it changed would end without a word while another
+// registry held the key too. So the release waits for a read of the key
+// sent after the hand-off (the tracker's, one per turn for all the
+// releases waiting on one tenure), or for the tenure's end, which is such
+// a read too (its release script, or the loss found), and reports what it
+// found. The next holder starts at once: only the goroutine that released
+// waits, about a round trip.
+type confirmations struct {
+	mu sync.Mutex
+	// waiting holds the releases no read has answered yet; asked, that a
+	// read for them is queued with the tracker.
+	waiting []chan verdict
+	asked   bool
+	// releasing says that the tenure's release script was sent, or is
+	// about to be: a read from then on may find the key gone by that
+	// release, so the release's outcome answers.
+	releasing bool
+	// ended says that the tenure ended; outcome is what its releases learn.
+	ended   bool
+	outcome verdict
+}
+
+// verdict is what a release waiting for its confirmation learns: err, and
+// the loss's cause if err says the key was lost.
+type verdict struct {
+	cause LossCause
+	err   error
+}
+
+// confirmations returns t's, made at once if need be.
+func (t *tenure) confirmations() *confirmations {
+	if c := t.confirm.Load(); c != nil {
+		return c
+	}
+	t.confirm.CompareAndSwap(nil, new(confirmations))
+	return t.confirm.Load()
+}
+
+// confirmHandoff waits until a read of h's key sent after h was handed off
+// to next, in c, says whether the key was still the registry's, and returns
+// nil if it was, else an error wrapping ErrLockLost and the loss's cause.
+// It waits until the lease's end at most (Redis unreachable, the tracking
+// connection down), after which it returns ErrRedis; and until Close.
+func (r *Registry) confirmHandoff(t *tracker, h, next *Hold, c *confirmations) verdict {
+	answer := make(chan verdict, 1)
+	c.mu.Lock()
+	if c.ended {
+		v := c.outcome
+		c.mu.Unlock()
+		return v
+	}
+	c.waiting = append(c.waiting, answer)
+	ask := !c.asked
+	c.asked = true
+	c.mu.Unlock()
+	if ask {
+		t.enqueue(armRequest{h: next, cause: LossDeleted})
+	}
+	wait := time.NewTimer(time.Until(time.Unix(0, h.tenure.leaseEnd.Load())))
+	defer wait.Stop()
+	select {
+	case v := <-answer:
+		return v
+	case <-wait.C:
+		select {
+		case v := <-answer: // came as the lease ended
+			return v
+		default:
+		}
+		return verdict{err: fmt.Errorf("%w: release %q: no read confirmed the key after its local hand-off", ErrRedis, printedKey(h.lock.key))}
+	case <-r.life.stopCtx.Done():
+		return verdict{err: fmt.Errorf("%w: release %q: closed before a read confirmed the key after its local hand-off", ErrClosed, printedKey(h.lock.key))}
+	}
+}
+
+// toConfirm hands the releases waiting for a confirmation, if any, to a
+// read of the key about to be sent.
+func (t *tenure) toConfirm() []chan verdict {
+	c := t.confirm.Load()
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	taken := c.waiting
+	c.waiting, c.asked = nil, false
+	return taken
+}
+
+// settle answers taken, the releases a read took (toConfirm), now that it
+// found the key the registry's (ours) or not, or failed. A key found
+// changed ended the tenure first (see Registry.changedBehindItsBack).
+func (t *tenure) settle(taken []chan verdict, ours bool) {
+	if len(taken) == 0 {
+		return
+	}
+	if c := t.confirm.Load(); ours {
+		c.confirmed(t, taken)
+	} else {
+		c.giveBack(taken)
+	}
+}
+
+// confirmed tells taken that a read sent after them found the key the
+// registry's, unless the tenure's release or a loss began before the
+// reply came: then the read may have come after those, and the tenure's
+// end answers instead.
+func (c *confirmations) confirmed(t *tenure, taken []chan verdict) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.ended:
+		tell(taken, c.outcome)
+	case c.releasing || t.leaseEnd.Load() == 0:
+		c.waiting = append(c.waiting, taken...)
+	default:
+		tell(taken, verdict{})
+	}
+}
+
+// giveBack returns taken, whose read failed or found the key changed (and
+// so ended the tenure, see Registry.changedBehindItsBack), to wait for the
+// next read or the tenure's end.
+func (c *confirmations) giveBack(taken []chan verdict) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended {
+		tell(taken, c.outcome)
+		return
+	}
+	c.waiting = append(c.waiting, taken...)
+}
+
+// releaseBegins marks that the tenure's release script is about to be
+// sent.
+func (c *confirmations) releaseBegins() {
+	c.mu.Lock()
+	c.releasing = true
+	c.mu.Unlock()
+}
+
+// end ends the tenure: its releases learn outcome, now and from then on.
+// A loss found while the tenure's release runs is left to the release,
+// which finds it too, or found the key the registry's when it ran.
+func (c *confirmations) end(outcome verdict, byRelease bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended || (c.releasing && !byRelease) {
+		return
+	}
+	c.ended, c.outcome = true, outcome
+	tell(c.waiting, outcome)
+	c.waiting = nil
+}
+
+// ended ends t's confirmations, if it has any, with outcome (see end).
+func (t *tenure) ended(outcome verdict, byRelease bool) {
+	if c := t.confirm.Load(); c != nil {
+		c.end(outcome, byRelease)
+	}
+}
+
+func tell(waiting []chan verdict, v verdict) {
+	for _, w := range waiting {
+		w <- v
+	}
+}
+
+// lossError is the error of a hold of key lost for cause.
+func lossError(key string, cause LossCause) error {
+	return fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(key), cause.explain())
+}
