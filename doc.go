@@ -141,6 +141,10 @@
 //     obtain.lua.
 //   - release: let go of a held key: hand it off, grant it, or delete it.
 //   - hand off: pass a hold to the next local waiter, the key staying held.
+//   - tenure: the holds of one key that rest on one taking of it in Redis,
+//     handed off locally one to the next; strike: end a tenure by a loss.
+//   - confirm: read a key after a hold of it ended in a hand-off, so that
+//     its release reports a change it could not see (tenure.go).
 //   - mark: record a registry as waiting for a key, in the key's marker and
 //     queue; withdraw: remove its mark.
 //   - grant: a release passes the key to another waiting registry; give
