@@ -30,7 +30,6 @@ type Hold struct {
 	// is part of: holds handed on locally share it with the hold they came
 	// from, as they share its Redis key (tenure.go).
 	tenure *tenure
-	lost   chan struct{} // closed once the hold may be lost (lose)
 
 	// drawMu serializes token draws, so that a hold never has two tokens;
 	// it is held across the draw's round trip, which is why mu is apart.
@@ -42,9 +41,10 @@ type Hold struct {
 	lostErr error
 	// onLoss, if set, is told of the loss (Do cancels fn's context).
 	onLoss func(error)
-	// done, made when Done is first called, is closed once the hold
-	// ended (released or lost).
-	done chan struct{}
+	// lost and done are made when Lost and Done are first called: lost is
+	// closed once the hold may be lost (lose), done once it ended
+	// (released or lost).
+	lost, done chan struct{}
 
 	// The bytes, side by side so that a Hold keeps to its size class (it is
 	// allocated on every fresh acquisition): via, how it was taken, set
@@ -61,7 +61,7 @@ type Hold struct {
 }
 
 func newHold(l *Lock, token int64, sent time.Time, lease time.Duration) *Hold {
-	h := &Hold{lock: l, via: viaRedis, token: token, taken: sent, redisTaken: sent, tenure: new(tenure), lost: make(chan struct{})}
+	h := &Hold{lock: l, via: viaRedis, token: token, taken: sent, redisTaken: sent, tenure: new(tenure)}
 	h.tenure.leaseEnd.Store(sent.Add(lease).UnixNano())
 	return h
 }
@@ -76,16 +76,29 @@ func (h *Hold) redisKey() string { return h.lock.keys.Lock }
 // renewal found the Redis key gone or owned by someone else, Redis came
 // back from a restart or failover without it, an operator forced it open
 // (ForceUnlock), the lease ran out unrenewed (renewal off, past
-// WithMaxHold, Redis unreachable), or the registry closed. It fires
-// within one renewal interval (expireAfter/3) of the loss; within about a
-// second of Redis answering again after a restart or failover, and of a
-// forced unlock (with WithPubSub on); and is closed already when the
-// acquisition's reply came a lease or more after it was sent. Stop the
-// protected work when it fires; Release then reports ErrLockLost.
+// WithMaxHold, Redis unreachable), or the registry closed. Where the
+// registry tracks its keys (the default), it fires within a round trip or
+// two of a change of the key (a DEL, an overwrite, a flush, an eviction)
+// and of Redis answering again after a restart or failover; without
+// tracking, within one renewal interval (expireAfter/3). It is closed
+// already when the acquisition's reply came a lease or more after it was
+// sent. Stop the protected work when it fires; Release then reports
+// ErrLockLost.
 //
 // Release does not close it: a goroutine that watches it should also
-// watch for the end of the work (Do does both for you).
-func (h *Hold) Lost() <-chan struct{} { return h.lost }
+// watch for the end of the work (Do does both for you), or watch Done.
+// The channel is made when Lost is first called.
+func (h *Hold) Lost() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lost == nil {
+		if h.cause != lossNone {
+			return closedSignal
+		}
+		h.lost = make(chan struct{})
+	}
+	return h.lost
+}
 
 // Done returns a channel that is closed when the hold ends, for any
 // reason: its Release (or its hand-off to the next local holder), a loss

@@ -88,7 +88,9 @@ func (h *Hold) loseLocked(cause LossCause) (tell func()) {
 	h.ended()
 	h.cause = cause
 	h.lostErr = lossError(h.lock.key, cause)
-	close(h.lost)
+	if h.lost != nil {
+		close(h.lost)
+	}
 	onLoss, err := h.onLoss, h.lostErr
 	return func() {
 		if onLoss != nil {
@@ -191,7 +193,11 @@ func (h *Hold) extendLease(sent time.Time, end int64) bool {
 // counts it.
 func (h *Hold) leaseOver() bool { return time.Now().UnixNano() >= h.tenure.leaseEnd.Load() }
 
-func (h *Hold) isLost() bool { return isClosed(h.lost) }
+func (h *Hold) isLost() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cause != lossNone
+}
 
 // verifyHolds checks that Redis still has the key of every hold, arming
 // it, after an event that may have lost keys (a restart, a failover, a

@@ -174,7 +174,7 @@ func (l *Lock) Token(ctx context.Context) (int64, error) {
 // goroutine, hold it with Acquire or Do.
 func (l *Lock) Lost() <-chan struct{} {
 	if local := l.r.locals.ownedBy(l.key, goroutineID()); local != nil {
-		return local.hold.Load().lost
+		return local.hold.Load().Lost()
 	}
 	return closedSignal
 }

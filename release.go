@@ -137,6 +137,9 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		loss.cause = LossDeleted
 		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(l.key), lossUnknown)
 	}
+	if !loss.signalled && loss.cause != lossNone {
+		h.foundLost(loss.cause, lostErr)
+	}
 	switch {
 	case lostErr != nil && err != nil:
 		err = errors.Join(lostErr, err)
@@ -153,13 +156,19 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 // locally, and returns it as releaseKey does.
 func (h *Hold) confirmed(v verdict) (releaseLoss, error) {
 	if v.cause != lossNone {
-		h.mu.Lock()
-		if h.lostErr == nil {
-			h.cause, h.lostErr = v.cause, v.err
-		}
-		h.mu.Unlock()
+		h.foundLost(v.cause, v.err)
 	}
 	return releaseLoss{cause: v.cause}, v.err
+}
+
+// foundLost records that h's release found it lost for cause, with err,
+// for Err.
+func (h *Hold) foundLost(cause LossCause, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lostErr == nil {
+		h.cause, h.lostErr = cause, err
+	}
 }
 
 // releaseContext is the context of a release that must not be cut short
@@ -198,7 +207,6 @@ func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 		redisTaken: h.redisTaken,
 		handoffs:   h.handoffs + 1,
 		tenure:     h.tenure,
-		lost:       make(chan struct{}),
 	}
 	if token != 0 {
 		next.token = token + 1

@@ -23,11 +23,11 @@ const blindLimit = time.Second
 
 // holdAndChange acquires key on a fresh registry of client (default
 // options), lets change alter the key behind the holder's back, and
-// returns the hold once its Lost channel fired.
-func holdAndChange(t *testing.T, client redis.UniversalClient, key string, change func(redisKey string)) *Hold {
+// returns the hold once its Lost channel fired. opts are the registry's.
+func holdAndChange(t *testing.T, client redis.UniversalClient, key string, change func(redisKey string), opts ...Option) *Hold {
 	t.Helper()
 	ctx := context.Background()
-	r := newRegistry(t, client)
+	r := newRegistry(t, client, opts...)
 	var reads atomic.Int64
 	r.AddHooks(Hooks{RedisCalls: func(op RedisOp, n int) {
 		if op == OpTrack {
@@ -50,7 +50,8 @@ func holdAndChange(t *testing.T, client redis.UniversalClient, key string, chang
 	}
 	requireOpen(t, h.Lost(), "a change that leaves the key the holder's is no loss")
 	change(h.redisKey())
-	requireFires(t, h.Lost(), blindLimit, "the holder learns at once that its key changed")
+	blind := requireFires(t, h.Lost(), blindLimit, "the holder learns at once that its key changed")
+	t.Logf("%s: told %v after the change returned", key, blind)
 	return h
 }
 
@@ -176,6 +177,59 @@ func TestWithoutTrackingAHolderLearnsAtItsRenewal(t *testing.T) {
 	require.Equal(t, 1, strings.Count(logs.String(), "CLIENT TRACKING unavailable"), "said once")
 }
 
+func TestAHolderOnClusterLearnsAtOnceOfAFlushOrAnEvictionOfItsNode(t *testing.T) {
+	ctx := context.Background()
+	client := clusterClient(t, redistest.StartCluster(t, 3))
+	nodeOf := func(redisKey string) *redis.Client {
+		node, err := client.MasterForKey(ctx, redisKey)
+		require.NoError(t, err)
+		return node
+	}
+	for _, key := range []string{"a", "b", "c", "d"} { // on several nodes
+		h := holdAndChange(t, client, key, func(redisKey string) {
+			require.NoError(t, nodeOf(redisKey).FlushAll(ctx).Err())
+		})
+		requireCause(t, h, LossFlushed)
+	}
+
+	// One primary may evict: a registry refuses it, unless allowed to, and
+	// then an eviction there is a loss at once.
+	probe := newRegistry(t, client).Obtain("e").keys.Lock
+	node := nodeOf(probe)
+	info, err := node.Info(ctx, "memory").Result()
+	require.NoError(t, err)
+	require.NoError(t, node.ConfigSet(ctx, "maxmemory", strconv.FormatInt(usedMemory(t, info)+(8<<20), 10)).Err())
+	require.NoError(t, node.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
+	err = newRegistry(t, client).Do(ctx, "e", func(context.Context) error {
+		t.Error("fn ran on a primary that may evict its key")
+		return nil
+	})
+	require.ErrorIs(t, err, ErrServerEvicts)
+	value := strings.Repeat("x", 64<<10)
+	h := holdAndChange(t, client, "e", func(redisKey string) {
+		for i := 0; client.Exists(ctx, redisKey).Val() == 1; i++ {
+			require.Less(t, i, 10000, "the primary never evicted the lock key")
+			// The lock key's hash tag puts the filler on its primary.
+			require.NoError(t, client.Set(ctx, redisKey+":filler-"+strconv.Itoa(i), value, 0).Err())
+		}
+	}, WithEvictionAllowed())
+	requireCause(t, h, LossEvicted)
+}
+
+// usedMemory is used_memory from an INFO memory reply.
+func usedMemory(t *testing.T, info string) int64 {
+	t.Helper()
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			require.NoError(t, err)
+			return n
+		}
+	}
+	t.Fatalf("no used_memory in %q", info)
+	return 0
+}
+
 func TestAHolderOnClusterLearnsAtOnceThatItsKeyWasDeleted(t *testing.T) {
 	client := clusterClient(t, redistest.StartCluster(t, 3))
 	for _, key := range []string{"a", "b", "c", "d"} { // on several nodes
@@ -208,10 +262,7 @@ func TestAHoldHandedOffJustAfterItsKeyChangedIsToldAtItsRelease(t *testing.T) {
 			require.NoError(t, err)
 			next := make(chan *Hold, 1)
 			go func() {
-				h, err := r.Obtain(key).Acquire(ctx)
-				if err != nil {
-					t.Errorf("the waiter: %v", err)
-				}
+				h, _ := r.Obtain(key).Acquire(ctx)
 				next <- h
 			}()
 			require.Eventually(t, func() bool { return waitersOf(r, key) == 1 }, 5*time.Second, time.Millisecond)
@@ -219,9 +270,7 @@ func TestAHoldHandedOffJustAfterItsKeyChangedIsToldAtItsRelease(t *testing.T) {
 			require.ErrorIs(t, first.Release(ctx), ErrLockLost, "the hold that held the key when it changed is told")
 			require.ErrorIs(t, first.Err(), ErrLockLost)
 			h := <-next
-			if h == nil {
-				return
-			}
+			require.NotNil(t, h, "the waiter got the key")
 			if h.via == viaHandoff {
 				handedOff++
 				requireFires(t, h.Lost(), blindLimit, "the hold it passed the key to learns it too")
@@ -242,16 +291,14 @@ func TestAHoldHandedOffIsConfirmedAtItsRelease(t *testing.T) {
 	require.NoError(t, err)
 	next := make(chan *Hold, 1)
 	go func() {
-		h, err := r.Obtain("confirmed").Acquire(ctx)
-		if err != nil {
-			t.Errorf("the waiter: %v", err)
-		}
+		h, _ := r.Obtain("confirmed").Acquire(ctx)
 		next <- h
 	}()
 	require.Eventually(t, func() bool { return waitersOf(r, "confirmed") == 1 }, 5*time.Second, time.Millisecond)
 	require.NoError(t, first.Release(ctx), "a read after the hand-off found the key the registry's")
 	require.ErrorIs(t, first.Err(), ErrNotHeld)
 	h := <-next
+	require.NotNil(t, h, "the waiter got the key")
 	require.Equal(t, viaHandoff, h.via)
 	require.NoError(t, h.Release(ctx))
 }
