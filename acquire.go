@@ -97,7 +97,9 @@ func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold,
 	h, handedOff := got.hold, got.hold != nil
 	if !handedOff {
 		a := &acquisition{l: l, ctx: ctx, wait: wait, local: local, mark: got.mark}
-		if h, err = a.takeKey(); err != nil {
+		h, err = a.takeKey()
+		local.acquired(a.wake)
+		if err != nil {
 			return nil, err
 		}
 		h.local = local
@@ -149,6 +151,7 @@ type acquisition struct {
 	mayHoldKey bool
 	lastErr    atomic.Pointer[error] // the last Redis error, for the caller's error
 	retry      *time.Timer
+	wake       chan struct{} // local's wake (locallock.go), from begin on
 }
 
 // takeKey takes the key in Redis, waiting unless a.wait is false; with a
@@ -184,14 +187,11 @@ func (a *acquisition) begin() error {
 			return l.notAcquired(a.ctx, err, nil)
 		}
 	}
-	// A notification from before this point says nothing new. A grant
-	// from before it, if the key is still ours, the first attempt finds;
-	// with a mark, a grant that answers it may have come already, and its
-	// token is checked first.
-	select {
-	case <-a.local.wake:
-	default:
-	}
+	// A notification from before this point says nothing new (the wake-up
+	// channel is new). A grant from before it, if the key is still ours,
+	// the first attempt finds; with a mark, a grant that answers it may
+	// have come already, and its token is checked first.
+	a.wake = a.local.acquiring()
 	if a.state == attemptDue {
 		a.local.grantedToken.Store(0)
 	}
@@ -324,7 +324,7 @@ func (a *acquisition) pause() error {
 	case <-a.retry.C:
 		a.state = attemptDue
 		return nil
-	case <-a.local.wake:
+	case <-a.wake:
 		a.state = attemptDue
 		return nil
 	case <-a.ctx.Done():

@@ -37,7 +37,9 @@ type localLock struct {
 	// watchdog reads it to renew the lease.
 	hold atomic.Pointer[Hold]
 	// wake carries release notifications to the acquisition taking the key
-	// in Redis (one per registry and key, as it owns the mutex).
+	// in Redis (one per registry and key, as it owns the mutex). Guarded by
+	// mu: the acquisition makes it as it begins and drops it as it ends,
+	// so that a held key keeps none.
 	wake chan struct{}
 	// grantedToken is the token of a grant (grant.go) that came with the
 	// last wake, or 0.
@@ -105,10 +107,31 @@ func (l *localLock) lock(ctx context.Context, closed <-chan struct{}, wait bool)
 // wakeUp tells the goroutine acquiring the key in Redis, if any, to try
 // again now.
 func (l *localLock) wakeUp() {
+	l.mu.Lock()
+	wake := l.wake
+	l.mu.Unlock()
 	select {
-	case l.wake <- struct{}{}:
-	default: // already woken
+	case wake <- struct{}{}: // a nil wake, while none acquires, blocks
+	default: // already woken, or nobody to wake
 	}
+}
+
+// acquiring gives the acquisition that takes the key in Redis its wake-up
+// channel (see wake); acquired takes it back.
+func (l *localLock) acquiring() chan struct{} {
+	wake := make(chan struct{}, 1)
+	l.mu.Lock()
+	l.wake = wake
+	l.mu.Unlock()
+	return wake
+}
+
+func (l *localLock) acquired(wake chan struct{}) {
+	l.mu.Lock()
+	if l.wake == wake { // the next acquisition may have begun already
+		l.wake = nil
+	}
+	l.mu.Unlock()
 }
 
 // waited reports whether some goroutine waits for the mutex.
@@ -154,7 +177,7 @@ func newLocalLocks() localLocks {
 func (ls localLocks) join(key string) *localLock {
 	l, _ := ls.m.Compute(key, func(l *localLock, loaded bool) (*localLock, bool) {
 		if !loaded {
-			l = &localLock{wake: make(chan struct{}, 1)}
+			l = new(localLock)
 		}
 		l.refs++
 		return l, false

@@ -21,14 +21,34 @@ type Keys struct {
 	all []string
 }
 
-// LockKeys are the keys of key's lock in namespace.
+// keySuffixes extend the lock's key to the others, in Keys' order.
+var keySuffixes = [...]string{"", ":fence", ":waiting", ":queue"}
+
+// LockKeys are the keys of key's lock in namespace. The four are cut from
+// one string, and a registry keeps them for every key it holds: one
+// allocation rather than four.
 func LockKeys(namespace, key string) Keys {
 	if strings.ContainsAny(key, "{}%") {
 		key = keyEscaper.Replace(key)
 	}
-	lock := namespace + ":{" + key + "}"
-	k := Keys{Lock: lock, Fence: lock + ":fence", Marker: lock + ":waiting", Queue: lock + ":queue"}
-	k.all = []string{k.Lock, k.Fence, k.Marker, k.Queue}
+	n := len(namespace) + len(":{}") + len(key)
+	var b strings.Builder
+	b.Grow(len(keySuffixes)*n + len(":fence:waiting:queue"))
+	for _, suffix := range keySuffixes {
+		b.WriteString(namespace)
+		b.WriteString(":{")
+		b.WriteString(key)
+		b.WriteString("}")
+		b.WriteString(suffix)
+	}
+	all, at := b.String(), 0
+	var cut [len(keySuffixes)]string
+	for i, suffix := range keySuffixes {
+		cut[i] = all[at : at+n+len(suffix)]
+		at += n + len(suffix)
+	}
+	k := Keys{Lock: cut[0], Fence: cut[1], Marker: cut[2], Queue: cut[3]}
+	k.all = cut[:]
 	return k
 }
 
