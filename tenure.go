@@ -70,8 +70,10 @@ func (t *tenure) confirmations() *confirmations {
 // confirmHandoff waits until a read of h's key sent after h was handed off
 // to next, in c, says whether the key was still the registry's, and returns
 // nil if it was, else an error wrapping ErrLockLost and the loss's cause.
-// It waits until the lease's end at most (Redis unreachable, the tracking
-// connection down), after which it returns ErrRedis; and until Close.
+// It waits until Close, and at most for a lease: the registry's lease from
+// now, or longer while the tenure's lease, which renewals and a grant's
+// extension move on, lasts longer. Then (Redis unreachable, the tracking
+// connection down) it returns ErrRedis.
 func (r *Registry) confirmHandoff(t *tracker, h, next *Hold, c *confirmations) verdict {
 	answer := make(chan verdict, 1)
 	c.mu.Lock()
@@ -87,21 +89,46 @@ func (r *Registry) confirmHandoff(t *tracker, h, next *Hold, c *confirmations) v
 	if ask {
 		t.enqueue(armRequest{h: next, cause: LossDeleted})
 	}
-	wait := time.NewTimer(time.Until(time.Unix(0, h.tenure.leaseEnd.Load())))
-	defer wait.Stop()
-	select {
-	case v := <-answer:
-		return v
-	case <-wait.C:
-		select {
-		case v := <-answer: // came as the lease ended
-			return v
-		default:
+	start := time.Now()
+	deadline := func() time.Time {
+		d := start.Add(r.cfg.expireAfter)
+		if end := time.Unix(0, h.tenure.leaseEnd.Load()); end.After(d) {
+			d = end
 		}
-		return verdict{err: fmt.Errorf("%w: release %q: no read confirmed the key after its local hand-off", ErrRedis, printedKey(h.lock.key))}
-	case <-r.life.stopCtx.Done():
-		return verdict{err: fmt.Errorf("%w: release %q: closed before a read confirmed the key after its local hand-off", ErrClosed, printedKey(h.lock.key))}
+		return d
 	}
+	wait := time.NewTimer(time.Until(deadline()))
+	defer wait.Stop()
+	for {
+		select {
+		case v := <-answer:
+			return v
+		case <-wait.C:
+			if d := deadline(); time.Now().Before(d) {
+				wait.Reset(time.Until(d))
+				continue
+			}
+			select {
+			case v := <-answer: // came as the wait ended
+				return v
+			default:
+			}
+			return verdict{err: fmt.Errorf("%w: release %q: no read confirmed the key after its local hand-off", ErrRedis, printedKey(h.lock.key))}
+		case <-r.life.stopCtx.Done():
+			return verdict{err: fmt.Errorf("%w: release %q: closed before a read confirmed the key after its local hand-off", ErrClosed, printedKey(h.lock.key))}
+		}
+	}
+}
+
+// awaitsConfirmation reports whether releases of t wait for a read.
+func (t *tenure) awaitsConfirmation() bool {
+	c := t.confirm.Load()
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.waiting) > 0
 }
 
 // toConfirm hands the releases waiting for a confirmation, if any, to a

@@ -257,7 +257,14 @@ func (t *tracker) armLoop(stop context.Context) {
 				pause = resubscribePause
 			}
 		}
-		if len(batch) > 0 && conn != nil && !t.armBatch(stop, conn, batch) {
+		switch {
+		case len(batch) == 0:
+		case conn == nil:
+			// Held keys are checked when a connection comes; a release
+			// waiting for its confirmation (tenure.go) may wait for one
+			// whose hold is not held then, so its read waits here.
+			t.keepConfirming(batch)
+		case !t.armBatch(stop, conn, batch):
 			drop()
 			t.ask(LossRestart, false) // the connection broke: a new one checks every key
 		}
@@ -273,6 +280,20 @@ func (t *tracker) armLoop(stop context.Context) {
 		}
 		if !next.IsZero() {
 			wait.Reset(time.Until(next))
+		}
+	}
+}
+
+// keepConfirming queues again, for the next turn, a read for each tenure
+// of batch that releases wait to have confirmed.
+func (t *tracker) keepConfirming(batch []armRequest) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	seen := make(map[*tenure]bool)
+	for _, req := range batch {
+		if tn := req.h.tenure; !seen[tn] && tn.awaitsConfirmation() {
+			seen[tn] = true
+			t.queue = append(t.queue, armRequest{h: req.h, cause: req.cause})
 		}
 	}
 }
