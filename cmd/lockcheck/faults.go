@@ -28,15 +28,15 @@ type injector struct {
 	// failovers counts the run's failovers so far, which alternate
 	// between variants (see failover.go), across phases.
 	failovers *int
-	// keyAdmin is a client of the lock Redis for the key faults (del,
-	// overwrite), whatever its topology; flushes counts this phase's flush
-	// faults, which alternate between FLUSHALL and FLUSHDB; evictLimit is
-	// the lock Redis's memory limit for the evict fault, whose fillers
-	// are filler.
-	keyAdmin   redis.UniversalClient
-	flushes    int
-	evictLimit int64
-	filler     string
+	// keyAdmin is a client of the lock Redis for the key faults, whatever
+	// its topology; flushes counts this phase's flush faults, which
+	// alternate between FLUSHALL and FLUSHDB; evictLimits are the memory
+	// limits of the lock Redis's primaries, by address, for the evict
+	// fault, whose fillers are filler.
+	keyAdmin    redis.UniversalClient
+	flushes     int
+	evictLimits map[string]int64
+	filler      string
 }
 
 // Fault durations, in terms of the lease: stops and pauses outlast it, so

@@ -101,7 +101,7 @@ type workerRun struct {
 // fault a worker, and the net- kinds its connections, on any topology.
 // The key faults (keyfaults.go) change held keys behind their holders'
 // backs: del and overwrite on any topology, flush and evict on a single
-// server.
+// server and on a Cluster (the primary that holds the key).
 const (
 	faultStop            = "stop"
 	faultClientKill      = "client-kill"

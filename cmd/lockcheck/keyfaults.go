@@ -97,21 +97,30 @@ func (in *injector) keyFault(ctx context.Context, kind string, last time.Time) (
 			cmd = "FLUSHDB"
 		}
 		in.flushes++
+		var node *redis.Client
+		var there []string
+		if node, there, err = in.serverOf(ctx, key); err != nil {
+			return fault{}, err
+		}
 		f.start = time.Now().UnixNano()
-		err = in.admin.Do(ctx, cmd).Err()
+		err = node.Do(ctx, cmd).Err()
 		f.end = time.Now().UnixNano()
-		for _, k := range in.ph.keys {
+		for _, k := range there {
 			f.changes = append(f.changes, keyChange{key: k, lo: f.start, hi: f.end})
 		}
-		f.note = fmt.Sprintf("%s (worker %d held %v)", cmd, w.id, keys)
+		f.note = fmt.Sprintf("%s on %s (worker %d held %v; keys there %v)", cmd, node.Options().Addr, w.id, keys, there)
 	case faultEvict:
+		var node *redis.Client
+		if node, _, err = in.serverOf(ctx, key); err != nil {
+			return fault{}, err
+		}
 		var fillers int
-		fillers, err = in.evict(ctx, &f)
+		fillers, err = in.evict(ctx, &f, node, key)
 		evicted := make([]string, len(f.changes))
 		for i, c := range f.changes {
 			evicted[i] = c.key
 		}
-		f.note = fmt.Sprintf("%d fillers of %d KiB (worker %d held %v); evicted %v", fillers, fillerSize>>10, w.id, keys, evicted)
+		f.note = fmt.Sprintf("%d fillers of %d KiB on %s (worker %d held %v); evicted %v", fillers, fillerSize>>10, node.Options().Addr, w.id, keys, evicted)
 	}
 	for _, c := range f.changes {
 		if !slices.Contains(f.keys, c.key) {
@@ -122,14 +131,31 @@ func (in *injector) keyFault(ctx context.Context, kind string, last time.Time) (
 	return f, err
 }
 
-// evict fills the lock Redis until it evicts a run key's lock, and files
-// every eviction of one meanwhile, as its notification comes in. It
-// returns how many fillers it wrote.
-func (in *injector) evict(ctx context.Context, f *fault) (int, error) {
-	if err := evicting(ctx, in.admin, in.evictLimit); err != nil { // again: a restart forgets it
+// serverOf returns the lock server that holds key's lock (its primary, on
+// a Cluster) and the run keys it holds.
+func (in *injector) serverOf(ctx context.Context, key string) (*redis.Client, []string, error) {
+	c, ok := in.topo.(*cluster)
+	if !ok {
+		return in.admin, in.ph.keys, nil
+	}
+	node, err := c.admin.MasterForKey(ctx, lockKey(in.ph.registry, key))
+	if err != nil {
+		return nil, nil, fmt.Errorf("the primary of %s: %w", key, err)
+	}
+	there, err := c.serves(ctx, node.Options().Addr, in.ph.keys)
+	return node, there, err
+}
+
+// evict fills node, the lock Redis that holds key's lock, until it evicts
+// a run key's lock, and files every eviction of one meanwhile, as its
+// notification comes in. The fillers share key's hash tag, and so its
+// Cluster slot. It returns how many fillers it wrote.
+func (in *injector) evict(ctx context.Context, f *fault, node *redis.Client, key string) (int, error) {
+	limit := in.evictLimits[node.Options().Addr]
+	if err := evicting(ctx, node, limit); err != nil { // again: a restart forgets it
 		return 0, err
 	}
-	sub := in.admin.Subscribe(ctx, evictedChannel)
+	sub := node.Subscribe(ctx, evictedChannel)
 	defer sub.Close()
 	if _, err := sub.Receive(ctx); err != nil {
 		return 0, fmt.Errorf("subscribe to %s: %w", evictedChannel, err)
@@ -173,7 +199,7 @@ func (in *injector) evict(ctx context.Context, f *fault) (int, error) {
 	add := func(n int) []string {
 		from := len(fillers)
 		for i := range n {
-			fillers = append(fillers, fmt.Sprintf("%s%d", fillerPrefix, from+i))
+			fillers = append(fillers, fmt.Sprintf("%s{%s}:%d", fillerPrefix, key, from+i))
 		}
 		mu.Lock()
 		sent = append(sent, time.Now().UnixNano())
@@ -183,14 +209,14 @@ func (in *injector) evict(ctx context.Context, f *fault) (int, error) {
 	f.start = time.Now().UnixNano()
 	// In bulk to near the limit, then one at a time.
 	for {
-		used, err := usedMemory(ctx, in.admin)
+		used, err := usedMemory(ctx, node)
 		if err != nil {
 			return len(fillers), err
 		}
-		if used >= in.evictLimit-fillMargin {
+		if used >= limit-fillMargin {
 			break
 		}
-		if _, err := in.admin.Pipelined(ctx, func(p redis.Pipeliner) error {
+		if _, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, k := range add(fillBatch) {
 				p.Set(ctx, k, in.filler, 0)
 			}
@@ -200,12 +226,12 @@ func (in *injector) evict(ctx context.Context, f *fault) (int, error) {
 		}
 	}
 	for until := time.Now().Add(fillFor); time.Now().Before(until) && len(hit) == 0; {
-		if err := in.admin.Set(ctx, add(1)[0], in.filler, 0).Err(); err != nil {
+		if err := node.Set(ctx, add(1)[0], in.filler, 0).Err(); err != nil {
 			return len(fillers), fmt.Errorf("fill: %w", err)
 		}
 	}
 	f.end = time.Now().UnixNano()
-	err := in.admin.Unlink(ctx, fillers...).Err()
+	err := node.Unlink(ctx, fillers...).Err()
 	// The notifications of the last evictions may trail the last reply.
 	sleepCtx(ctx, 20*time.Millisecond)
 	_ = sub.Close()
@@ -222,6 +248,31 @@ func evicting(ctx context.Context, c *redis.Client, limit int64) error {
 		}
 	}
 	return nil
+}
+
+// evictingServers sets every lock server up for the evict fault: the
+// single server (admin), or each primary of a Cluster. It returns their
+// limits by address.
+func evictingServers(ctx context.Context, topo topology, admin *redis.Client) (map[string]int64, error) {
+	limits := make(map[string]int64)
+	set := func(ctx context.Context, c *redis.Client) error {
+		limit, err := evictionLimit(ctx, c)
+		if err == nil {
+			err = evicting(ctx, c, limit)
+		}
+		limits[c.Options().Addr] = limit
+		return err
+	}
+	c, ok := topo.(*cluster)
+	if !ok {
+		return limits, set(ctx, admin)
+	}
+	var mu sync.Mutex
+	return limits, c.admin.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return set(ctx, node)
+	})
 }
 
 // evictionLimit is the evict fault's memory limit for the lock Redis:
@@ -256,10 +307,15 @@ type refusal struct {
 	said    string
 }
 
-// checkRefusal has a registry without WithEvictionAllowed try to lock a key
-// on the evicting server at addr, once.
-func checkRefusal(ctx context.Context, addr string, lease time.Duration) (refusal, error) {
-	c := redis.NewClient(&redis.Options{Addr: addr})
+// checkRefusal has a registry without WithEvictionAllowed, on a client of
+// its own, try to lock a key on the evicting lock Redis, once.
+func checkRefusal(ctx context.Context, topo topology, lease time.Duration) (refusal, error) {
+	var c redis.UniversalClient
+	if t, ok := topo.(*cluster); ok {
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: t.addrs()})
+	} else {
+		c = redis.NewClient(&redis.Options{Addr: topo.addrs()[0]})
+	}
 	defer c.Close()
 	reg, err := lockreg.New(c, "lockcheck-refusal", lockreg.WithExpireAfter(lease), lockreg.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {

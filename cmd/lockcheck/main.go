@@ -135,8 +135,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.wait, "wait", 10*time.Second, "an acquisition that waits this long has starved (a violation)")
 	fs.DurationVar(&cfg.every, "every", 0, "the interval between faults; a fault also starts a lease after the one before ended at the earliest (default 2.5 leases)")
 	faults := fs.String("faults", "", "the faults to inject, in rotation, comma-separated; empty for none. On any topology: stop, kill-9, net-stall, net-delay, net-reset, "+
-		"and the key faults del (DEL a held key) and overwrite (SET it to a foreign value, TTL half a lease); on single also client-kill, restart, pause, debug-sleep, "+
-		"and the key faults flush (FLUSHALL or FLUSHDB) and evict (the server gets maxmemory and allkeys-lru, and is filled until it evicts a held key; registries then use WithEvictionAllowed); "+
+		"and the key faults del (DEL a held key) and overwrite (SET it to a foreign value, TTL half a lease); on single also client-kill, restart, pause, debug-sleep; "+
+		"on single and cluster the key faults flush (FLUSHALL or FLUSHDB, of the primary that holds the key) and evict (the servers get maxmemory and allkeys-lru, and the key's is filled until it evicts a held key; registries then use WithEvictionAllowed); "+
 		"on sentinel failover; on cluster cluster-failover, migrate. "+
 		"The report gives each key fault's blind time, from the change to the holder's Lost (default: every kind that applies to -topology, but the key faults, and the network faults on single)")
 	fs.Uint64Var(&cfg.seed, "seed", 0, "random seed (0: pick one; the report shows it)")
@@ -284,23 +284,21 @@ func check(ctx context.Context, cfg config, stderr io.Writer, logf func(string, 
 	case *cluster:
 		keyAdmin = t.admin
 	}
-	// The evict fault needs a server that evicts from the start, which a
-	// registry refuses without WithEvictionAllowed: checked once here.
-	var evictLimit int64
+	// The evict fault needs servers that evict from the start (every
+	// primary, on a Cluster), which a registry refuses without
+	// WithEvictionAllowed: checked once here.
+	var evictLimits map[string]int64
 	var refused *refusal
 	if slices.Contains(cfg.faults, faultEvict) {
-		if evictLimit, err = evictionLimit(ctx, admin); err != nil {
+		if evictLimits, err = evictingServers(ctx, topo, admin); err != nil {
 			return nil, err
 		}
-		if err := evicting(ctx, admin, evictLimit); err != nil {
-			return nil, err
-		}
-		r, err := checkRefusal(ctx, admin.Options().Addr, cfg.lease)
+		r, err := checkRefusal(ctx, topo, cfg.lease)
 		if err != nil {
 			return nil, err
 		}
 		refused = &r
-		logf("evict: the lock Redis has maxmemory %d and allkeys-lru; a registry without WithEvictionAllowed: %s", evictLimit, r.said)
+		logf("evict: the lock Redis has maxmemory %v and allkeys-lru; a registry without WithEvictionAllowed: %s", evictLimits, r.said)
 	}
 
 	logf("%d workers x %d goroutines, lease %v, keys %s, %v per key count, faults %s, seed %d; %s, store Redis %s",
@@ -324,7 +322,7 @@ func check(ctx context.Context, cfg config, stderr io.Writer, logf func(string, 
 		}
 		in := &injector{
 			ph: ph, topo: topo, admin: admin, kinds: cfg.faults, next: &rotation, failovers: &failovers,
-			keyAdmin: keyAdmin, evictLimit: evictLimit,
+			keyAdmin: keyAdmin, evictLimits: evictLimits,
 			rng: rand.New(rand.NewPCG(cfg.seed, uint64(n))),
 			log: func(format string, a ...any) { logf("keys=%d: "+format, append([]any{keys}, a...)...) },
 		}

@@ -34,7 +34,7 @@ var (
 	topologyFaults = map[string][]string{
 		topoSingle:   concat([]string{faultStop, faultClientKill, faultRestart, faultPause, faultSleep, faultKill}, networkFaults, keyFaults),
 		topoSentinel: concat(sentinelFaults, keyFaults[:2]),
-		topoCluster:  concat(clusterFaults, keyFaults[:2]),
+		topoCluster:  concat(clusterFaults, keyFaults),
 	}
 	defaultFaults = map[string][]string{
 		topoSingle:   topologyFaults[topoSingle][:6],
