@@ -132,7 +132,7 @@ func (h *Hold) whenLost(fn func(error)) {
 func (h *Hold) endLease(cause LossCause) {
 	// Ended first: a release waiting for its confirmation that sees the
 	// lease at 0 finds the outcome there.
-	h.tenure.ended(verdict{cause: cause, err: lossError(h.lock.key, cause)}, false)
+	h.tenure.struck(verdict{cause: cause, err: lossError(h.lock.key, cause)})
 	h.tenure.leaseEnd.Store(0)
 	h.lose(cause)
 }

@@ -65,8 +65,8 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	local.hold.Store(nil)
 	r.holdEnded()
 	if keyReleased {
+		// Shutdown's release of the key ends the tenure (shutdown.go).
 		l.unlockLocal(local)
-		h.tenure.ended(verdict{cause: loss.cause, err: lostErr}, true)
 		return loss, lostErr
 	}
 	if next := r.nextLocalHold(h, token, local); next != nil {

@@ -131,9 +131,24 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 		h.mu.Unlock()
 		tell()
 		found = true
+		// Releases of the tenure's holds handed off before it learn from
+		// this release, not from a read that may see its DEL (tenure.go).
+		c := h.tenure.confirm.Load()
+		if c != nil {
+			c.releaseBegins()
+		}
 		releases.Go(func() {
-			if _, err := h.lock.releaseRedis(ctx, protocol.Release{HandedOut: handedOut}); err != nil {
+			got, err := h.lock.releaseRedis(ctx, protocol.Release{HandedOut: handedOut})
+			var v verdict
+			switch {
+			case err != nil:
 				r.cfg.logger.Warn("lockreg: Shutdown could not release a key; it expires after its lease", "key", printedKey(h.Key()), "error", err)
+				v.err = err
+			case got.Outcome == protocol.NotOurs:
+				v = verdict{cause: LossDeleted, err: lossError(h.Key(), LossDeleted)}
+			}
+			if c != nil {
+				c.end(v, true)
 			}
 		})
 	})

@@ -134,3 +134,32 @@ func TestShutdownWithNothingHeldReturnsNil(t *testing.T) {
 	assert.NoError(t, r.Shutdown(ctx))
 	assert.NoError(t, r.Shutdown(ctx), "idempotent")
 }
+
+// TestShutdownsReleaseConfirmsTheHoldsHandedOffBeforeIt: a release that
+// handed its key off locally waits for a read of the key after the
+// hand-off (tenure.go). When Shutdown releases that key, its release
+// answers, not a read that may come after it and find the key gone: the
+// hold that ended before Shutdown was not lost.
+func TestShutdownsReleaseConfirmsTheHoldsHandedOffBeforeIt(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	h, err := r.Obtain("shut").Acquire(ctx)
+	require.NoError(t, err)
+	// As if a hold of the tenure had ended in a hand-off to h and waited.
+	c := h.tenure.confirmations()
+	waiting := make(chan verdict, 1)
+	c.mu.Lock()
+	c.waiting = append(c.waiting, waiting)
+	c.mu.Unlock()
+
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, r.Shutdown(ended), context.Canceled, "Shutdown released the key still held")
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost, "the hold Shutdown took the key from is told")
+	select {
+	case v := <-waiting:
+		require.NoError(t, v.err, "the release handed off before Shutdown learns that the key was the registry's")
+	case <-time.After(5 * time.Second):
+		t.Fatal("no answer")
+	}
+}

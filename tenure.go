@@ -211,10 +211,11 @@ func (c *confirmations) end(outcome verdict, byRelease bool) {
 	c.waiting = nil
 }
 
-// ended ends t's confirmations, if it has any, with outcome (see end).
-func (t *tenure) ended(outcome verdict, byRelease bool) {
+// struck ends t's confirmations, if it has any, with v, a loss found
+// (see end).
+func (t *tenure) struck(v verdict) {
 	if c := t.confirm.Load(); c != nil {
-		c.end(outcome, byRelease)
+		c.end(v, false)
 	}
 }
 
