@@ -511,3 +511,47 @@ func BenchmarkRenewalRound(b *testing.B) {
 	b.ReportMetric(float64(with)/float64(without), "x-without")
 	b.ReportMetric(float64(cmdsWith-cmdsWithout)/float64(b.N), "extra-servercmds")
 }
+
+// BenchmarkHeldLockHeap weighs what a held lock keeps in Go: it takes
+// 20,000 keys with Acquire on one registry and reports the live heap's
+// growth per held lock, in bytes and objects, after a full collection
+// before and after (bench/RESULTS.md, #34). Each iteration takes and
+// releases them all.
+func BenchmarkHeldLockHeap(b *testing.B) {
+	ctx := context.Background()
+	r := newRegistry(b, redistest.Shared(b).Client(b))
+	const n = 20_000
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "heap-" + strconv.Itoa(i)
+	}
+	holds := make([]*Hold, n)
+	warm, err := r.Obtain("warm").Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_ = warm.Release(ctx)
+	var bytes, objects float64
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for i, k := range keys {
+			if holds[i], err = r.Obtain(k).Acquire(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		bytes += float64(after.HeapAlloc-before.HeapAlloc) / n
+		objects += float64(after.HeapObjects-before.HeapObjects) / n
+		for _, h := range holds {
+			if err := h.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		clear(holds) // else the next iteration's first weighing counts them
+	}
+	b.ReportMetric(bytes/float64(b.N), "B/held")
+	b.ReportMetric(objects/float64(b.N), "objects/held")
+}

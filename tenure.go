@@ -146,47 +146,26 @@ func (t *tenure) toConfirm() []chan verdict {
 }
 
 // settle answers taken, the releases a read took (toConfirm), now that it
-// found the key the registry's (ours) or not, or failed. A key found
-// changed ended the tenure first (see Registry.changedBehindItsBack).
+// found the key the registry's (ours), or not, or failed. A key found
+// changed ended the tenure first (see Registry.changedBehindItsBack). A
+// read whose reply came after the tenure's release or a loss began may
+// have seen the key after those, and the tenure's end answers instead; so
+// does the next read, or the end, where this one failed.
 func (t *tenure) settle(taken []chan verdict, ours bool) {
 	if len(taken) == 0 {
 		return
 	}
-	if c := t.confirm.Load(); ours {
-		c.confirmed(t, taken)
-	} else {
-		c.giveBack(taken)
-	}
-}
-
-// confirmed tells taken that a read sent after them found the key the
-// registry's, unless the tenure's release or a loss began before the
-// reply came: then the read may have come after those, and the tenure's
-// end answers instead.
-func (c *confirmations) confirmed(t *tenure, taken []chan verdict) {
+	c := t.confirm.Load()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
 	case c.ended:
 		tell(taken, c.outcome)
-	case c.releasing || t.leaseEnd.Load() == 0:
-		c.waiting = append(c.waiting, taken...)
-	default:
+	case ours && !c.releasing && t.leaseEnd.Load() != 0:
 		tell(taken, verdict{})
+	default:
+		c.waiting = append(c.waiting, taken...)
 	}
-}
-
-// giveBack returns taken, whose read failed or found the key changed (and
-// so ended the tenure, see Registry.changedBehindItsBack), to wait for the
-// next read or the tenure's end.
-func (c *confirmations) giveBack(taken []chan verdict) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.ended {
-		tell(taken, c.outcome)
-		return
-	}
-	c.waiting = append(c.waiting, taken...)
 }
 
 // releaseBegins marks that the tenure's release script is about to be
