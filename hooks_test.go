@@ -212,6 +212,12 @@ func TestHooksHearOfALossTheReleaseFinds(t *testing.T) {
 	// first to find the loss.
 	client := aclClient(t, redistest.Start(t), "+@all", "-client")
 	r := newRegistry(t, client)
+	// The registry learns that tracking is refused in the background, and
+	// then checks the keys it holds: a first hold makes it try, and the
+	// hold under test comes after the refusal, so that nothing else reads
+	// its key.
+	require.NoError(t, r.Do(ctx, "first", func(context.Context) error { return nil }))
+	require.Eventually(t, r.tracking.refused.Load, 5*time.Second, time.Millisecond, "tracking refused")
 	rec := &recorder{}
 	r.AddHooks(rec.hooks())
 	h, err := r.Obtain("k").Acquire(ctx)
