@@ -300,7 +300,7 @@ func (l *Lock) acceptGrant(local *localLock, token int64, mark waitMark) *Hold {
 	}
 	// The hold itself begins now, for WithMaxHold and the run of local
 	// hand-offs.
-	h.taken = time.Now()
+	h.taken = nowInstant()
 	h.redisTaken = h.taken
 	if !r.extendLater(local, h) {
 		return nil // closing: the grant expires unextended

@@ -63,7 +63,7 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 	for i := range callers {
 		require.NoError(t, errs[i], "caller %d", i)
 		require.Positive(t, tokens[i], "caller %d got a token", i)
-		owner, err := srv.Client(t).Get(ctx, r.Obtain(prefix+strconv.Itoa(i)).keys.Lock).Result()
+		owner, err := srv.Client(t).Get(ctx, r.Obtain(prefix+strconv.Itoa(i)).keys.Lock()).Result()
 		require.NoError(t, err)
 		require.Equal(t, r.clientID, owner)
 	}

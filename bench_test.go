@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -229,10 +230,10 @@ func BenchmarkGrantServerTime(b *testing.B) {
 	lock := r.Obtain("grant-time")
 	setUp := func() {
 		_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			p.Del(ctx, lock.keys.Marker, lock.keys.Queue)
-			p.Set(ctx, lock.keys.Lock, r.clientID, time.Minute)
-			p.ZAdd(ctx, lock.keys.Marker, redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "other:1000"})
-			p.ZAdd(ctx, lock.keys.Queue, redis.Z{Score: float64(time.Now().UnixMilli()), Member: "other:1000"})
+			p.Del(ctx, lock.keys.Marker(), lock.keys.Queue())
+			p.Set(ctx, lock.keys.Lock(), r.clientID, time.Minute)
+			p.ZAdd(ctx, lock.keys.Marker(), redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "other:1000"})
+			p.ZAdd(ctx, lock.keys.Queue(), redis.Z{Score: float64(time.Now().UnixMilli()), Member: "other:1000"})
 			return nil
 		})
 		if err != nil {
@@ -554,4 +555,68 @@ func BenchmarkHeldLockHeap(b *testing.B) {
 	}
 	b.ReportMetric(bytes/float64(b.N), "B/held")
 	b.ReportMetric(objects/float64(b.N), "objects/held")
+}
+
+// BenchmarkWaiterHeap weighs what a goroutine waiting in Acquire keeps on
+// the heap above a plain goroutine waiting on the same ctx, for a key
+// held by this registry (local) and by another (remote). 2,000 goroutines
+// wait each time, and the heap is weighed after a full collection once
+// they all wait. The goroutines of a first, unweighed round have ended, so
+// that both weighings reuse their g's rather than count new ones.
+func BenchmarkWaiterHeap(b *testing.B) {
+	const n = 2_000
+	client := redistest.Shared(b).Client(b)
+	weigh := func(wait func(ctx context.Context)) float64 {
+		ctx, cancel := context.WithCancel(context.Background())
+		var waiting, ended sync.WaitGroup
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for range n {
+			waiting.Add(1)
+			ended.Add(1)
+			go func() {
+				defer ended.Done()
+				waiting.Done()
+				wait(ctx)
+			}()
+		}
+		waiting.Wait()
+		time.Sleep(50 * time.Millisecond) // the last ones reach their wait
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		cancel()
+		ended.Wait()
+		return float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / n
+	}
+	plain := func(ctx context.Context) { <-ctx.Done() }
+	weigh(plain)
+	for _, remote := range []bool{false, true} {
+		b.Run(map[bool]string{false: "local", true: "remote"}[remote], func(b *testing.B) {
+			ctx := context.Background()
+			r := newRegistry(b, client)
+			holder := r
+			if remote {
+				holder = newRegistry(b, client)
+			}
+			var above float64
+			i := 0
+			for b.Loop() {
+				key := "waited-" + strconv.Itoa(i)
+				i++
+				h, err := holder.Obtain(key).Acquire(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				plainBytes := weigh(plain)
+				above += weigh(func(ctx context.Context) {
+					if _, err := r.Obtain(key).Acquire(ctx); err == nil {
+						b.Error("acquired a held key")
+					}
+				}) - plainBytes
+				_ = h.Release(ctx)
+			}
+			b.ReportMetric(above/float64(b.N), "B/waiter-above-plain")
+		})
+	}
 }

@@ -89,7 +89,7 @@ func (r *Registry) extendLater(local *localLock, h *Hold) bool {
 	time.AfterFunc(time.Until(time.Unix(0, h.tenure.leaseEnd.Load()))/2, func() {
 		// Renewal stops at WithMaxHold, this extension too: the grant's
 		// short lease then runs out, as the watchdog's renewal would let it.
-		if r.cfg.maxHold > 0 && time.Since(h.taken) >= r.cfg.maxHold {
+		if r.cfg.maxHold > 0 && h.taken.since() >= r.cfg.maxHold {
 			return
 		}
 		if current := local.hold.Load(); current != nil && current.tenure == h.tenure && !current.leaseOver() {
@@ -215,7 +215,7 @@ func (r *Registry) giveBack(ctx context.Context, key string, token int64, receiv
 	if !ok {
 		return
 	}
-	if h := local.hold.Load(); h != nil && h.redisTaken.Before(received) {
+	if h := local.hold.Load(); h != nil && h.redisTaken.time().Before(received) {
 		last := r.peer.LastToken(l.keys)
 		protocol.Run(ctx, r.client, last)
 		if n, err := protocol.ReadToken(last.Cmd); err == nil && n == token {

@@ -96,7 +96,7 @@ func (h *Hold) loseLocked(cause LossCause) (tell func()) {
 		if onLoss != nil {
 			onLoss(err)
 		}
-		e := LossEvent{Key: h.lock.key, Cause: cause, Held: time.Since(h.taken)}
+		e := LossEvent{Key: h.lock.key, Cause: cause, Held: h.taken.since()}
 		for _, hk := range h.lock.r.hooks.all() {
 			if hk.Lost != nil {
 				hk.Lost(e)

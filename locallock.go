@@ -23,16 +23,11 @@ var errBusy = errors.New("lockreg: lock held")
 // or LockContext also names its goroutine, which may lock again, at no
 // cost (owner, depth).
 type localLock struct {
-	mu     sync.Mutex
-	locked bool      // a hold owns the mutex, or an acquisition takes the key in Redis
-	queue  []*waiter // acquisitions waiting for the mutex, oldest first
+	mu    sync.Mutex
+	queue []*waiter // acquisitions waiting for the mutex, oldest first
 	// owner is the goroutine id of a goroutine-owned hold, 0 while there
 	// is none (a Hold value owns the mutex, or nothing does).
 	owner atomic.Int64
-	// depth counts the owner goroutine's unmatched locks. Only it touches
-	// depth; the hand-off through mu orders one owner's writes before the
-	// next's.
-	depth int
 	// hold is the current hold while the key is held in Redis; the
 	// watchdog reads it to renew the lease.
 	hold atomic.Pointer[Hold]
@@ -44,14 +39,23 @@ type localLock struct {
 	// grantedToken is the token of a grant (grant.go) that came with the
 	// last wake, or 0.
 	grantedToken atomic.Int64
+	// The 4-byte fields close the struct, side by side, so that a
+	// localLock, which the registry keeps for every key held, fits in 80
+	// bytes.
+	//
+	// depth counts the owner goroutine's unmatched locks. Only it touches
+	// depth; the hand-off through mu orders one owner's writes before the
+	// next's.
+	depth int32
 	// refs counts the holds and acquisitions of the key. It is changed
 	// only inside localLocks' Compute calls, which serialize per key.
-	refs int
+	refs int32
 	// unchecked counts the changes of the key that tracking (tracking.go)
 	// has not checked yet: while one is, the key may have changed behind
 	// the holder's back, and a release goes to Redis, whose owner check
 	// tells the releasing hold, rather than hand the key off unseen.
 	unchecked atomic.Int32
+	locked    bool // a hold owns the mutex, or an acquisition takes the key in Redis
 }
 
 // waiter is one acquisition queued for a localLock. It receives the mutex

@@ -23,7 +23,7 @@ func (h *Hold) release(ctx context.Context) error {
 		}
 	}
 	loss, err := h.releaseKey(ctx)
-	e := ReleaseEvent{Key: h.lock.key, Held: time.Since(h.taken), WasLost: loss.signalled, Err: err}
+	e := ReleaseEvent{Key: h.lock.key, Held: h.taken.since(), WasLost: loss.signalled, Err: err}
 	if !loss.signalled {
 		e.FoundLost = loss.cause
 	}
@@ -196,14 +196,14 @@ func (h *Hold) handedOut(token int64) int64 {
 // the next hold draws its own if asked.
 func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 	if r.cfg.handoffMax == 0 || h.handoffs >= r.cfg.handoffMax || h.isLost() || h.leaseOver() ||
-		time.Since(h.redisTaken) >= r.cfg.handoffFor || local.unchecked.Load() > 0 || !local.waited() {
+		h.redisTaken.since() >= r.cfg.handoffFor || local.unchecked.Load() > 0 || !local.waited() {
 		return nil
 	}
 	next := &Hold{
 		lock:       h.lock,
 		via:        viaHandoff,
 		local:      local,
-		taken:      time.Now(),
+		taken:      nowInstant(),
 		redisTaken: h.redisTaken,
 		handoffs:   h.handoffs + 1,
 		tenure:     h.tenure,

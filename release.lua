@@ -4,6 +4,11 @@
 -- scripts.go puts before it; scripts.go builds the arguments below, by
 -- name (releaseArgs), and reads the reply (releaseReply).
 local lockKey, fenceKey, markerKey, queueKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- An owner-only release (clientID alone, below) sends the lock's key and
+-- the marker, the only keys it reads.
+if #KEYS == 2 then
+  fenceKey, markerKey = nil, KEYS[2]
+end
 -- clientID alone is sent unless the registry expects the rest to be needed
 -- (see releaseRedis). handedOut: the last fencing token the registry
 -- handed out locally for this key, or '0'; leaseMs: the lease; channel:

@@ -60,7 +60,7 @@ func (r *Registry) loseLapsed() {
 
 // lapseCause is why h's lease ran out unrenewed.
 func (r *Registry) lapseCause(h *Hold) LossCause {
-	if r.cfg.renewal && r.cfg.maxHold > 0 && time.Since(h.taken) >= r.cfg.maxHold {
+	if r.cfg.renewal && r.cfg.maxHold > 0 && h.taken.since() >= r.cfg.maxHold {
 		return LossMaxHold
 	}
 	return LossExpired
@@ -78,7 +78,7 @@ func (r *Registry) dueForRenewal() []*Hold {
 		// passed on and come back to this registry since (a grant, a new
 		// acquisition), and the owner check, by client id, cannot tell
 		// that from a key held all along.
-		if !h.isLost() && !h.leaseOver() && (r.cfg.maxHold == 0 || now.Sub(h.taken) < r.cfg.maxHold) {
+		if !h.isLost() && !h.leaseOver() && (r.cfg.maxHold == 0 || now.Sub(h.taken.time()) < r.cfg.maxHold) {
 			due = append(due, h)
 		}
 	})

@@ -90,7 +90,7 @@ func (r *Registry) arm(h *Hold, cause LossCause, waited bool) {
 	case waited:
 		t.enqueue(armRequest{h: h, cause: cause})
 	default:
-		t.enqueue(armRequest{h: h, cause: cause, due: h.redisTaken.Add(armDelay)})
+		t.enqueue(armRequest{h: h, cause: cause, due: h.redisTaken.time().Add(armDelay)})
 	}
 }
 

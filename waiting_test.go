@@ -91,7 +91,7 @@ func TestResubscribedWaiterTriesAtOnce(t *testing.T) {
 	taken := lockInBackground(ctx, waiter.Obtain("k"))
 	waitUntilWaiting(t, waiter)
 	// The grant, without its message.
-	require.NoError(t, admin.Set(ctx, held.keys.Lock, waiter.clientID, time.Minute).Err())
+	require.NoError(t, admin.Set(ctx, held.keys.Lock(), waiter.clientID, time.Minute).Err())
 	requireTracking(t, holder, waiter)
 	killed, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
 	require.NoError(t, err)

@@ -37,11 +37,11 @@ func ReadLocks(ctx context.Context, client redis.UniversalClient, keys []Keys) (
 	cmds, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		now = p.Time(ctx)
 		for i, k := range keys {
-			ttl := redis.NewIntCmd(ctx, "pttl", k.Lock)
+			ttl := redis.NewIntCmd(ctx, "pttl", k.Lock())
 			_ = p.Process(ctx, ttl)
 			all[i] = reads{
-				owner: p.Get(ctx, k.Lock), ttl: ttl, fence: p.Get(ctx, k.Fence),
-				queue: p.ZRange(ctx, k.Queue, 0, -1), marker: p.ZRangeWithScores(ctx, k.Marker, 0, -1),
+				owner: p.Get(ctx, k.Lock()), ttl: ttl, fence: p.Get(ctx, k.Fence()),
+				queue: p.ZRange(ctx, k.Queue(), 0, -1), marker: p.ZRangeWithScores(ctx, k.Marker(), 0, -1),
 			}
 		}
 		return nil

@@ -60,8 +60,8 @@ func TestReadLocksReportsTheOwnerTTLTokenAndLiveWaitersInQueueOrder(t *testing.T
 func TestReadLocksReportsAValueWithoutTTLAsNoExpiry(t *testing.T) {
 	e := newEnv(t)
 	k := LockKeys(e.namespace, "k")
-	require.NoError(t, e.client.Set(e.ctx, k.Lock, "by hand", 0).Err())
-	t.Cleanup(func() { e.client.Del(e.ctx, k.Lock) })
+	require.NoError(t, e.client.Set(e.ctx, k.Lock(), "by hand", 0).Err())
+	t.Cleanup(func() { e.client.Del(e.ctx, k.Lock()) })
 	states, err := ReadLocks(e.ctx, e.client, []Keys{k})
 	require.NoError(t, err)
 	require.Equal(t, []LockState{{OwnerID: "by hand", NoExpiry: true}}, states)
@@ -95,7 +95,7 @@ func TestScanStopsWhenTold(t *testing.T) {
 	const n = 3 * ScanBatch
 	_, err := e.client.Pipelined(e.ctx, func(pipe redis.Pipeliner) error {
 		for i := range n {
-			pipe.Set(e.ctx, LockKeys(e.namespace, fmt.Sprint(i)).Lock, "x", time.Minute)
+			pipe.Set(e.ctx, LockKeys(e.namespace, fmt.Sprint(i)).Lock(), "x", time.Minute)
 		}
 		return nil
 	})

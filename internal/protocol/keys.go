@@ -13,52 +13,60 @@ import (
 // early, and no two (namespace, key) pairs share a Redis key. Keys without
 // them, the usual case, appear as they are.
 type Keys struct {
-	Lock   string // the owner's client id, with the lease as its time to live
-	Fence  string // the last fencing token drawn (<lock>:fence)
-	Marker string // the waiting registries' marks, scored by when each lapses (<lock>:waiting)
-	Queue  string // the same registries, scored by when each began to wait (<lock>:queue)
-	// all are the four, in the order obtain.lua and release.lua take them.
-	all []string
+	// marker is the waiting marker's key, <lock>:waiting, whose prefix is
+	// the lock's key: a registry keeps this one string for every key it
+	// holds, and cuts the lock's key from it. The fence's and the queue's
+	// keys are made when a call needs them, which only contended and rarer
+	// calls do.
+	marker string
 }
 
-// keySuffixes extend the lock's key to the others, in Keys' order.
-var keySuffixes = [...]string{"", ":fence", ":waiting", ":queue"}
+const (
+	fenceSuffix  = ":fence"
+	markerSuffix = ":waiting"
+	queueSuffix  = ":queue"
+)
 
-// LockKeys are the keys of key's lock in namespace. The four are cut from
-// one string, and a registry keeps them for every key it holds: one
-// allocation rather than four.
+// LockKeys are the keys of key's lock in namespace.
 func LockKeys(namespace, key string) Keys {
 	if strings.ContainsAny(key, "{}%") {
 		key = keyEscaper.Replace(key)
 	}
-	n := len(namespace) + len(":{}") + len(key)
-	var b strings.Builder
-	b.Grow(len(keySuffixes)*n + len(":fence:waiting:queue"))
-	for _, suffix := range keySuffixes {
-		b.WriteString(namespace)
-		b.WriteString(":{")
-		b.WriteString(key)
-		b.WriteString("}")
-		b.WriteString(suffix)
-	}
-	all, at := b.String(), 0
-	var cut [len(keySuffixes)]string
-	for i, suffix := range keySuffixes {
-		cut[i] = all[at : at+n+len(suffix)]
-		at += n + len(suffix)
-	}
-	k := Keys{Lock: cut[0], Fence: cut[1], Marker: cut[2], Queue: cut[3]}
-	k.all = cut[:]
-	return k
+	return Keys{marker: namespace + ":{" + key + "}" + markerSuffix}
 }
+
+// Lock is the lock's key: the owner's client id, with the lease as its
+// time to live.
+func (k Keys) Lock() string { return k.marker[:max(0, len(k.marker)-len(markerSuffix))] }
+
+// Fence holds the last fencing token drawn.
+func (k Keys) Fence() string { return k.Lock() + fenceSuffix }
+
+// Marker holds the waiting registries' marks, scored by when each lapses.
+func (k Keys) Marker() string { return k.marker }
+
+// Queue holds the same registries, scored by when each began to wait.
+func (k Keys) Queue() string { return k.Lock() + queueSuffix }
+
+// all are the four keys, in the order obtain.lua and release.lua take
+// them: the fence and the queue are cut from one new string.
+func (k Keys) all() []string {
+	lock := k.Lock()
+	made := lock + fenceSuffix + lock + queueSuffix
+	fence := made[:len(lock)+len(fenceSuffix)]
+	return []string{lock, fence, k.marker, made[len(fence):]}
+}
+
+// lockAndMarker are an owner-only release's keys (see Peer.Release).
+func (k Keys) lockAndMarker() []string { return []string{k.Lock(), k.marker} }
+
+// lockAndFence are token.lua's and forceunlock.lua's keys.
+func (k Keys) lockAndFence() []string { return []string{k.Lock(), k.Fence()} }
 
 var (
 	keyEscaper   = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 	keyUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}")
 )
-
-// lockAndFence are token.lua's and forceunlock.lua's keys.
-func (k Keys) lockAndFence() []string { return k.all[:2] }
 
 // KeyOf is the key of the namespace's lock whose Redis key is redisKey, if
 // it is one: <namespace>:{<escaped key>}, whose braces the key's escaping

@@ -29,7 +29,7 @@ func FuzzRedisKeys(f *testing.F) {
 		if CheckNamespace(namespace1) != nil || CheckNamespace(namespace2) != nil || key1 == "" || key2 == "" {
 			t.Skip("New refuses the namespace, or Obtain the key")
 		}
-		keys1, keys2 := LockKeys(namespace1, key1).all, LockKeys(namespace2, key2).all
+		keys1, keys2 := LockKeys(namespace1, key1).all(), LockKeys(namespace2, key2).all()
 		for _, keys := range [][]string{keys1, keys2} {
 			for _, k := range keys[1:] {
 				if Slot(k) != Slot(keys[0]) {
@@ -76,9 +76,12 @@ func TestTheKeyLayoutIsFixed(t *testing.T) {
 	// The layout is the compatibility surface of every rolling deploy
 	// (docs/PROTOCOL.md, Keys): these strings must never change.
 	k := LockKeys("app:orders", "o-1")
-	require.Equal(t, Keys{Lock: "app:orders:{o-1}", Fence: "app:orders:{o-1}:fence", Marker: "app:orders:{o-1}:waiting", Queue: "app:orders:{o-1}:queue",
-		all: []string{"app:orders:{o-1}", "app:orders:{o-1}:fence", "app:orders:{o-1}:waiting", "app:orders:{o-1}:queue"}}, k)
-	require.Equal(t, "r:{%7Bx%7D%25}", LockKeys("r", "{x}%").Lock, "braces and %% are escaped")
+	require.Equal(t, []string{"app:orders:{o-1}", "app:orders:{o-1}:fence", "app:orders:{o-1}:waiting", "app:orders:{o-1}:queue"},
+		[]string{k.Lock(), k.Fence(), k.Marker(), k.Queue()})
+	require.Equal(t, []string{k.Lock(), k.Fence(), k.Marker(), k.Queue()}, k.all(), "the scripts' order")
+	require.Equal(t, []string{k.Lock(), k.Marker()}, k.lockAndMarker())
+	require.Equal(t, []string{k.Lock(), k.Fence()}, k.lockAndFence())
+	require.Equal(t, "r:{%7Bx%7D%25}", LockKeys("r", "{x}%").Lock(), "braces and %% are escaped")
 	require.Equal(t, "app:orders:owner:id-1", OwnerKey("app:orders", "id-1"))
 	require.Equal(t, "app:orders:released", ReleaseChannel("app:orders"))
 	require.Equal(t, "app:orders:released:id-1", GrantChannel("app:orders", "id-1"))

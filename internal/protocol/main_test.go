@@ -139,14 +139,14 @@ func (e *env) drawToken(p *Peer, k Keys) int64 {
 }
 
 // owner is the lock key's value, or "" when it is gone.
-func (e *env) owner(k Keys) string { return e.client.Get(e.ctx, k.Lock).Val() }
+func (e *env) owner(k Keys) string { return e.client.Get(e.ctx, k.Lock()).Val() }
 
 // pttl is what is left of key's time to live (negative: none, or gone).
 func (e *env) pttl(key string) time.Duration { return e.client.PTTL(e.ctx, key).Val() }
 
 // fence is k's stored last token, 0 if none is.
 func (e *env) fence(k Keys) int64 {
-	token, _ := strconv.ParseInt(e.client.Get(e.ctx, k.Fence).Val(), 10, 64)
+	token, _ := strconv.ParseInt(e.client.Get(e.ctx, k.Fence()).Val(), 10, 64)
 	return token
 }
 
@@ -156,7 +156,7 @@ func (e *env) members(key string) []string { return e.client.ZRange(e.ctx, key, 
 // requireMarked requires that mark is, or is not, in k's marker and queue.
 func (e *env) requireMarked(k Keys, mark string, marked bool) {
 	e.t.Helper()
-	for _, set := range []string{k.Marker, k.Queue} {
+	for _, set := range []string{k.Marker(), k.Queue()} {
 		if marked {
 			require.Contains(e.t, e.members(set), mark, set)
 		} else {

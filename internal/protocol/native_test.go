@@ -95,20 +95,20 @@ func TestNativeCommandsOfTheServer(t *testing.T) {
 	}
 
 	t.Run("ours: OK, the lease set anew, the value kept", func(t *testing.T) {
-		shorten(k.Lock)
-		require.Equal(t, "OK", set(k.Lock, id, "px", ms(testLease)).Val())
-		require.Greater(t, e.pttl(k.Lock), testLease-time.Second)
+		shorten(k.Lock())
+		require.Equal(t, "OK", set(k.Lock(), id, "px", ms(testLease)).Val())
+		require.Greater(t, e.pttl(k.Lock()), testLease-time.Second)
 		require.Equal(t, id, e.owner(k))
 	})
 	t.Run("another owner's: nil, the key untouched", func(t *testing.T) {
-		shorten(k.Lock)
+		shorten(k.Lock())
 		other := e.peer().ClientID()
-		require.Equal(t, redis.Nil, set(k.Lock, other, "px", ms(testLease)).Err())
+		require.Equal(t, redis.Nil, set(k.Lock(), other, "px", ms(testLease)).Err())
 		require.Equal(t, id, e.owner(k))
-		require.LessOrEqual(t, e.pttl(k.Lock), time.Second)
+		require.LessOrEqual(t, e.pttl(k.Lock()), time.Second)
 	})
 	t.Run("gone: nil, nothing created", func(t *testing.T) {
-		gone := p.Keys("gone").Lock
+		gone := p.Keys("gone").Lock()
 		require.Equal(t, redis.Nil, set(gone, id, "px", ms(testLease)).Err())
 		require.Zero(t, e.client.Exists(e.ctx, gone).Val())
 	})
@@ -120,33 +120,33 @@ func TestNativeCommandsOfTheServer(t *testing.T) {
 		} else {
 			t.Logf("DEBUG SET-ACTIVE-EXPIRE: %v", err)
 		}
-		expired := p.Keys("expired").Lock
+		expired := p.Keys("expired").Lock()
 		require.NoError(t, e.client.Set(e.ctx, expired, id, time.Millisecond).Err())
 		time.Sleep(5 * time.Millisecond)
 		require.Equal(t, redis.Nil, set(expired, id, "px", ms(testLease)).Err())
 		require.Zero(t, e.client.Exists(e.ctx, expired).Val())
 	})
 	t.Run("GET: the old value whether it matched or not", func(t *testing.T) {
-		require.Equal(t, id, set(k.Lock, id, "px", ms(testLease), "get").Val())
-		require.Equal(t, id, set(k.Lock, "other", "px", ms(testLease), "get").Val())
+		require.Equal(t, id, set(k.Lock(), id, "px", ms(testLease), "get").Val())
+		require.Equal(t, id, set(k.Lock(), "other", "px", ms(testLease), "get").Val())
 		require.Equal(t, id, e.owner(k))
-		require.Equal(t, redis.Nil, set(p.Keys("gone").Lock, id, "px", ms(testLease), "get").Err())
+		require.Equal(t, redis.Nil, set(p.Keys("gone").Lock(), id, "px", ms(testLease), "get").Err())
 	})
 	t.Run("KEEPTTL: the lease is not extended", func(t *testing.T) {
-		shorten(k.Lock)
-		require.Equal(t, "OK", set(k.Lock, id, "keepttl").Val())
-		require.LessOrEqual(t, e.pttl(k.Lock), time.Second)
+		shorten(k.Lock())
+		require.Equal(t, "OK", set(k.Lock(), id, "keepttl").Val())
+		require.LessOrEqual(t, e.pttl(k.Lock()), time.Second)
 	})
 	t.Run("NX and XX do not go with IFEQ", func(t *testing.T) {
 		for _, flag := range []string{"nx", "xx"} {
-			err := set(k.Lock, id, "px", ms(testLease), flag).Err()
+			err := set(k.Lock(), id, "px", ms(testLease), flag).Err()
 			require.Error(t, err)
 			require.NotEqual(t, redis.Nil, err)
 			t.Logf("%s: %v", flag, err)
 		}
 	})
 	t.Run("not a string: WRONGTYPE, as renew.lua's GET", func(t *testing.T) {
-		hash := p.Keys("hash").Lock
+		hash := p.Keys("hash").Lock()
 		require.NoError(t, e.client.HSet(e.ctx, hash, "f", "v").Err())
 		err := set(hash, id, "px", ms(testLease)).Err()
 		require.True(t, redis.HasErrorPrefix(err, "WRONGTYPE"), err)
@@ -299,10 +299,10 @@ func BenchmarkNativeRenew(b *testing.B) {
 	client, p := nativePeer(b)
 	needSetIfEq(b, client)
 	k := p.Keys("k")
-	require.NoError(b, client.Set(ctx, k.Lock, p.ClientID(), time.Minute).Err())
-	lua := p.Renew([]string{k.Lock})
+	require.NoError(b, client.Set(ctx, k.Lock(), p.ClientID(), time.Minute).Err())
+	lua := p.Renew([]string{k.Lock()})
 	native := func(reply string, extra ...any) func() {
-		args := setIfEqArgs(k.Lock, p.ClientID(), extra...)
+		args := setIfEqArgs(k.Lock(), p.ClientID(), extra...)
 		return func() {
 			if got, err := client.Do(ctx, args...).Text(); got != reply || err != nil {
 				b.Fatalf("%v: %q, %v", args, got, err)
@@ -334,7 +334,7 @@ func BenchmarkNativeRenewBatch(b *testing.B) {
 	locks := make([]string, keys)
 	sets := make([]*Call, keys)
 	for i := range locks {
-		locks[i] = p.Keys("k" + strconv.Itoa(i)).Lock
+		locks[i] = p.Keys("k" + strconv.Itoa(i)).Lock()
 		require.NoError(b, client.Set(ctx, locks[i], p.ClientID(), time.Minute).Err())
 		sets[i] = &Call{Args: setIfEqArgs(locks[i], p.ClientID(), "px", nativeLease)}
 	}
@@ -397,15 +397,15 @@ func BenchmarkNativeRelease(b *testing.B) {
 			take()
 			var get *redis.StringCmd
 			if _, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-				pipe.Do(ctx, "watch", k.Lock)
-				get = pipe.Get(ctx, k.Lock)
+				pipe.Do(ctx, "watch", k.Lock())
+				get = pipe.Get(ctx, k.Lock())
 				return nil
 			}); err != nil || get.Val() != p.ClientID() {
 				b.Fatalf("WATCH, GET: %v, %v", get.Val(), err)
 			}
 			var del *redis.IntCmd
 			if _, err := conn.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-				del = pipe.Del(ctx, k.Lock)
+				del = pipe.Del(ctx, k.Lock())
 				return nil
 			}); err != nil || del.Val() != 1 {
 				b.Fatalf("MULTI, DEL, EXEC: %v, %v", del.Val(), err)
@@ -413,7 +413,7 @@ func BenchmarkNativeRelease(b *testing.B) {
 		}},
 		{name: "del", names: []string{"del"}, cycleNames: []string{"set", "del"}, op: func() {
 			take()
-			if n, err := client.Del(ctx, k.Lock).Result(); n != 1 || err != nil {
+			if n, err := client.Del(ctx, k.Lock()).Result(); n != 1 || err != nil {
 				b.Fatalf("DEL: %v, %v", n, err)
 			}
 		}},

@@ -123,7 +123,7 @@ func (p *Peer) TrackingChannels() []string {
 // can do for it: read its reply with ReadSetIfFree. An acquisition's first
 // attempt on a key that looks free sends it rather than obtain.lua.
 func (p *Peer) SetIfFree(k Keys) Call {
-	return Call{Args: []any{"set", k.Lock, p.clientIDArg, "px", p.leaseArg, "nx"}}
+	return Call{Args: []any{"set", k.Lock(), p.clientIDArg, "px", p.leaseArg, "nx"}}
 }
 
 // Obtain is obtain.lua: it takes the key if it is free or this registry's
@@ -131,7 +131,7 @@ func (p *Peer) SetIfFree(k Keys) Call {
 // says that an earlier attempt marked it, which a success withdraws. Read
 // its reply with ReadObtain.
 func (p *Peer) Obtain(k Keys, wait, marked bool) Call {
-	return Call{Script: p.scripts.obtain, Keys: k.all, Args: p.obtain[b2i(wait)][b2i(marked)]}
+	return Call{Script: p.scripts.obtain, Keys: k.all(), Args: p.obtain[b2i(wait)][b2i(marked)]}
 }
 
 func b2i(b bool) int {
@@ -167,10 +167,10 @@ type Release struct {
 // is key: it deletes the key if it is this registry's, or grants it to the
 // registry that has waited longest. Read its reply with ReadRelease.
 func (p *Peer) Release(k Keys, key string, o Release) Call {
-	c := Call{Script: p.scripts.release, Keys: k.all, Args: p.ownerOnly}
 	if !(o.Full || o.HandedOut != 0 || o.GiveBack != 0) {
-		return c
+		return Call{Script: p.scripts.release, Keys: k.lockAndMarker(), Args: p.ownerOnly}
 	}
+	c := Call{Script: p.scripts.release, Keys: k.all()}
 	c.Args = []any{p.clientIDArg, o.HandedOut, p.leaseArg, p.channelArg, key}
 	switch {
 	case o.GiveBack != 0:
@@ -208,14 +208,14 @@ func (p *Peer) DrawToken(k Keys) Call {
 // releases stop granting it the key.
 func (p *Peer) Withdraw(k Keys) []*Call {
 	return []*Call{
-		{Args: []any{"zrem", k.Marker, p.mark}},
-		{Args: []any{"zrem", k.Queue, p.mark}},
+		{Args: []any{"zrem", k.Marker(), p.mark}},
+		{Args: []any{"zrem", k.Queue(), p.mark}},
 	}
 }
 
 // LastToken reads the key's last fencing token: read its reply with
 // ReadToken (redis.Nil: none is stored).
-func (p *Peer) LastToken(k Keys) *Call { return &Call{Args: []any{"get", k.Fence}} }
+func (p *Peer) LastToken(k Keys) *Call { return &Call{Args: []any{"get", k.Fence()}} }
 
 // CheckOwner reads who holds lockKey: read its reply with ReadOwner.
 func (p *Peer) CheckOwner(lockKey string) *Call { return &Call{Args: []any{"get", lockKey}} }

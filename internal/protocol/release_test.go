@@ -15,6 +15,7 @@ import (
 func TestReleaseWithTheClientIDAloneDeletesOurKey(t *testing.T) {
 	e := newEnv(t)
 	p, k := e.holder()
+	require.Equal(t, []string{k.Lock(), k.Marker()}, p.Release(k, "k", Release{}).Keys, "the keys it reads, and no more")
 	require.Equal(t, ReleaseReply{Outcome: Deleted}, e.release(p, k, Release{}))
 	require.Empty(t, e.owner(k))
 }
@@ -27,7 +28,7 @@ func TestReleaseSparesAnotherOwnersKey(t *testing.T) {
 			p := e.peer()
 			require.Equal(t, ReleaseReply{Outcome: NotOurs}, e.release(p, k, o))
 			require.Equal(t, holder.ClientID(), e.owner(k))
-			require.Positive(t, e.pttl(k.Lock))
+			require.Positive(t, e.pttl(k.Lock()))
 		})
 	}
 }
@@ -67,8 +68,8 @@ func (e *env) contended() contended {
 func (e *env) requireGranted(k Keys, grantee *Peer, grants *redis.PubSub, token int64) {
 	e.t.Helper()
 	require.Equal(e.t, grantee.ClientID(), e.owner(k))
-	require.Positive(e.t, e.pttl(k.Lock))
-	require.LessOrEqual(e.t, e.pttl(k.Lock), testGrantLease)
+	require.Positive(e.t, e.pttl(k.Lock()))
+	require.LessOrEqual(e.t, e.pttl(k.Lock()), testGrantLease)
 	require.Equal(e.t, token, e.fence(k))
 	channel := GrantChannel(e.namespace, grantee.ClientID())
 	e.received(grants, channel, "g"+strconv.FormatInt(token, 10)+":"+grantee.ClientID()+":k")
@@ -165,8 +166,8 @@ func TestAWokenRegistryGoesToTheBackOfTheQueue(t *testing.T) {
 	woken, behind := e.peer(noGrants), e.peer()
 	e.markInTurn(k, woken, behind)
 	require.Equal(t, DeletedWaited, e.release(holder, k, Release{Full: true}).Outcome)
-	require.Equal(t, []string{markOf(behind, testGrantLease), markOf(woken, 0)}, e.members(k.Queue))
-	require.Positive(t, e.pttl(k.Queue), "the queue expires with the marker")
+	require.Equal(t, []string{markOf(behind, testGrantLease), markOf(woken, 0)}, e.members(k.Queue()))
+	require.Positive(t, e.pttl(k.Queue()), "the queue expires with the marker")
 }
 
 // Local hand-offs raise the token without a round trip: the stored token
@@ -207,7 +208,7 @@ func TestAGiveBackDeletesTheGrantOnlyWhileItIsUntouched(t *testing.T) {
 		}, NotOurs},
 		{"spared with a lease longer than the grant's", func(e *env, c contended) {
 			// A plain SET after the grant expired keeps the grant's token.
-			require.NoError(e.t, e.client.Set(e.ctx, c.k.Lock, c.waiter.ClientID(), testLease).Err())
+			require.NoError(e.t, e.client.Set(e.ctx, c.k.Lock(), c.waiter.ClientID(), testLease).Err())
 		}, NotOurs},
 	} {
 		t.Run(c.name, func(t *testing.T) {

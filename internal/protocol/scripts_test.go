@@ -13,8 +13,8 @@ func TestSetIfFreeTakesAFreeKeyWithTheClientIDAndTheLease(t *testing.T) {
 	e := newEnv(t)
 	p, k := e.holder()
 	require.Equal(t, p.ClientID(), e.owner(k))
-	require.Positive(t, e.pttl(k.Lock))
-	require.LessOrEqual(t, e.pttl(k.Lock), testLease)
+	require.Positive(t, e.pttl(k.Lock()))
+	require.LessOrEqual(t, e.pttl(k.Lock()), testLease)
 }
 
 func TestSetIfFreeDoesNotTakeAHeldKey(t *testing.T) {
@@ -53,7 +53,7 @@ func TestAShortMarkDoesNotCutTheMarkersTTL(t *testing.T) {
 	_, k := e.holder()
 	e.wait(e.peer(), k)
 	e.wait(e.peer(lapsing), k)
-	for _, set := range []string{k.Marker, k.Queue} {
+	for _, set := range []string{k.Marker(), k.Queue()} {
 		require.Greater(t, e.pttl(set), 2*shortRetry, set)
 	}
 }
@@ -88,19 +88,19 @@ func TestObtainThatWillNotWaitLeavesNoMark(t *testing.T) {
 	found, err := ReadObtain(e.run(p.Obtain(k, false, false)))
 	require.NoError(t, err)
 	require.Equal(t, ObtainReply{}, found)
-	require.Empty(t, e.members(k.Marker))
-	require.Empty(t, e.members(k.Queue))
+	require.Empty(t, e.members(k.Marker()))
+	require.Empty(t, e.members(k.Queue()))
 }
 
 func TestObtainOfOurOwnKeyRefreshesTheLeaseAndDrawsANewerToken(t *testing.T) {
 	e := newEnv(t)
 	p, k := e.holder()
 	token := e.drawToken(p, k)
-	require.NoError(t, e.client.PExpire(e.ctx, k.Lock, time.Second).Err())
+	require.NoError(t, e.client.PExpire(e.ctx, k.Lock(), time.Second).Err())
 	found, err := ReadObtain(e.run(p.Obtain(k, true, false)))
 	require.NoError(t, err)
 	require.True(t, found.Held)
-	require.Greater(t, e.pttl(k.Lock), time.Second, "the lease is refreshed")
+	require.Greater(t, e.pttl(k.Lock()), time.Second, "the lease is refreshed")
 	require.Greater(t, e.fence(k), token, "a give-back of the grant's token now spares the key")
 }
 
@@ -109,7 +109,7 @@ func TestASuccessfulObtainWithdrawsTheMark(t *testing.T) {
 	_, k := e.holder()
 	p := e.peer()
 	e.wait(p, k)
-	require.NoError(t, e.client.Del(e.ctx, k.Lock).Err())
+	require.NoError(t, e.client.Del(e.ctx, k.Lock()).Err())
 	found, err := ReadObtain(e.run(p.Obtain(k, true, true)))
 	require.NoError(t, err)
 	require.True(t, found.Held)
@@ -123,13 +123,13 @@ func TestRenewExtendsOnlyOurKeys(t *testing.T) {
 	e.hold(p, ours)
 	e.hold(other, theirs)
 	for _, k := range []Keys{ours, theirs} {
-		require.NoError(t, e.client.PExpire(e.ctx, k.Lock, time.Second).Err())
+		require.NoError(t, e.client.PExpire(e.ctx, k.Lock(), time.Second).Err())
 	}
-	renewed, err := ReadRenew(e.run(p.Renew([]string{ours.Lock, theirs.Lock, free.Lock})))
+	renewed, err := ReadRenew(e.run(p.Renew([]string{ours.Lock(), theirs.Lock(), free.Lock()})))
 	require.NoError(t, err)
 	require.Equal(t, []bool{true, false, false}, renewed)
-	require.Greater(t, e.pttl(ours.Lock), time.Second)
-	require.LessOrEqual(t, e.pttl(theirs.Lock), time.Second, "another owner's lease is untouched")
+	require.Greater(t, e.pttl(ours.Lock()), time.Second)
+	require.LessOrEqual(t, e.pttl(theirs.Lock()), time.Second, "another owner's lease is untouched")
 	require.Empty(t, e.owner(free), "a free key stays free")
 }
 
@@ -145,7 +145,7 @@ func TestDrawTokenGivesStrictlyRisingTokens(t *testing.T) {
 	// A stored token ahead of the clock (one that stepped back) still
 	// rises by one.
 	ahead := e.serverMicros() + int64(time.Hour/time.Microsecond)
-	require.NoError(t, e.client.Set(e.ctx, k.Fence, ahead, testLease).Err())
+	require.NoError(t, e.client.Set(e.ctx, k.Fence(), ahead, testLease).Err())
 	require.Equal(t, ahead+1, e.drawToken(p, k))
 }
 
@@ -157,7 +157,7 @@ func TestDrawTokenIsZeroForAKeyThatIsNotOurs(t *testing.T) {
 	for _, k := range []Keys{theirs, free} {
 		token, err := ReadToken(e.run(p.DrawToken(k)))
 		require.NoError(t, err)
-		require.Zero(t, token, k.Lock)
+		require.Zero(t, token, k.Lock())
 	}
 	require.Zero(t, e.fence(theirs), "no token is drawn")
 }
@@ -168,7 +168,7 @@ func TestTokensKeepRisingAfterTheFenceIsLost(t *testing.T) {
 	e := newEnv(t)
 	p, k := e.holder()
 	token := e.drawToken(p, k)
-	require.NoError(t, e.client.Del(e.ctx, k.Fence).Err())
+	require.NoError(t, e.client.Del(e.ctx, k.Fence()).Err())
 	require.Greater(t, e.drawToken(p, k), token)
 }
 
@@ -190,7 +190,7 @@ func TestForceUnlockDeletesTheKeyWhoeverHoldsIt(t *testing.T) {
 			before := e.serverMicros()
 			last := c.fence(before)
 			if last != 0 {
-				require.NoError(t, e.client.Set(e.ctx, k.Fence, last, testLease).Err())
+				require.NoError(t, e.client.Set(e.ctx, k.Fence(), last, testLease).Err())
 			}
 			sub := e.subscribe(ReleaseChannel(e.namespace))
 			holderID, held, err := ReadForceUnlock(e.run(operator.ForceUnlock(k, "k", margin, 2*time.Second)))
@@ -200,7 +200,7 @@ func TestForceUnlockDeletesTheKeyWhoeverHoldsIt(t *testing.T) {
 			require.Empty(t, e.owner(k))
 			require.GreaterOrEqual(t, e.fence(k), max(last, before)+margin)
 			require.LessOrEqual(t, e.fence(k), max(last, e.serverMicros())+margin)
-			require.Positive(t, e.pttl(k.Fence), "the raised fence expires")
+			require.Positive(t, e.pttl(k.Fence()), "the raised fence expires")
 			e.received(sub, ReleaseChannel(e.namespace), "f"+holder.ClientID()+":k", "wk")
 		})
 	}
@@ -241,8 +241,8 @@ func TestOnTheLockKeyAloneObtainTakesAFreeKeyWithoutMarking(t *testing.T) {
 	}{{free, ObtainReply{Held: true}}, {held, ObtainReply{}}} {
 		found, err := ReadObtain(e.run(p.Obtain(c.k, true, false).OnLockKeyOnly()))
 		require.NoError(t, err)
-		require.Equal(t, c.want, found, c.k.Lock)
-		require.Empty(t, e.members(c.k.Marker), "no mark")
+		require.Equal(t, c.want, found, c.k.Lock())
+		require.Empty(t, e.members(c.k.Marker()), "no mark")
 		require.Zero(t, e.fence(c.k), "no token")
 	}
 	require.Equal(t, p.ClientID(), e.owner(free))
@@ -277,7 +277,7 @@ func TestRunPipelineRunsScriptsRedisDoesNotHaveYet(t *testing.T) {
 	p := e.peer()
 	k := p.Keys("k")
 	require.NoError(t, e.client.ScriptFlush(e.ctx).Err())
-	setIfFree, token, renew := p.SetIfFree(k), p.DrawToken(k), p.Renew([]string{k.Lock})
+	setIfFree, token, renew := p.SetIfFree(k), p.DrawToken(k), p.Renew([]string{k.Lock()})
 	e.runAll([]*Call{&setIfFree, &token, &renew})
 	held, err := ReadSetIfFree(setIfFree.Cmd)
 	require.NoError(t, err)
