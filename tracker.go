@@ -250,6 +250,14 @@ func (t *tracker) armLoop(stop context.Context) {
 			drop()
 			conn = t.connect(stop, cause)
 			retryCause = lossNone
+			if conn != nil {
+				// A key this turn reads first on the new connection and finds
+				// gone is gone for the connection's cause (a restart, say), as
+				// the check of every held key that connect queued would say.
+				for i := range batch {
+					batch[i].cause = cause
+				}
+			}
 			if conn == nil && !t.refused.Load() {
 				retryCause, retryAt = cause, now.Add(pause)
 				pause = min(2*pause, subscribeTimeout)
