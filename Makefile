@@ -28,7 +28,8 @@
 #              and bench/charts/. BENCH_QUICK=1 for a smoke run.
 # make bench-lib - the in-package benchmarks, 10 interleaved runs, summarized
 #              by benchstat (the uncontended cycle is timed in pairs with
-#              its floor, two PINGs: see x-floor).
+#              its floor, two PINGs: see x-floor), and once the heap a
+#              held lock and a waiting goroutine keep (bench-heap.txt).
 # make bench-otel - extra/lockregotel's benchmarks, 10 runs, by benchstat: the
 #              uncontended cycle uninstrumented, with metrics, with tracing
 #              and with both; their allocations, and their times side by
@@ -147,6 +148,7 @@ bench-lib: redis-server
 	@# shared machine hits every variant alike.
 	for i in 1 2 3 4 5 6 7 8 9 10; do $(GO) test -run '^$$' -bench '^Benchmark(GoroutineID|Reentrant|ReentrantDo|Uncontended|UncontendedWithContext|HoldStyles|ServerTime|HotKey|DistinctKeys|RenewalRound)$$' -count 1 . || exit 1; done | tee bench.txt
 	for i in 1 2 3 4 5 6; do $(GO) test -run '^$$' -bench '^BenchmarkContention$$' -benchtime 1x -count 1 . || exit 1; done | tee bench-contention.txt
+	$(GO) test -run '^$$' -bench '^Benchmark(HeldLockHeap|WaiterHeap)$$' -benchtime 3x -count 1 . | tee bench-heap.txt
 	$(BENCHSTAT) bench.txt
 	$(BENCHSTAT) bench-contention.txt
 	$(BENCHSTAT) -filter '.name:GoroutineID' -col /impl bench.txt
