@@ -173,7 +173,7 @@ func (l *Lock) took(sent time.Time) *Hold {
 // behind other calls (see batcher.send); wentOut says whether it did.
 func (l *Lock) setIfFree(ctx context.Context, queue bool) (held, wentOut bool, err error) {
 	r := l.r
-	cmd, wentOut := r.batcher.send(ctx, queue, r.peer.SetIfFree(l.keys))
+	cmd, wentOut := r.batcher.send(ctx, queue, r.peer.SetIfFree(l.keys()))
 	if !wentOut {
 		return false, false, nil
 	}
@@ -187,7 +187,7 @@ func (l *Lock) setIfFree(ctx context.Context, queue bool) (held, wentOut bool, e
 // obtain runs obtain.lua once.
 func (l *Lock) obtain(ctx context.Context, wait, marked bool) (protocol.ObtainReply, error) {
 	l.r.countCalls(OpAcquire, 1)
-	found, err := protocol.ReadObtain(l.runScript(ctx, l.r.peer.Obtain(l.keys, wait, marked)))
+	found, err := protocol.ReadObtain(l.runScript(ctx, l.r.peer.Obtain(l.keys(), wait, marked)))
 	if err != nil {
 		return protocol.ObtainReply{}, fmt.Errorf("%w: attempt on %q: %w", ErrRedis, printedKey(l.key), err)
 	}
@@ -198,7 +198,7 @@ func (l *Lock) obtain(ctx context.Context, wait, marked bool) (protocol.ObtainRe
 func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (protocol.ObtainReply, error) {
 	r := l.r
 	r.countCalls(OpAcquire, 1)
-	found, acked, waitErr, err := protocol.ObtainReplicated(ctx, r.client, r.peer.Obtain(l.keys, wait, marked), r.cfg.waitReplicas, r.cfg.waitTimeout)
+	found, acked, waitErr, err := protocol.ObtainReplicated(ctx, r.client, r.peer.Obtain(l.keys(), wait, marked), r.cfg.waitReplicas, r.cfg.waitTimeout)
 	if err != nil {
 		return protocol.ObtainReply{}, fmt.Errorf("%w: attempt on %q: %w", ErrRedis, printedKey(l.key), err)
 	}

@@ -48,7 +48,7 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 		}
 		queued := len(b.queue)
 		wg.Go(func() {
-			tokens[i], errs[i] = b.run(callCtx, r.peer.Obtain(lock.keys, false, false)).Int64()
+			tokens[i], errs[i] = b.run(callCtx, r.peer.Obtain(lock.keys(), false, false)).Int64()
 		})
 		require.Eventually(t, func() bool {
 			b.mu.Lock()
@@ -63,7 +63,7 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 	for i := range callers {
 		require.NoError(t, errs[i], "caller %d", i)
 		require.Positive(t, tokens[i], "caller %d got a token", i)
-		owner, err := srv.Client(t).Get(ctx, r.Obtain(prefix+strconv.Itoa(i)).keys.Lock()).Result()
+		owner, err := srv.Client(t).Get(ctx, r.Obtain(prefix+strconv.Itoa(i)).keys().Lock()).Result()
 		require.NoError(t, err)
 		require.Equal(t, r.clientID, owner)
 	}

@@ -230,10 +230,10 @@ func BenchmarkGrantServerTime(b *testing.B) {
 	lock := r.Obtain("grant-time")
 	setUp := func() {
 		_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			p.Del(ctx, lock.keys.Marker(), lock.keys.Queue())
-			p.Set(ctx, lock.keys.Lock(), r.clientID, time.Minute)
-			p.ZAdd(ctx, lock.keys.Marker(), redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "other:1000"})
-			p.ZAdd(ctx, lock.keys.Queue(), redis.Z{Score: float64(time.Now().UnixMilli()), Member: "other:1000"})
+			p.Del(ctx, lock.keys().Marker(), lock.keys().Queue())
+			p.Set(ctx, lock.keys().Lock(), r.clientID, time.Minute)
+			p.ZAdd(ctx, lock.keys().Marker(), redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "other:1000"})
+			p.ZAdd(ctx, lock.keys().Queue(), redis.Z{Score: float64(time.Now().UnixMilli()), Member: "other:1000"})
 			return nil
 		})
 		if err != nil {

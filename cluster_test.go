@@ -37,7 +37,7 @@ func TestRedisCluster(t *testing.T) {
 		lock := a.Obtain("order-" + strconv.Itoa(i))
 		require.NoError(t, lock.LockContext(ctx))
 		locks = append(locks, lock)
-		node, err := admin.MasterForKey(ctx, lock.keys.Lock())
+		node, err := admin.MasterForKey(ctx, lock.keys().Lock())
 		require.NoError(t, err)
 		nodes[node.Options().Addr] = true
 		require.False(t, b.Obtain(lock.Key()).TryLock(), "exclusion across registries")
@@ -131,7 +131,7 @@ func TestRedisClusterSlotMigrationWhileHeld(t *testing.T) {
 
 	lock := a.Obtain("order-42")
 	require.NoError(t, lock.LockContext(ctx))
-	slot := protocol.Slot(lock.keys.Lock())
+	slot := protocol.Slot(lock.keys().Lock())
 	renewals := a.Stats().RenewCalls
 	m := migrateSlotSlowly(t, addrs, slot, lease, func(stage string) {
 		requireOpen(t, lock.Lost(), "the hold was reported lost during the migration, "+stage)
@@ -144,11 +144,11 @@ func TestRedisClusterSlotMigrationWhileHeld(t *testing.T) {
 
 	target := redis.NewClient(&redis.Options{Addr: m.To})
 	t.Cleanup(func() { _ = target.Close() })
-	require.Equal(t, a.clientID, target.Get(ctx, lock.keys.Lock()).Val(), "the lock's key lives on the target now")
-	require.Greater(t, target.PTTL(ctx, lock.keys.Lock()).Val(), lease/3, "and its lease is renewed there")
+	require.Equal(t, a.clientID, target.Get(ctx, lock.keys().Lock()).Val(), "the lock's key lives on the target now")
+	require.Greater(t, target.PTTL(ctx, lock.keys().Lock()).Val(), lease/3, "and its lease is renewed there")
 	requireHeldByAnother(t, b, lock.Key(), "the moved hold still excludes other registries")
 	require.NoError(t, lock.UnlockContext(ctx), "the holder releases it on its new node")
-	requireReleased(t, target, lock.keys.Lock(), "released on the target")
+	requireReleased(t, target, lock.keys().Lock(), "released on the target")
 	taken := b.Obtain(lock.Key())
 	require.True(t, taken.TryLock(), "another registry takes it after the release")
 	require.NoError(t, taken.UnlockContext(ctx))
@@ -174,7 +174,7 @@ func TestRedisClusterSlotMigrationWhileWaited(t *testing.T) {
 	taken := lockInBackground(wctx, b.Obtain(lock.Key()))
 	waitUntilWaiting(t, b)
 
-	migrateSlotSlowly(t, addrs, protocol.Slot(lock.keys.Lock()), lease, func(stage string) {
+	migrateSlotSlowly(t, addrs, protocol.Slot(lock.keys().Lock()), lease, func(stage string) {
 		requireOpen(t, lock.Lost(), "the hold was reported lost during the migration, "+stage)
 		select {
 		case <-taken:
@@ -219,13 +219,13 @@ func TestRedisClusterSlotMigrationKeepsHoldsSharingASlot(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, r.Close()) })
 
 	locks := holdKeys(t, r, "order", 2)
-	slot := protocol.Slot(locks[0].keys.Lock())
-	require.Equal(t, slot, protocol.Slot(locks[1].keys.Lock()), "the hash tag puts both locks in one slot")
+	slot := protocol.Slot(locks[0].keys().Lock())
+	require.Equal(t, slot, protocol.Slot(locks[1].keys().Lock()), "the hash tag puts both locks in one slot")
 	m := redistest.BeginSlotMigration(t, addrs, slot)
 	for split := false; !split; {
 		key, ok := m.MoveKey(t)
 		require.True(t, ok)
-		split = key == locks[0].keys.Lock() || key == locks[1].keys.Lock()
+		split = key == locks[0].keys().Lock() || key == locks[1].keys().Lock()
 	}
 	time.Sleep(2 * lease)
 	for _, lock := range locks {
@@ -255,11 +255,11 @@ func TestRedisClusterLocksWorkDuringSlotMigration(t *testing.T) {
 
 	lock := a.Obtain("order-42")
 	require.NoError(t, lock.LockContext(ctx))
-	m := redistest.BeginSlotMigration(t, addrs, protocol.Slot(lock.keys.Lock()))
+	m := redistest.BeginSlotMigration(t, addrs, protocol.Slot(lock.keys().Lock()))
 	require.NoError(t, lock.UnlockContext(ctx), "a release while the slot migrates goes through")
 	source := redis.NewClient(&redis.Options{Addr: m.From})
 	t.Cleanup(func() { _ = source.Close() })
-	require.Zero(t, source.Exists(ctx, lock.keys.Lock()).Val(), "and deletes the key")
+	require.Zero(t, source.Exists(ctx, lock.keys().Lock()).Val(), "and deletes the key")
 	free := b.Obtain(lock.Key())
 	require.True(t, free.TryLock(), "another registry takes the free lock while its slot migrates")
 	require.NoError(t, free.UnlockContext(ctx))
@@ -285,7 +285,7 @@ func TestRedisClusterRenewsInOneRoundTripPerNode(t *testing.T) {
 	locks := holdKeys(t, r, "order", 30)
 	keysOn := map[string]int64{}
 	for _, lock := range locks {
-		node, err := client.MasterForKey(context.Background(), lock.keys.Lock())
+		node, err := client.MasterForKey(context.Background(), lock.keys().Lock())
 		require.NoError(t, err)
 		keysOn[node.Options().Addr]++
 	}
@@ -347,12 +347,12 @@ func TestRedisClusterWaitsForReplicas(t *testing.T) {
 		lockCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		require.NoError(t, lock.LockContext(lockCtx))
 		cancel()
-		primary, err := client.MasterForKey(ctx, lock.keys.Lock())
+		primary, err := client.MasterForKey(ctx, lock.keys().Lock())
 		require.NoError(t, err)
 		primaries[primary.Options().Addr] = true
 		copies := 0
 		for _, replica := range replicas {
-			if replica.Get(ctx, lock.keys.Lock()).Val() == r.clientID {
+			if replica.Get(ctx, lock.keys().Lock()).Val() == r.clientID {
 				copies++
 			}
 		}
@@ -381,7 +381,7 @@ func TestWaitReplicasRecoversAfterASlotMove(t *testing.T) {
 	lock := lockAndUnlock(t, replicated, plain)
 
 	primaries := addrs[:3] // redis-cli --cluster create makes the first three primaries
-	m := redistest.BeginSlotMigration(t, primaries, protocol.Slot(lock.keys.Lock()))
+	m := redistest.BeginSlotMigration(t, primaries, protocol.Slot(lock.keys().Lock()))
 	m.Finish(t)
 	t.Logf("slot %d moved from %s to %s", m.Slot, m.From, m.To)
 	requireTakenWithin(t, plain, 3*time.Second, "without WithWaitReplicas")
@@ -421,7 +421,7 @@ func TestWaitReplicasRecoversAfterAClusterFailover(t *testing.T) {
 	plain := newRegistry(t, clusterClient(t, c.Addrs()))
 	lock := lockAndUnlock(t, replicated, plain)
 
-	slot := protocol.Slot(lock.keys.Lock())
+	slot := protocol.Slot(lock.keys().Lock())
 	primary, replica, err := c.Shard(slot)
 	require.NoError(t, err)
 	primary.Crash()

@@ -85,8 +85,8 @@ func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context
 		}
 		locks = append(locks, r.Obtain(key))
 	}
-	slices.SortFunc(locks, func(a, b *Lock) int { return strings.Compare(a.keys.Lock(), b.keys.Lock()) })
-	locks = slices.CompactFunc(locks, func(a, b *Lock) bool { return a.keys.Lock() == b.keys.Lock() })
+	slices.SortFunc(locks, func(a, b *Lock) int { return strings.Compare(a.keys().Lock(), b.keys().Lock()) })
+	locks = slices.CompactFunc(locks, func(a, b *Lock) bool { return a.keys().Lock() == b.keys().Lock() })
 	if len(locks) == 0 {
 		return runNested(ctx, nestedIn, fn)
 	}

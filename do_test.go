@@ -22,7 +22,7 @@ func TestDoHoldsTheKeyWhileFnRuns(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
-	redisKey := r.Obtain("k").keys.Lock()
+	redisKey := r.Obtain("k").keys().Lock()
 	errFn := errors.New("fn failed")
 	err := r.Do(ctx, "k", func(ctx context.Context) error {
 		assert.Equal(t, r.clientID, client.Get(ctx, redisKey).Val(), "held while fn runs")
@@ -89,7 +89,7 @@ func TestDoTellsNotObtainedFromLost(t *testing.T) {
 	require.NoError(t, h.Release(ctx))
 
 	err = r.Do(ctx, "k", func(ctx context.Context) error {
-		require.NoError(t, client.Del(ctx, r.Obtain("k").keys.Lock()).Err())
+		require.NoError(t, client.Del(ctx, r.Obtain("k").keys().Lock()).Err())
 		requireFires(t, ctx.Done(), 5*time.Second, "the next renewal, within lease/3, finds the key gone")
 		assert.ErrorIs(t, context.Cause(ctx), ErrLockLost)
 		return nil
@@ -99,7 +99,7 @@ func TestDoTellsNotObtainedFromLost(t *testing.T) {
 
 	// fn returning the cause does not make the loss say itself twice.
 	err = r.Do(ctx, "k", func(ctx context.Context) error {
-		require.NoError(t, client.Del(ctx, r.Obtain("k").keys.Lock()).Err())
+		require.NoError(t, client.Del(ctx, r.Obtain("k").keys().Lock()).Err())
 		requireFires(t, ctx.Done(), 5*time.Second, "lost")
 		return context.Cause(ctx)
 	})
@@ -114,7 +114,7 @@ func TestDoReleasesWhenFnPanicsAndPanicsAgain(t *testing.T) {
 	require.PanicsWithValue(t, "boom", func() {
 		_ = r.Do(ctx, "k", func(context.Context) error { panic("boom") })
 	})
-	require.Zero(t, client.Exists(ctx, r.Obtain("k").keys.Lock()).Val(), "released before the panic went on")
+	require.Zero(t, client.Exists(ctx, r.Obtain("k").keys().Lock()).Val(), "released before the panic went on")
 	requireNoLocalState(t, r)
 }
 
@@ -127,7 +127,7 @@ func TestDoReleasesWhenItsContextEnded(t *testing.T) {
 		return ctx.Err()
 	})
 	require.ErrorIs(t, err, context.Canceled)
-	require.Zero(t, client.Exists(context.Background(), r.Obtain("k").keys.Lock()).Val(), "released with a context of its own")
+	require.Zero(t, client.Exists(context.Background(), r.Obtain("k").keys().Lock()).Val(), "released with a context of its own")
 }
 
 // TestDoIsReentrantThroughItsContext: a Do nested through fn's context,
@@ -139,7 +139,7 @@ func TestDoIsReentrantThroughItsContext(t *testing.T) {
 	var counter redisstat.Counter
 	client := redistest.Shared(t).Client(t, &counter)
 	r := newRegistry(t, client)
-	redisKey := r.Obtain("k").keys.Lock()
+	redisKey := r.Obtain("k").keys().Lock()
 	var escaped context.Context
 	var innerDone atomic.Bool
 	err := r.Do(ctx, "k", func(ctx context.Context) error {
@@ -192,9 +192,9 @@ func TestNestedDoOfAnotherKeyOrRegistryAcquires(t *testing.T) {
 	defer other.Close()
 	require.NoError(t, r.Do(ctx, "a", func(ctx context.Context) error {
 		return r.Do(ctx, "b", func(ctx context.Context) error {
-			require.Equal(t, r.clientID, client.Get(ctx, r.Obtain("b").keys.Lock()).Val())
+			require.Equal(t, r.clientID, client.Get(ctx, r.Obtain("b").keys().Lock()).Val())
 			return other.Do(ctx, "a", func(ctx context.Context) error {
-				require.Equal(t, other.clientID, client.Get(ctx, other.Obtain("a").keys.Lock()).Val())
+				require.Equal(t, other.clientID, client.Get(ctx, other.Obtain("a").keys().Lock()).Val())
 				return nil
 			})
 		})
@@ -208,13 +208,13 @@ func TestDoAllHoldsEveryKeyOnce(t *testing.T) {
 	keys := []string{"c", "a", "b", "a"}
 	require.NoError(t, r.DoAll(ctx, keys, func(ctx context.Context) error {
 		for _, key := range keys {
-			assert.Equal(t, r.clientID, client.Get(ctx, r.Obtain(key).keys.Lock()).Val(), key)
+			assert.Equal(t, r.clientID, client.Get(ctx, r.Obtain(key).keys().Lock()).Val(), key)
 		}
 		assert.Equal(t, int64(3), r.Stats().Held, "duplicates collapsed")
 		return nil
 	}))
 	for _, key := range keys {
-		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys.Lock()).Val(), key)
+		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys().Lock()).Val(), key)
 	}
 	requireNoLocalState(t, r)
 }
@@ -235,7 +235,7 @@ func TestDoAllIsAllOrNothing(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.False(t, ran)
 	for _, key := range []string{"a", "c"} {
-		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys.Lock()).Val(), "%s was given back", key)
+		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys().Lock()).Val(), "%s was given back", key)
 	}
 	require.NoError(t, h.Release(ctx))
 
@@ -281,7 +281,7 @@ func TestDoAllsContextEndsWhenAnyHoldIsLost(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client, WithExpireAfter(300*time.Millisecond), WithRetryInterval(20*time.Millisecond))
 	err := r.DoAll(ctx, []string{"a", "b", "c"}, func(ctx context.Context) error {
-		require.NoError(t, client.Del(ctx, r.Obtain("b").keys.Lock()).Err())
+		require.NoError(t, client.Del(ctx, r.Obtain("b").keys().Lock()).Err())
 		select {
 		case <-ctx.Done():
 			assert.ErrorContains(t, context.Cause(ctx), `"b"`)
@@ -292,7 +292,7 @@ func TestDoAllsContextEndsWhenAnyHoldIsLost(t *testing.T) {
 	})
 	require.ErrorIs(t, err, ErrLockLost)
 	for _, key := range []string{"a", "c"} {
-		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys.Lock()).Val(), "%s released", key)
+		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys().Lock()).Val(), "%s released", key)
 	}
 }
 
@@ -306,26 +306,26 @@ func TestDoAllAcrossClusterSlots(t *testing.T) {
 	slots := map[int]bool{}
 	for i := 0; len(keys) < 6; i++ {
 		key := "order-" + strconv.Itoa(i)
-		if slot := protocol.Slot(r.Obtain(key).keys.Lock()); !slots[slot] {
+		if slot := protocol.Slot(r.Obtain(key).keys().Lock()); !slots[slot] {
 			slots[slot] = true
 			keys = append(keys, key)
 		}
 	}
 	primaries := map[string]bool{}
 	for _, key := range keys {
-		node, err := client.MasterForKey(ctx, r.Obtain(key).keys.Lock())
+		node, err := client.MasterForKey(ctx, r.Obtain(key).keys().Lock())
 		require.NoError(t, err)
 		primaries[node.String()] = true
 	}
 	require.Greater(t, len(primaries), 1, "the keys span primaries")
 	require.NoError(t, r.DoAll(ctx, keys, func(ctx context.Context) error {
 		for _, key := range keys {
-			assert.Equal(t, r.clientID, client.Get(ctx, r.Obtain(key).keys.Lock()).Val(), key)
+			assert.Equal(t, r.clientID, client.Get(ctx, r.Obtain(key).keys().Lock()).Val(), key)
 		}
 		return r.Do(ctx, keys[2], func(context.Context) error { return nil })
 	}))
 	for _, key := range keys {
-		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys.Lock()).Val(), key)
+		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys().Lock()).Val(), key)
 	}
 }
 

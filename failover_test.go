@@ -52,7 +52,7 @@ func requireRenewedSince(t *testing.T, c *redis.Client, locks []*Lock, crashed t
 	require.Eventually(t, func() bool {
 		for _, lock := range locks {
 			unrenewed := time.Until(crashed.Add(failoverLease))
-			if ttl := c.PTTL(context.Background(), lock.keys.Lock()).Val(); ttl <= unrenewed {
+			if ttl := c.PTTL(context.Background(), lock.keys().Lock()).Val(); ttl <= unrenewed {
 				return false
 			}
 		}
@@ -101,7 +101,7 @@ func TestFailoverKeepsWorkingAndReportsLostHolds(t *testing.T) {
 	replicated := holdKeys(t, r, "replicated", 10)
 	require.Eventually(t, func() bool {
 		for _, lock := range replicated {
-			if replica.Get(ctx, lock.keys.Lock()).Val() != r.clientID {
+			if replica.Get(ctx, lock.keys().Lock()).Val() != r.clientID {
 				return false
 			}
 		}
@@ -132,7 +132,7 @@ func TestFailoverKeepsWorkingAndReportsLostHolds(t *testing.T) {
 
 	var reported time.Duration
 	for i, lock := range unreplicated {
-		require.Zero(t, newPrimary.Exists(ctx, lock.keys.Lock()).Val(), "the promoted replica never had %s", lock.Key())
+		require.Zero(t, newPrimary.Exists(ctx, lock.keys().Lock()).Val(), "the promoted replica never had %s", lock.Key())
 		requireFires(t, lock.Lost(), failoverLease/3+10*time.Second, "a hold whose key the failover lost")
 		if i == 0 {
 			reported = time.Since(crashed)
@@ -146,17 +146,17 @@ func TestFailoverKeepsWorkingAndReportsLostHolds(t *testing.T) {
 		tryLockWithin(t, taken, 10*time.Second, "the lost key is free on the new primary")
 		require.Greater(t, mustToken(t, taken), lostTokens[i], "tokens rise across the failover")
 		require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
-		require.Equal(t, other.clientID, newPrimary.Get(ctx, lock.keys.Lock()).Val(), "the lost holder's unlock leaves the successor's key alone")
+		require.Equal(t, other.clientID, newPrimary.Get(ctx, lock.keys().Lock()).Val(), "the lost holder's unlock leaves the successor's key alone")
 		require.NoError(t, taken.UnlockContext(ctx))
 	}
 
 	requireRenewedSince(t, newPrimary, replicated, crashed)
 	for _, lock := range replicated {
 		requireOpen(t, lock.Lost(), "a hold the promoted replica had was reported lost")
-		require.Equal(t, r.clientID, newPrimary.Get(ctx, lock.keys.Lock()).Val())
+		require.Equal(t, r.clientID, newPrimary.Get(ctx, lock.keys().Lock()).Val())
 		requireHeldByAnother(t, other, lock.Key(), "a surviving hold still excludes other registries")
 		require.NoError(t, lock.UnlockContext(ctx))
-		requireReleased(t, newPrimary, lock.keys.Lock(), "released on the new primary")
+		requireReleased(t, newPrimary, lock.keys().Lock(), "released on the new primary")
 	}
 	t.Logf("failover without WithWaitReplicas: %d holds the replica had survived, %d it never had were lost and reported %v after the crash (its promotion took %v)",
 		len(replicated), len(unreplicated), reported.Round(time.Millisecond), promotion.Round(time.Millisecond))
@@ -188,7 +188,7 @@ func TestFailoverWithWaitReplicasLosesNoAcknowledgedHold(t *testing.T) {
 		require.ErrorIs(t, err, ErrNotReplicated, "an acquisition the replica did not acknowledge is not handed out")
 		// An attempt still in its WAIT when the context ended releases
 		// the key once WAIT gives up.
-		require.Eventually(t, func() bool { return primary.Exists(ctx, lock.keys.Lock()).Val() == 0 },
+		require.Eventually(t, func() bool { return primary.Exists(ctx, lock.keys().Lock()).Val() == 0 },
 			2*time.Second, 10*time.Millisecond, "and leaves no key behind")
 	}
 
@@ -201,10 +201,10 @@ func TestFailoverWithWaitReplicasLosesNoAcknowledgedHold(t *testing.T) {
 	requireRenewedSince(t, newPrimary, acknowledged, crashed)
 	for _, lock := range acknowledged {
 		requireOpen(t, lock.Lost(), "an acknowledged hold was reported lost")
-		require.Equal(t, r.clientID, newPrimary.Get(ctx, lock.keys.Lock()).Val(), "an acknowledged hold survives the failover")
+		require.Equal(t, r.clientID, newPrimary.Get(ctx, lock.keys().Lock()).Val(), "an acknowledged hold survives the failover")
 		requireHeldByAnother(t, other, lock.Key(), "and still excludes other registries")
 		require.NoError(t, lock.UnlockContext(ctx))
-		requireReleased(t, newPrimary, lock.keys.Lock(), "released on the new primary")
+		requireReleased(t, newPrimary, lock.keys().Lock(), "released on the new primary")
 	}
 	t.Logf("failover with WithWaitReplicas(1, %v): 0 of %d acknowledged holds lost; %d unacknowledged acquisitions refused before the crash",
 		waitFor, len(acknowledged), refused)

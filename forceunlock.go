@@ -38,7 +38,7 @@ func (r *Registry) ForceUnlock(ctx context.Context, key string) (bool, error) {
 		return false, errNilContext
 	}
 	l := r.Obtain(key)
-	holder, held, err := protocol.ReadForceUnlock(l.runScript(ctx, r.peer.ForceUnlock(l.keys, key, maxHandoffs, forcedFenceTTL)))
+	holder, held, err := protocol.ReadForceUnlock(l.runScript(ctx, r.peer.ForceUnlock(l.keys(), key, maxHandoffs, forcedFenceTTL)))
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("%w: force %q open: %w", ErrRedis, printedKey(key), err)

@@ -112,7 +112,7 @@ func (l *Lock) withdrawMark() {
 	if !r.goBackground(func(ctx context.Context) {
 		defer finish()
 		r.countCalls(OpWithdraw, 1)
-		calls := r.peer.Withdraw(l.keys)
+		calls := r.peer.Withdraw(l.keys())
 		protocol.RunPipeline(ctx, r.client, calls)
 		for _, c := range calls {
 			if err := c.Cmd.Err(); err != nil {
@@ -200,7 +200,7 @@ func (r *Registry) leave(key string) {
 // spares the key; the key's last token, still the grant's, then tells,
 // and the hold is lost.
 func (r *Registry) giveBack(ctx context.Context, key string, token int64, received time.Time) {
-	l := &Lock{r: r, key: key, keys: r.peer.Keys(key)} // not Obtain: a malformed note may name no key
+	l := &Lock{r: r, key: key} // the key in a note; an empty one has its names too
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.expireAfter)
 	defer cancel()
 	found, err := l.releaseRedis(ctx, protocol.Release{GiveBack: token})
@@ -216,7 +216,7 @@ func (r *Registry) giveBack(ctx context.Context, key string, token int64, receiv
 		return
 	}
 	if h := local.hold.Load(); h != nil && h.redisTaken.time().Before(received) {
-		last := r.peer.LastToken(l.keys)
+		last := r.peer.LastToken(l.keys())
 		protocol.Run(ctx, r.client, last)
 		if n, err := protocol.ReadToken(last.Cmd); err == nil && n == token {
 			h.endLease(LossOverwritten)

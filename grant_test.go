@@ -56,18 +56,18 @@ func TestReleaseGrantsTheKeyToTheWaitingRegistry(t *testing.T) {
 	require.Equal(t, int64(1), s.Grants, "the release passed the key on")
 	require.Equal(t, callsWhileWaiting, s.AcquireCalls, "and the waiter took it without a call of its own")
 	require.Greater(t, token, holderToken, "a grant draws a larger token")
-	require.Equal(t, waiter.clientID, client.Get(ctx, lock.keys.Lock()).Val())
+	require.Equal(t, waiter.clientID, client.Get(ctx, lock.keys().Lock()).Val())
 	// A notification published after the grant reaches the bystander
 	// after the grant would have.
 	require.NoError(t, client.Publish(ctx, protocol.ReleaseChannel(holder.namespace), "wnobody").Err())
 	require.Eventually(t, func() bool { return bystander.Stats().Notifications > 0 }, time.Second, time.Millisecond)
 	require.Equal(t, int64(1), bystander.Stats().Notifications, "the grant went to the grantee's channel alone")
 	require.Eventually(t, func() bool {
-		return client.PTTL(ctx, lock.keys.Lock()).Val() > waiter.grants.lease
+		return client.PTTL(ctx, lock.keys().Lock()).Val() > waiter.grants.lease
 	}, waiter.grants.lease, time.Millisecond, "a grantee still holding the key extends the short grant lease to its own")
 	requireHeldByAnother(t, holder, "g", "the granted key excludes the old holder")
 	close(release)
-	requireReleased(t, client, lock.keys.Lock(), "the grantee releases it")
+	requireReleased(t, client, lock.keys().Lock(), "the grantee releases it")
 }
 
 func TestShortGrantedHoldsAreNotExtended(t *testing.T) {
@@ -109,7 +109,7 @@ func TestGrantNobodyWaitsForIsGivenBack(t *testing.T) {
 	markWaiting(t, client, held, markOf(gone))
 
 	held.Unlock()
-	requireReleased(t, client, held.keys.Lock(), "the registry that no longer waits gives the key back")
+	requireReleased(t, client, held.keys().Lock(), "the registry that no longer waits gives the key back")
 	require.Zero(t, gone.Stats().Grants)
 	require.Equal(t, int64(1), gone.Stats().Notifications)
 	require.True(t, holder.Obtain("g").TryLock(), "the key is free again")
@@ -127,8 +127,8 @@ func TestGrantToADeadRegistryLastsOnlyTheGrantLease(t *testing.T) {
 	markWaiting(t, client, held, "crashed-registry:150")
 
 	held.Unlock()
-	require.Equal(t, "crashed-registry", client.Get(ctx, held.keys.Lock()).Val(), "granted to the only mark")
-	require.LessOrEqual(t, client.PTTL(ctx, held.keys.Lock()).Val(), grantLease)
+	require.Equal(t, "crashed-registry", client.Get(ctx, held.keys().Lock()).Val(), "granted to the only mark")
+	require.LessOrEqual(t, client.PTTL(ctx, held.keys().Lock()).Val(), grantLease)
 	lock := waiter.Obtain("g")
 	require.NoError(t, lock.LockContext(ctx), "the key is free once the grant lease ran out")
 	lock.Unlock()
@@ -158,33 +158,33 @@ func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {
 	// The key as a grant left it: this registry's for the grant lease, with
 	// the grant's token.
 	grantLeft := func() {
-		require.NoError(t, client.Set(ctx, lock.keys.Lock(), r.clientID, r.grants.lease).Err())
-		require.NoError(t, client.Set(ctx, lock.keys.Fence(), "1000", time.Minute).Err())
+		require.NoError(t, client.Set(ctx, lock.keys().Lock(), r.clientID, r.grants.lease).Err())
+		require.NoError(t, client.Set(ctx, lock.keys().Fence(), "1000", time.Minute).Err())
 	}
 	grantLeft()
 	require.True(t, lock.TryLock(), "an acquisition here finds the key its own")
 	found, err := lock.releaseRedis(ctx, protocol.Release{GiveBack: grant})
 	require.NoError(t, err)
 	require.Equal(t, protocol.NotOurs, found.Outcome, "it moved the key's last token past the grant's: the give-back spares the key")
-	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.Lock()).Val())
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys().Lock()).Val())
 	lock.Unlock()
 
 	// The grant expired, and a plain SET NX here took the key: the grant's
 	// token is still the last, but the key has a full lease.
-	require.NoError(t, client.Set(ctx, lock.keys.Fence(), "1000", time.Minute).Err())
+	require.NoError(t, client.Set(ctx, lock.keys().Fence(), "1000", time.Minute).Err())
 	require.True(t, lock.TryLock())
-	require.Equal(t, "1000", client.Get(ctx, lock.keys.Fence()).Val(), "the SET NX drew no token")
+	require.Equal(t, "1000", client.Get(ctx, lock.keys().Fence()).Val(), "the SET NX drew no token")
 	found, err = lock.releaseRedis(ctx, protocol.Release{GiveBack: grant})
 	require.NoError(t, err)
 	require.Equal(t, protocol.NotOurs, found.Outcome, "the give-back spares the key: its lease is longer than a grant's")
-	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.Lock()).Val())
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys().Lock()).Val())
 	lock.Unlock()
 
 	grantLeft()
 	found, err = lock.releaseRedis(ctx, protocol.Release{GiveBack: grant})
 	require.NoError(t, err)
 	require.Equal(t, protocol.Deleted, found.Outcome, "nobody took the grant: it goes back")
-	require.Zero(t, client.Exists(ctx, lock.keys.Lock()).Val())
+	require.Zero(t, client.Exists(ctx, lock.keys().Lock()).Val())
 }
 
 // slowGiveBack holds back the registry's give-backs (release.lua called
@@ -264,7 +264,7 @@ func TestGrantIsTrustedWhenNoHoldDrewAToken(t *testing.T) {
 	key := "g" + strconv.FormatInt(time.Now().UnixNano(), 10) // no token stored by an earlier run
 	held := holder.Obtain(key)
 	held.Lock()
-	fence := held.keys.Fence()
+	fence := held.keys().Fence()
 	require.Zero(t, client.Exists(ctx, fence).Val(), "the holder never asked for a token")
 
 	lock := waiter.Obtain(key)
@@ -304,14 +304,14 @@ func TestAReleaseFindingAWaiterUnexpectedlyIsSentAgain(t *testing.T) {
 		held.Lock()
 		taken := lockInBackground(ctx, waiter.Obtain(key))
 		require.Eventually(t, func() bool {
-			return client.Exists(ctx, held.keys.Marker()).Val() == 1
+			return client.Exists(ctx, held.keys().Marker()).Val() == 1
 		}, 5*time.Second, time.Millisecond, "the waiter marked itself")
 		before := holder.Stats().ReleaseCalls
 		held.Unlock()
 		requireTaken(t, taken)
 		require.Equal(t, int64(round+1), waiter.Stats().Grants, "round %d: the release granted the key", round)
 		require.Equal(t, int64(2-round), holder.Stats().ReleaseCalls-before, "round %d: release calls", round)
-		requireReleased(t, client, held.keys.Lock(), "the waiter unlocked")
+		requireReleased(t, client, held.keys().Lock(), "the waiter unlocked")
 	}
 }
 
@@ -330,14 +330,14 @@ func TestAGrantToAHolderIsGivenBack(t *testing.T) {
 	require.NoError(t, stale.subscribe(ctx))
 	held := stale.Obtain("g")
 	held.Lock()
-	require.NoError(t, client.Del(ctx, held.keys.Lock()).Err(), "Redis loses the key")
+	require.NoError(t, client.Del(ctx, held.keys().Lock()).Err(), "Redis loses the key")
 	taken := other.Obtain("g")
 	taken.Lock()
 	markWaiting(t, client, held, markOf(held.r))
 	taken.Unlock()
 
 	require.Eventually(t, func() bool { return stale.Stats().Notifications > 0 }, time.Second, time.Millisecond, "the release granted the key to the holder's registry")
-	require.Eventually(t, func() bool { return client.Exists(ctx, held.keys.Lock()).Val() == 0 }, time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return client.Exists(ctx, held.keys().Lock()).Val() == 0 }, time.Second, time.Millisecond,
 		"which gave it back at once, not after its 2s grant lease")
 	require.ErrorIs(t, held.UnlockContext(ctx), ErrLockLost, "and the holder learns that its hold was broken")
 	require.Zero(t, stale.Stats().Grants)
@@ -425,12 +425,12 @@ func TestAGrantForAWaiterThatLeftIsGivenBack(t *testing.T) {
 	lock := r.Obtain("g")
 	// The key as a grant to r leaves it: r's for the grant lease, with the
 	// grant's token.
-	require.NoError(t, client.Set(ctx, lock.keys.Lock(), r.clientID, r.grants.lease).Err())
-	require.NoError(t, client.Set(ctx, lock.keys.Fence(), "1000", time.Minute).Err())
+	require.NoError(t, client.Set(ctx, lock.keys().Lock(), r.clientID, r.grants.lease).Err())
+	require.NoError(t, client.Set(ctx, lock.keys().Fence(), "1000", time.Minute).Err())
 	r.locals.join("g")        // a waiter, on its way out
 	r.receiveGrant("g", 1000) // the grant lands first
 	r.leave("g")              // then the waiter leaves: nobody takes the grant
-	requireReleased(t, client, lock.keys.Lock(), "the grant goes back at once, not after its grant lease")
+	requireReleased(t, client, lock.keys().Lock(), "the grant goes back at once, not after its grant lease")
 }
 
 // TestAHoldThatPredatesAGrantOfItsKeyIsLost: a hold whose key passed
@@ -445,7 +445,7 @@ func TestAHoldThatPredatesAGrantOfItsKeyIsLost(t *testing.T) {
 	h, err := r.Obtain("g").Acquire(ctx)
 	require.NoError(t, err)
 	require.NoError(t, client.Set(ctx, h.redisKey(), r.clientID, r.grants.lease).Err())
-	require.NoError(t, client.Set(ctx, h.lock.keys.Fence(), "1000", time.Minute).Err())
+	require.NoError(t, client.Set(ctx, h.lock.keys().Fence(), "1000", time.Minute).Err())
 	r.renewHolds(ctx) // the renewal lands before the grant's note
 	require.Greater(t, client.PTTL(ctx, h.redisKey()).Val(), r.grants.lease, "the renewal extended the grant's lease")
 	r.receiveGrant("g", 1000)

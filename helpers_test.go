@@ -347,14 +347,14 @@ func putMarks(t testing.TB, client redis.Cmdable, lock *Lock, marks ...waitingMa
 	var last time.Time
 	_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, m := range marks {
-			p.ZAdd(ctx, lock.keys.Marker(), redis.Z{Score: float64(m.lapse.UnixMilli()), Member: m.member})
-			p.ZAdd(ctx, lock.keys.Queue(), redis.Z{Score: float64(m.since.UnixMilli()), Member: m.member})
+			p.ZAdd(ctx, lock.keys().Marker(), redis.Z{Score: float64(m.lapse.UnixMilli()), Member: m.member})
+			p.ZAdd(ctx, lock.keys().Queue(), redis.Z{Score: float64(m.since.UnixMilli()), Member: m.member})
 			if m.lapse.After(last) {
 				last = m.lapse
 			}
 		}
-		p.PExpire(ctx, lock.keys.Marker(), time.Until(last))
-		p.PExpire(ctx, lock.keys.Queue(), time.Until(last))
+		p.PExpire(ctx, lock.keys().Marker(), time.Until(last))
+		p.PExpire(ctx, lock.keys().Queue(), time.Until(last))
 		return nil
 	})
 	require.NoError(t, err)

@@ -83,7 +83,7 @@ func (i instant) time() time.Time      { return clockStart.Add(time.Duration(i))
 func (h *Hold) Key() string { return h.lock.key }
 
 // redisKey is the hold's key in Redis.
-func (h *Hold) redisKey() string { return h.lock.keys.Lock() }
+func (h *Hold) redisKey() string { return h.lock.keys().Lock() }
 
 // Lost returns a channel that is closed when the hold may have been lost:
 // renewal found the Redis key gone or owned by someone else, Redis came
@@ -208,7 +208,7 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 	}
 	l := h.lock
 	l.r.countCalls(OpToken, 1)
-	token, err = protocol.ReadToken(l.runScript(ctx, l.r.peer.DrawToken(l.keys)))
+	token, err = protocol.ReadToken(l.runScript(ctx, l.r.peer.DrawToken(l.keys())))
 	if err != nil {
 		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, printedKey(l.key), err)
 	}

@@ -41,7 +41,7 @@ func TestAHoldBelongsToNoGoroutine(t *testing.T) {
 	lock := r.Obtain("k")
 	h := acquireIn(t, ctx, lock)
 	require.Equal(t, "k", h.Key())
-	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.Lock()).Val(), "held in Redis")
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys().Lock()).Val(), "held in Redis")
 
 	var token int64
 	inGoroutine(func() {
@@ -56,7 +56,7 @@ func TestAHoldBelongsToNoGoroutine(t *testing.T) {
 	require.Equal(t, token, again, "one token per hold")
 
 	inGoroutine(func() { assert.NoError(t, h.Release(ctx)) })
-	require.Zero(t, client.Exists(ctx, lock.keys.Lock()).Val(), "released in Redis")
+	require.Zero(t, client.Exists(ctx, lock.keys().Lock()).Val(), "released in Redis")
 	requireOpen(t, h.Lost(), "a release is not a loss")
 	require.ErrorIs(t, h.Release(ctx), ErrNotHeld, "a hold is released once")
 	_, err = h.Token(ctx)
@@ -184,12 +184,12 @@ func TestAReleaseWithAnEndedContextStillReleases(t *testing.T) {
 	h, err := r.Obtain("hold").Acquire(context.Background())
 	require.NoError(t, err)
 	require.NoError(t, h.Release(ended))
-	require.Zero(t, client.Exists(context.Background(), h.lock.keys.Lock()).Val())
+	require.Zero(t, client.Exists(context.Background(), h.lock.keys().Lock()).Val())
 
 	lock := r.Obtain("lock")
 	lock.Lock()
 	require.NoError(t, lock.UnlockContext(ended))
-	require.Zero(t, client.Exists(context.Background(), lock.keys.Lock()).Val())
+	require.Zero(t, client.Exists(context.Background(), lock.keys().Lock()).Val())
 }
 
 // TestALostHoldsReleaseSparesTheNewOwner: after a loss, Release reports
@@ -200,13 +200,13 @@ func TestALostHoldsReleaseSparesTheNewOwner(t *testing.T) {
 	r := newRegistry(t, client)
 	h, err := r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
-	require.NoError(t, client.Set(ctx, h.lock.keys.Lock(), "another owner", time.Minute).Err())
+	require.NoError(t, client.Set(ctx, h.lock.keys().Lock(), "another owner", time.Minute).Err())
 	r.renewHolds(ctx)
 	requireFires(t, h.Lost(), time.Second, "renewal found the key taken")
 	err = h.Release(ctx)
 	require.ErrorIs(t, err, ErrLockLost)
 	require.ErrorContains(t, err, "passed to another owner", "found by tracking (overwritten) or by the renewal (deleted)")
-	require.Equal(t, "another owner", client.Get(ctx, h.lock.keys.Lock()).Val())
+	require.Equal(t, "another owner", client.Get(ctx, h.lock.keys().Lock()).Val())
 	require.ErrorIs(t, h.Release(ctx), ErrNotHeld)
 }
 

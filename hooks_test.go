@@ -157,7 +157,7 @@ func TestHooksSeeFailuresGrantsAndLosses(t *testing.T) {
 	require.Eventually(t, func() bool { return r.Stats().FailedAttempts > failed }, 5*time.Second, time.Millisecond, "the second acquisition waits")
 	require.NoError(t, held.Release(ctx))
 	h := <-granted
-	require.NoError(t, client.Del(ctx, h.lock.keys.Lock()).Err())
+	require.NoError(t, client.Del(ctx, h.lock.keys().Lock()).Err())
 	requireFires(t, h.Lost(), 2*time.Second, "renewal found the key deleted")
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 

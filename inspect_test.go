@@ -68,7 +68,7 @@ func TestInspectNamesNoOneForADeadRegistry(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
-	require.NoError(t, client.Set(ctx, r.Obtain("k").keys.Lock(), "a-dead-registry", time.Minute).Err())
+	require.NoError(t, client.Set(ctx, r.Obtain("k").keys().Lock(), "a-dead-registry", time.Minute).Err())
 	info, err := r.Inspect(ctx, "k")
 	require.NoError(t, err)
 	require.True(t, info.Held)
@@ -175,7 +175,7 @@ func TestLocksAcrossClusterPrimaries(t *testing.T) {
 		_, err := r.Obtain(key).Acquire(ctx)
 		require.NoError(t, err)
 		held = append(held, key)
-		node, err := client.MasterForKey(ctx, r.Obtain(key).keys.Lock())
+		node, err := client.MasterForKey(ctx, r.Obtain(key).keys().Lock())
 		require.NoError(t, err)
 		primaries[node.String()] = true
 	}
@@ -243,7 +243,7 @@ func TestForceUnlockFreesTheKeyAndTellsTheHolder(t *testing.T) {
 	err = h.Release(ctx)
 	require.ErrorIs(t, err, ErrLockLost)
 	require.ErrorContains(t, err, "forced")
-	require.Equal(t, operator.clientID, client.Get(ctx, lock.keys.Lock()).Val(), "the old holder's release spared the new owner")
+	require.Equal(t, operator.clientID, client.Get(ctx, lock.keys().Lock()).Val(), "the old holder's release spared the new owner")
 	require.NoError(t, next.Release(ctx))
 
 	require.Contains(t, logs.String(), "lock forced open")
@@ -316,5 +316,5 @@ func TestAReadOnlyInspector(t *testing.T) {
 	_, err = inspector.ForceUnlock(ctx, "o-1")
 	require.ErrorIs(t, err, ErrRedis)
 	require.True(t, strings.Contains(err.Error(), "evalsha") || strings.Contains(err.Error(), "eval"), "it names the command: %v", err)
-	require.Equal(t, holder.clientID, admin.Get(ctx, holder.Obtain("o-1").keys.Lock()).Val(), "and changed nothing")
+	require.Equal(t, holder.clientID, admin.Get(ctx, holder.Obtain("o-1").keys().Lock()).Val(), "and changed nothing")
 }

@@ -33,7 +33,7 @@ func TestHostileKeysWorkAgainstRedis(t *testing.T) {
 			require.NoError(t, lock.LockContext(ctx))
 			require.Equal(t, key, lock.Key())
 			require.False(t, b.Obtain(key).TryLock(), "excludes across registries")
-			require.Equal(t, a.clientID, client.Get(ctx, lock.keys.Lock()).Val())
+			require.Equal(t, a.clientID, client.Get(ctx, lock.keys().Lock()).Val())
 			require.NoError(t, lock.UnlockContext(ctx))
 			require.True(t, b.Obtain(key).TryLock())
 			b.Obtain(key).Unlock()

@@ -222,7 +222,7 @@ func TestCloseSignalsHeldLocksLost(t *testing.T) {
 	err = lock.UnlockContext(context.Background())
 	require.ErrorIs(t, err, ErrLockLost, "Lost fired, so the release says so")
 	require.ErrorContains(t, err, "the registry was closed")
-	require.Zero(t, client.Exists(context.Background(), lock.keys.Lock()).Val(), "the key was released all the same")
+	require.Zero(t, client.Exists(context.Background(), lock.keys().Lock()).Val(), "the key was released all the same")
 }
 
 func TestWaitReplicas(t *testing.T) {
@@ -297,7 +297,7 @@ func TestHoldAnsweredPastItsLeaseIsLostAtOnce(t *testing.T) {
 
 	// Nor is a hold whose lease ran out between two of the watchdog's
 	// ticks, before anything closed its Lost.
-	waited := &localLock{queue: []*waiter{{}}}
+	waited := &localLock{queue: []chan *handoff{nil}}
 	live := newHold(r.Obtain("k"), 1, time.Now(), lease)
 	require.NotNil(t, r.nextLocalHold(live, 1, waited), "a live hold is handed on")
 	live.tenure.leaseEnd.Store(time.Now().UnixNano()) // within the run of hand-offs
@@ -362,11 +362,11 @@ func TestAHoldWhoseLeaseRanOutIsNotRenewed(t *testing.T) {
 	r.renewHolds(ctx)
 	requireFires(t, lock.Lost(), time.Second, "the hold is lost")
 	require.Equal(t, before, r.Stats().RenewCalls, "and not renewed")
-	require.Equal(t, r.clientID, client.Get(ctx, lock.keys.Lock()).Val())
+	require.Equal(t, r.clientID, client.Get(ctx, lock.keys().Lock()).Val())
 	_, err := lock.Token(ctx)
 	require.ErrorIs(t, err, ErrLockLost)
 	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost, "the key still had our client id, but may have passed on meanwhile")
-	require.Zero(t, client.Exists(ctx, lock.keys.Lock()).Val(), "and it is released all the same")
+	require.Zero(t, client.Exists(ctx, lock.keys().Lock()).Val(), "and it is released all the same")
 }
 
 // TestARenewalSentAfterTheLeaseRanOutIsNotCredited: the watchdog picks the
@@ -395,13 +395,13 @@ func TestAnUnlockAfterRedisReportedTheKeyLostReportsItLost(t *testing.T) {
 	r := newRegistry(t, client)
 	lock := r.Obtain("k")
 	lock.Lock()
-	require.NoError(t, client.Set(ctx, lock.keys.Lock(), "another owner", 0).Err())
+	require.NoError(t, client.Set(ctx, lock.keys().Lock(), "another owner", 0).Err())
 	r.renewHolds(ctx)
 	requireFires(t, lock.Lost(), time.Second, "renewal found the key taken")
-	require.NoError(t, client.Set(ctx, lock.keys.Lock(), r.clientID, time.Minute).Err())
+	require.NoError(t, client.Set(ctx, lock.keys().Lock(), r.clientID, time.Minute).Err())
 
 	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
-	require.Zero(t, client.Exists(ctx, lock.keys.Lock()).Val(), "released all the same")
+	require.Zero(t, client.Exists(ctx, lock.keys().Lock()).Val(), "released all the same")
 }
 
 func TestARenewalNeverShortensALease(t *testing.T) {

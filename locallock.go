@@ -23,8 +23,12 @@ var errBusy = errors.New("lockreg: lock held")
 // or LockContext also names its goroutine, which may lock again, at no
 // cost (owner, depth).
 type localLock struct {
-	mu    sync.Mutex
-	queue []*waiter // acquisitions waiting for the mutex, oldest first
+	mu sync.Mutex
+	// queue holds the channels of the acquisitions waiting for the mutex,
+	// oldest first: each receives the mutex through its own, with what
+	// the unlock hands off, or refusedHandoff once the registry refuses
+	// acquisitions.
+	queue []chan *handoff
 	// owner is the goroutine id of a goroutine-owned hold, 0 while there
 	// is none (a Hold value owns the mutex, or nothing does).
 	owner atomic.Int64
@@ -58,10 +62,6 @@ type localLock struct {
 	locked    bool // a hold owns the mutex, or an acquisition takes the key in Redis
 }
 
-// waiter is one acquisition queued for a localLock. It receives the mutex
-// through passed, with what the unlock hands off.
-type waiter struct{ passed chan handoff }
-
 // handoff is what an unlock passes to the next owner of the mutex: the
 // Redis hold it inherits (a local hand-off), or nil if it must take the
 // key in Redis itself; then mark, if set, is the waiting mark its release
@@ -71,10 +71,29 @@ type handoff struct {
 	mark waitMark
 }
 
+// copyOf moves next to the heap, for a waiter's channel: made by hand
+// only as the mutex passes, since taking next's address would move every
+// unlock's argument there.
+func copyOf(next handoff) *handoff {
+	p := new(handoff)
+	*p = next
+	return p
+}
+
+// refusedHandoff tells a waiter that the registry refuses acquisitions
+// (refuseWaiters); the mutex stays with its owner.
+var refusedHandoff = new(handoff)
+
 // lock takes the mutex, waiting unless wait is false (then errBusy), until
-// ctx ends (ctx.Err()) or closed is closed (ErrClosed). It returns what was
-// handed off with the mutex, if anything.
-func (l *localLock) lock(ctx context.Context, closed <-chan struct{}, wait bool) (handoff, error) {
+// ctx ends (ctx.Err()) or the registry refuses acquisitions (ErrClosed:
+// closing is closed). It returns what was handed off with the mutex, if
+// anything.
+//
+// A waiter selects on its channel and ctx only: Close and Shutdown hand
+// every queued waiter refusedHandoff (refuseWaiters) rather than have each
+// also wait on closing, as every case of a select keeps a sudog of about
+// 100 bytes for as long as it waits (#34: a waiting goroutine's heap).
+func (l *localLock) lock(ctx context.Context, closing <-chan struct{}, wait bool) (handoff, error) {
 	l.mu.Lock()
 	if !l.locked {
 		l.locked = true
@@ -85,27 +104,51 @@ func (l *localLock) lock(ctx context.Context, closed <-chan struct{}, wait bool)
 		l.mu.Unlock()
 		return handoff{}, errBusy
 	}
-	w := &waiter{passed: make(chan handoff, 1)}
-	l.queue = append(l.queue, w)
+	// refuseWaiters closes closing before it takes mu to empty the queue:
+	// a waiter that queues after that finds closing closed here.
+	if isClosed(closing) {
+		l.mu.Unlock()
+		return handoff{}, ErrClosed
+	}
+	// One slot of buffer lets an unlock pass the mutex without waiting
+	// for the waiter; a pointer keeps the slot, and the channel, small.
+	passed := make(chan *handoff, 1)
+	l.queue = append(l.queue, passed)
 	l.mu.Unlock()
 
-	var reason error
 	select {
-	case got := <-w.passed:
-		return got, nil
+	case got := <-passed:
+		return got.taken()
 	case <-ctx.Done():
-		reason = ctx.Err()
-	case <-closed:
-		reason = ErrClosed
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if i := slices.Index(l.queue, w); i >= 0 {
+	if i := slices.Index(l.queue, passed); i >= 0 {
 		l.queue = slices.Delete(l.queue, i, i+1)
-		return handoff{}, reason
+		return handoff{}, ctx.Err()
 	}
 	// The mutex was passed to us as we left: it is ours after all.
-	return <-w.passed, nil
+	return (<-passed).taken()
+}
+
+// taken is what a waiter makes of what it received: the mutex, with what
+// came with it, or ErrClosed.
+func (h *handoff) taken() (handoff, error) {
+	if h == refusedHandoff {
+		return handoff{}, ErrClosed
+	}
+	return *h, nil
+}
+
+// refuseWaiters ends every wait for the mutex with ErrClosed, once the
+// registry's closing is closed.
+func (l *localLock) refuseWaiters() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, passed := range l.queue {
+		passed <- refusedHandoff
+	}
+	l.queue = nil
 }
 
 // wakeUp tells the goroutine acquiring the key in Redis, if any, to try
@@ -153,10 +196,10 @@ func (l *localLock) unlock(next handoff) (handedOff bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.queue) > 0 {
-		w := l.queue[0]
+		passed := l.queue[0]
 		l.queue[0] = nil
 		l.queue = l.queue[1:]
-		w.passed <- next
+		passed <- copyOf(next)
 		return true
 	}
 	if next.hold == nil && !next.mark.isSet() {

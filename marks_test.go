@@ -31,12 +31,12 @@ func TestWaiterThatGivesUpWithdrawsItsMark(t *testing.T) {
 	gaveUp := make(chan error, 1)
 	go func() { gaveUp <- waiter.Obtain("g").LockContext(waitCtx) }()
 	require.Eventually(t, func() bool {
-		return client.ZScore(ctx, held.keys.Marker(), mark).Err() == nil
+		return client.ZScore(ctx, held.keys().Marker(), mark).Err() == nil
 	}, time.Second, time.Millisecond, "the waiting registry is marked")
 	cancel()
 	require.ErrorIs(t, <-gaveUp, ErrNotObtained)
 	require.Eventually(t, func() bool {
-		return client.ZScore(ctx, held.keys.Marker(), mark).Err() == redis.Nil && client.ZScore(ctx, held.keys.Queue(), mark).Err() == redis.Nil
+		return client.ZScore(ctx, held.keys().Marker(), mark).Err() == redis.Nil && client.ZScore(ctx, held.keys().Queue(), mark).Err() == redis.Nil
 	}, time.Second, time.Millisecond, "the mark is withdrawn, from the queue too, not left to lapse")
 }
 
@@ -92,13 +92,13 @@ func TestATakenKeyLeavesNoMarkBehind(t *testing.T) {
 	taken := lockInBackground(ctx, lock)
 	mark := markOf(lock.r)
 	require.Eventually(t, func() bool {
-		return client.ZScore(ctx, held.keys.Marker(), mark).Err() == nil && client.ZScore(ctx, held.keys.Queue(), mark).Err() == nil
+		return client.ZScore(ctx, held.keys().Marker(), mark).Err() == nil && client.ZScore(ctx, held.keys().Queue(), mark).Err() == nil
 	}, time.Second, time.Millisecond, "the waiting registry is marked and queued")
 	held.Unlock()
 	requireTaken(t, taken)
 	require.Zero(t, waiter.Stats().Grants, "the waiter took the key itself")
-	require.ErrorIs(t, client.ZScore(ctx, held.keys.Marker(), mark).Err(), redis.Nil, "its mark is gone")
-	require.ErrorIs(t, client.ZScore(ctx, held.keys.Queue(), mark).Err(), redis.Nil, "and its place in the queue")
+	require.ErrorIs(t, client.ZScore(ctx, held.keys().Marker(), mark).Err(), redis.Nil, "its mark is gone")
+	require.ErrorIs(t, client.ZScore(ctx, held.keys().Queue(), mark).Err(), redis.Nil, "and its place in the queue")
 }
 
 func TestFailedTryLockLeavesNoMark(t *testing.T) {
@@ -109,9 +109,9 @@ func TestFailedTryLockLeavesNoMark(t *testing.T) {
 	held := holder.Obtain("g")
 	held.Lock()
 	require.False(t, other.Obtain("g").TryLock())
-	require.Zero(t, client.Exists(ctx, held.keys.Marker()).Val(), "nobody waits, so nobody is marked")
+	require.Zero(t, client.Exists(ctx, held.keys().Marker()).Val(), "nobody waits, so nobody is marked")
 	held.Unlock()
-	requireReleased(t, client, held.keys.Lock(), "the release deletes the key")
+	requireReleased(t, client, held.keys().Lock(), "the release deletes the key")
 }
 
 func TestReplicatedWaiterMarksItselfForWakeUps(t *testing.T) {
@@ -126,7 +126,7 @@ func TestReplicatedWaiterMarksItselfForWakeUps(t *testing.T) {
 	gaveUp := make(chan error, 1)
 	go func() { gaveUp <- waiter.Obtain("g").LockContext(waitCtx) }()
 	require.Eventually(t, func() bool {
-		return client.ZScore(ctx, held.keys.Marker(), waiter.clientID).Err() == nil
+		return client.ZScore(ctx, held.keys().Marker(), waiter.clientID).Err() == nil
 	}, time.Second, time.Millisecond, "a waiting WithWaitReplicas registry asks to be woken (it takes no grants)")
 	cancel()
 	require.ErrorIs(t, <-gaveUp, ErrNotObtained)
@@ -179,14 +179,14 @@ func TestAReleasePassingTheKeyOnMarksTheGoroutineWaitingBehind(t *testing.T) {
 	held.Unlock()
 	<-otherTaken
 	mark := markOf(held.r)
-	require.NoError(t, client.ZScore(ctx, held.keys.Marker(), mark).Err(), "the release marked the holder as waiting")
+	require.NoError(t, client.ZScore(ctx, held.keys().Marker(), mark).Err(), "the release marked the holder as waiting")
 	close(otherRelease)
 	_, ok := <-behind
 	require.True(t, ok, "the goroutine waiting behind the holder acquired")
 	s := holder.Stats()
 	require.Equal(t, int64(1), s.Grants, "by a grant")
 	require.Equal(t, calls, s.AcquireCalls, "without an attempt of its own")
-	requireReleased(t, client, held.keys.Lock(), "and released")
+	requireReleased(t, client, held.keys().Lock(), "and released")
 }
 
 func TestAWaiterGivingUpWithdrawsTheMarkItsReleaseLeft(t *testing.T) {
@@ -201,15 +201,15 @@ func TestAWaiterGivingUpWithdrawsTheMarkItsReleaseLeft(t *testing.T) {
 	held.Unlock()
 	<-otherTaken
 	mark := markOf(held.r)
-	require.NoError(t, client.ZScore(ctx, held.keys.Marker(), mark).Err(), "the release marked the holder as waiting")
+	require.NoError(t, client.ZScore(ctx, held.keys().Marker(), mark).Err(), "the release marked the holder as waiting")
 	giveUp()
 	_, ok := <-behind
 	require.False(t, ok, "the waiter gave up")
 	require.Eventually(t, func() bool {
-		return errors.Is(client.ZScore(ctx, held.keys.Marker(), mark).Err(), redis.Nil)
+		return errors.Is(client.ZScore(ctx, held.keys().Marker(), mark).Err(), redis.Nil)
 	}, time.Second, time.Millisecond, "and withdrew the mark")
 	close(otherRelease)
-	requireReleased(t, client, held.keys.Lock(), "the other registry's release deleted the key")
+	requireReleased(t, client, held.keys().Lock(), "the other registry's release deleted the key")
 	require.Zero(t, holder.Stats().Grants, "and granted the holder nothing")
 }
 
@@ -223,10 +223,10 @@ func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
 	lock := r.Obtain("m" + strconv.FormatInt(time.Now().UnixNano(), 10))
-	marker, queue := lock.keys.Marker(), lock.keys.Queue()
+	marker, queue := lock.keys().Marker(), lock.keys().Queue()
 	hold := func(marks ...waitingMark) {
 		t.Helper()
-		require.NoError(t, client.Set(ctx, lock.keys.Lock(), r.clientID, time.Minute).Err())
+		require.NoError(t, client.Set(ctx, lock.keys().Lock(), r.clientID, time.Minute).Err())
 		require.NoError(t, client.Del(ctx, marker, queue).Err())
 		putMarks(t, client, lock, marks...)
 	}
@@ -256,21 +256,21 @@ func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 	require.Equal(t, int64(2), client.ZCard(ctx, marker).Val(), "both marks stay")
 	require.Equal(t, []string{"other:1000", "replicated"}, client.ZRange(ctx, queue, 0, -1).Val(), "the woken one now queues last")
 	require.Greater(t, client.PTTL(ctx, queue).Val(), 3*time.Second, "whose TTL is the marker's")
-	require.NoError(t, client.Set(ctx, lock.keys.Lock(), r.clientID, time.Minute).Err())
+	require.NoError(t, client.Set(ctx, lock.keys().Lock(), r.clientID, time.Minute).Err())
 	require.Equal(t, protocol.Granted, release().Outcome)
-	require.Equal(t, "other", client.Get(ctx, lock.keys.Lock()).Val(), "the next release granted the key behind it")
+	require.Equal(t, "other", client.Get(ctx, lock.keys().Lock()).Val(), "the next release granted the key behind it")
 
 	// A lapsed mark is passed over for the next live one.
 	hold(waitingMark{"lapsed:1000", in(-3 * time.Second), in(-time.Second)}, waitingMark{"live:1000", in(-2 * time.Second), in(5 * time.Second)})
 	require.Equal(t, protocol.Granted, release().Outcome)
-	require.Equal(t, "live", client.Get(ctx, lock.keys.Lock()).Val(), "the key went to the live mark")
+	require.Equal(t, "live", client.Get(ctx, lock.keys().Lock()).Val(), "the key went to the live mark")
 	require.Zero(t, client.Exists(ctx, marker, queue).Val(), "no mark is left")
 
 	// The mark that has waited longest gets the key, not the one that
 	// lapses first: a waiting registry renews its mark with every attempt.
 	hold(waitingMark{"early:1000", in(-3 * time.Second), in(5 * time.Second)}, waitingMark{"late:1000", in(-time.Second), in(2 * time.Second)})
 	require.Equal(t, protocol.Granted, release().Outcome)
-	require.Equal(t, "early", client.Get(ctx, lock.keys.Lock()).Val(), "the key went to the registry waiting longest")
+	require.Equal(t, "early", client.Get(ctx, lock.keys().Lock()).Val(), "the key went to the registry waiting longest")
 	require.Equal(t, []string{"late:1000"}, client.ZRange(ctx, queue, 0, -1).Val(), "the other waits on")
 	require.Equal(t, []string{"late:1000"}, client.ZRange(ctx, marker, 0, -1).Val())
 
@@ -279,7 +279,7 @@ func TestAGrantingReleaseLeavesOtherMarksAsTheyWere(t *testing.T) {
 	hold()
 	require.NoError(t, client.ZAdd(ctx, marker, redis.Z{Score: float64(in(5 * time.Second).UnixMilli()), Member: "older:1000"}).Err())
 	require.Equal(t, protocol.DeletedWaited, release().Outcome)
-	require.Zero(t, client.Exists(ctx, lock.keys.Lock()).Val(), "the key is free for it")
+	require.Zero(t, client.Exists(ctx, lock.keys().Lock()).Val(), "the key is free for it")
 }
 
 // TestAMarkNeverShortensALongerOne: registries with different retry
@@ -292,7 +292,7 @@ func TestAMarkNeverShortensALongerOne(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	key := "m" + strconv.FormatInt(time.Now().UnixNano(), 10)
 	lock := newRegistry(t, client).Obtain(key)
-	marker, queue := lock.keys.Marker(), lock.keys.Queue()
+	marker, queue := lock.keys().Marker(), lock.keys().Queue()
 	markedFor := func(d time.Duration, member string) {
 		t.Helper()
 		putMarks(t, client, lock, waitingMark{member, time.Now().Add(-time.Second), time.Now().Add(d)})
@@ -300,7 +300,7 @@ func TestAMarkNeverShortensALongerOne(t *testing.T) {
 	failedAttempt := func(r *Registry) {
 		t.Helper()
 		lock := r.Obtain(key)
-		require.NoError(t, client.Set(ctx, lock.keys.Lock(), "another", time.Minute).Err())
+		require.NoError(t, client.Set(ctx, lock.keys().Lock(), "another", time.Minute).Err())
 		reply, err := lock.obtain(ctx, true, false)
 		require.NoError(t, err)
 		require.False(t, reply.Held, "the attempt failed")
@@ -320,12 +320,12 @@ func TestAMarkNeverShortensALongerOne(t *testing.T) {
 	putMarks(t, client, lock, waitingMark{"first:1000", time.Now().Add(-2 * time.Second), time.Now().Add(2 * time.Second)})
 	markedFor(9*time.Second, "patient:1000")
 	released := hasty.Obtain(key)
-	require.NoError(t, client.Set(ctx, released.keys.Lock(), hasty.clientID, time.Minute).Err())
+	require.NoError(t, client.Set(ctx, released.keys().Lock(), hasty.clientID, time.Minute).Err())
 	found, err := released.releaseRedis(ctx, protocol.Release{MarkNext: true})
 	require.NoError(t, err)
 	require.Equal(t, protocol.Granted, found.Outcome, "the release granted the key")
 	require.Positive(t, found.MarkToken, "and marked its registry")
-	require.Equal(t, "first", client.Get(ctx, released.keys.Lock()).Val())
+	require.Equal(t, "first", client.Get(ctx, released.keys().Lock()).Val())
 	require.Greater(t, client.PTTL(ctx, marker).Val(), 3*time.Second, "the short mark left the marker's TTL as it was")
 	require.Greater(t, client.PTTL(ctx, queue).Val(), 3*time.Second, "and the queue's")
 	require.NoError(t, client.ZScore(ctx, marker, "patient:1000").Err(), "and the longer mark with it")

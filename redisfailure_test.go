@@ -194,7 +194,7 @@ func TestAPermanentErrorEndsTheAcquisitionAtOnce(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			r := newRegistry(t, tc.client)
-			tc.setUp(r.Obtain("k").keys.Lock())
+			tc.setUp(r.Obtain("k").keys().Lock())
 			start := time.Now()
 			err := r.Do(ctx, "k", func(context.Context) error {
 				t.Error("fn ran")
@@ -213,7 +213,7 @@ func TestAForeignValueWithoutExpiryShowsAsHeldByAnUnknownOwnerForever(t *testing
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
-	require.NoError(t, client.Set(ctx, r.Obtain("k").keys.Lock(), "someone", 0).Err())
+	require.NoError(t, client.Set(ctx, r.Obtain("k").keys().Lock(), "someone", 0).Err())
 	info, err := r.Inspect(ctx, "k")
 	require.NoError(t, err)
 	require.True(t, info.Held)

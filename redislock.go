@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/lockreg/lockreg/internal/protocol"
@@ -26,9 +27,24 @@ var _ sync.Locker = (*Lock)(nil)
 // registry waits, in arrival order. All methods are safe for concurrent
 // use, and all Locks of one key in one registry share one state.
 type Lock struct {
-	r    *Registry
-	key  string
-	keys protocol.Keys // in Redis
+	r   *Registry
+	key string
+	// inRedis holds the key's names in Redis (keys), made when first
+	// needed: a Lock whose goroutine only waits for the local mutex never
+	// needs them, and each waiter obtains its own (#34: a waiting
+	// goroutine's heap).
+	inRedis atomic.Pointer[protocol.Keys]
+}
+
+// keys returns the key's names in Redis. Goroutines that race to make
+// them make equal ones, so any may win.
+func (l *Lock) keys() protocol.Keys {
+	if k := l.inRedis.Load(); k != nil {
+		return *k
+	}
+	k := l.r.peer.Keys(l.key)
+	l.inRedis.Store(&k)
+	return k
 }
 
 // Key returns the key the lock was obtained for.

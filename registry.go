@@ -100,9 +100,5 @@ func endsCallsAtDeadline(client redis.UniversalClient) bool {
 // key holds nothing: its acquisitions fail with ErrInvalidKey (and Lock,
 // which can report nothing, panics with it).
 func (r *Registry) Obtain(key string) *Lock {
-	l := &Lock{r: r, key: key}
-	if key != "" {
-		l.keys = r.peer.Keys(key)
-	}
-	return l
+	return &Lock{r: r, key: key}
 }

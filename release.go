@@ -231,7 +231,7 @@ func (l *Lock) releaseRedis(ctx context.Context, o protocol.Release) (protocol.R
 	o.Full = r.contention.looksContended(l.key)
 	for {
 		r.countCalls(OpRelease, 1)
-		found, err := protocol.ReadRelease(l.runScript(ctx, r.peer.Release(l.keys, l.key, o)))
+		found, err := protocol.ReadRelease(l.runScript(ctx, r.peer.Release(l.keys(), l.key, o)))
 		if err != nil {
 			return protocol.ReleaseReply{}, fmt.Errorf("%w: release %q: %w", ErrRedis, printedKey(l.key), err)
 		}

@@ -81,10 +81,16 @@ func (r *Registry) Shutdown(ctx context.Context) error {
 // refuse makes the registry refuse acquisitions, and ends the waiting ones.
 func (r *Registry) refuse() {
 	r.life.mu.Lock()
-	defer r.life.mu.Unlock()
 	if !isClosed(r.life.closing) {
 		close(r.life.closing)
 	}
+	r.life.mu.Unlock()
+	// A goroutine waiting for a key's local mutex joined the key first, so
+	// its localLock is in the map for the whole walk.
+	r.locals.m.Range(func(_ string, l *localLock) bool {
+		l.refuseWaiters()
+		return true
+	})
 }
 
 // awaitReleases waits until no hold is left, or ctx ends (its error).

@@ -63,7 +63,7 @@ func TestShutdownWaitsForTheHolds(t *testing.T) {
 	default:
 	}
 	requireOpen(t, h.Lost(), "renewed while Shutdown waits")
-	require.Equal(t, r.clientID, client.Get(ctx, h.lock.keys.Lock()).Val())
+	require.Equal(t, r.clientID, client.Get(ctx, h.lock.keys().Lock()).Val())
 	require.NoError(t, <-doErr, "Do finished under its lock")
 	require.NoError(t, h.Release(ctx))
 	require.NoError(t, lock.UnlockContext(ctx))
@@ -89,7 +89,7 @@ func TestShutdownReleasesWhatIsStillHeldWhenItsContextEnds(t *testing.T) {
 	require.NoError(t, err)
 	taken, err := r.Obtain("taken").Acquire(ctx)
 	require.NoError(t, err)
-	require.NoError(t, client.Set(ctx, taken.lock.keys.Lock(), "another owner", time.Minute).Err())
+	require.NoError(t, client.Set(ctx, taken.lock.keys().Lock(), "another owner", time.Minute).Err())
 	lock := r.Obtain("forgotten")
 	inGoroutine(lock.Lock) // a goroutine that returned without unlocking
 	var fnCtx context.Context
@@ -109,9 +109,9 @@ func TestShutdownReleasesWhatIsStillHeldWhenItsContextEnds(t *testing.T) {
 	defer cancel()
 	require.ErrorIs(t, r.Shutdown(deadline), context.DeadlineExceeded, "it had to release keys")
 	for _, key := range []string{"hold", "forgotten"} {
-		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys.Lock()).Val(), "%s released", key)
+		require.Zero(t, client.Exists(ctx, r.Obtain(key).keys().Lock()).Val(), "%s released", key)
 	}
-	require.Equal(t, "another owner", client.Get(ctx, taken.lock.keys.Lock()).Val(), "owner-checked")
+	require.Equal(t, "another owner", client.Get(ctx, taken.lock.keys().Lock()).Val(), "owner-checked")
 	requireFires(t, h.Lost(), time.Second, "the hold heard")
 	err = <-doErr
 	require.ErrorIs(t, err, ErrLockLost, "Do's fn was told, and Do says so")
@@ -122,7 +122,7 @@ func TestShutdownReleasesWhatIsStillHeldWhenItsContextEnds(t *testing.T) {
 	require.ErrorContains(t, err, "the registry was closed")
 	require.ErrorIs(t, h.Release(ctx), ErrNotHeld)
 	require.True(t, errors.Is(taken.Release(ctx), ErrLockLost))
-	require.Equal(t, "another owner", client.Get(ctx, taken.lock.keys.Lock()).Val())
+	require.Equal(t, "another owner", client.Get(ctx, taken.lock.keys().Lock()).Val())
 }
 
 // TestShutdownWithNothingHeldReturnsNil even when its context has ended.

@@ -72,7 +72,7 @@ func TestTokensAreDrawnWhenAskedFor(t *testing.T) {
 	require.Equal(t, first+1, <-next, "a hold handed on locally gets the next token")
 	// Its release done, not just sent: the client closes when the test ends.
 	<-unlocked
-	requireReleased(t, client, lock.keys.Lock(), "the goroutine unlocked")
+	requireReleased(t, client, lock.keys().Lock(), "the goroutine unlocked")
 	require.Equal(t, map[string]int64{"set": 2, "evalsha": 3}, commands(), "and no draw for the hand-off")
 	require.Equal(t, int64(1), r.Stats().LocalHandoffs)
 }
@@ -86,7 +86,7 @@ func TestTokenOfALostHoldIsRefused(t *testing.T) {
 	other := newRegistry(t, client)
 	lock := r.Obtain("k")
 	lock.Lock()
-	require.NoError(t, client.Del(ctx, lock.keys.Lock()).Err()) // as if the lease ran out in a pause
+	require.NoError(t, client.Del(ctx, lock.keys().Lock()).Err()) // as if the lease ran out in a pause
 	taken := other.Obtain("k")
 	require.True(t, taken.TryLock())
 

@@ -194,7 +194,7 @@ func TestAHolderOnClusterLearnsAtOnceOfAFlushOrAnEvictionOfItsNode(t *testing.T)
 
 	// One primary may evict: a registry refuses it, unless allowed to, and
 	// then an eviction there is a loss at once.
-	probe := newRegistry(t, client).Obtain("e").keys.Lock()
+	probe := newRegistry(t, client).Obtain("e").keys().Lock()
 	node := nodeOf(probe)
 	info, err := node.Info(ctx, "memory").Result()
 	require.NoError(t, err)

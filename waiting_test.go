@@ -91,7 +91,7 @@ func TestResubscribedWaiterTriesAtOnce(t *testing.T) {
 	taken := lockInBackground(ctx, waiter.Obtain("k"))
 	waitUntilWaiting(t, waiter)
 	// The grant, without its message.
-	require.NoError(t, admin.Set(ctx, held.keys.Lock(), waiter.clientID, time.Minute).Err())
+	require.NoError(t, admin.Set(ctx, held.keys().Lock(), waiter.clientID, time.Minute).Err())
 	requireTracking(t, holder, waiter)
 	killed, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
 	require.NoError(t, err)
@@ -441,4 +441,28 @@ func TestLocalHandoffOptionIsValidated(t *testing.T) {
 	r, err := New(client, "k", WithLocalHandoff(0, 0))
 	require.NoError(t, err)
 	require.NoError(t, r.Close())
+}
+
+// TestAWaiterThatQueuesOnceTheRegistryRefusesIsRefused: Close and Shutdown
+// hand the queued waiters ErrClosed (refuseWaiters); a goroutine that
+// reaches the queue after that must not wait for a hand-off that nothing
+// will make.
+func TestAWaiterThatQueuesOnceTheRegistryRefusesIsRefused(t *testing.T) {
+	closing := make(chan struct{})
+	l := &localLock{locked: true}
+	queued := make(chan error, 1)
+	go func() {
+		_, err := l.lock(context.Background(), closing, true)
+		queued <- err
+	}()
+	require.Eventually(t, func() bool { l.mu.Lock(); defer l.mu.Unlock(); return len(l.queue) == 1 }, time.Second, time.Millisecond)
+	close(closing)
+	l.refuseWaiters()
+	require.ErrorIs(t, <-queued, ErrClosed, "a queued waiter")
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := l.lock(ctx, closing, true)
+	require.ErrorIs(t, err, ErrClosed, "a waiter that comes after")
+	require.True(t, l.locked, "the mutex stays with its owner")
 }
