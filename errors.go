@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+
+	"github.com/lockreg/lockreg/internal/keytext"
 )
 
 // Errors returned by the registry and its locks. Every error lockreg returns
@@ -69,18 +71,11 @@ var (
 )
 
 // printedKey is a key as errors and logs print it: a key longer than
-// 200 bytes is cut to its first 200 and its length, so that a huge key
-// does not make a huge error.
+// 200 bytes is cut to its head and its length (keytext.Short), so that a
+// huge key does not make a huge error.
 type printedKey string
 
-const printedKeyMax = 200
-
-func (k printedKey) String() string {
-	if len(k) <= printedKeyMax {
-		return string(k)
-	}
-	return fmt.Sprintf("%s… (%d bytes)", k[:printedKeyMax], len(k))
-}
+func (k printedKey) String() string { return keytext.Short(string(k)) }
 
 // LogValue prints the key as String does, for slog's handlers.
 func (k printedKey) LogValue() slog.Value { return slog.StringValue(k.String()) }

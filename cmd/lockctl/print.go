@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/lockreg/lockreg"
+	"github.com/lockreg/lockreg/internal/keytext"
 )
 
 // printer prints locks as tables or JSON.
@@ -187,18 +188,9 @@ func expiryPhrase(ttl time.Duration) string {
 	return "the key expires by itself in " + formatTTL(ttl)
 }
 
-// printedKeyMax is how much of a key lockctl prints, as lockreg's errors
-// and logs do: a longer key is cut to its first printedKeyMax bytes and its
-// length.
-const printedKeyMax = 200
-
-// quoteKey quotes key for a person to read, cut as lockreg cuts it.
-func quoteKey(key string) string {
-	if len(key) > printedKeyMax {
-		key = fmt.Sprintf("%s… (%d bytes)", key[:printedKeyMax], len(key))
-	}
-	return strconv.Quote(key)
-}
+// quoteKey quotes key for a person to read, cut as lockreg's errors and
+// logs cut it.
+func quoteKey(key string) string { return strconv.Quote(keytext.Short(key)) }
 
 // quoteAll quotes each of args.
 func quoteAll(args []string) string {
