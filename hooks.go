@@ -50,7 +50,8 @@ type AcquireEvent struct {
 // ReleaseEvent is a release's end.
 type ReleaseEvent struct {
 	Key string
-	// Held is how long the hold lasted, from its acquisition.
+	// Held is how long the hold lasted, from its acquisition to its
+	// release's call.
 	Held time.Duration
 	// WasLost says that the hold was signalled lost before its release
 	// (a LossEvent reported it).

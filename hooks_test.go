@@ -132,6 +132,30 @@ func TestHooksSeeAcquisitionsReleasesAndCalls(t *testing.T) {
 	require.Equal(t, map[RedisOp]int{OpAcquire: 1, OpToken: 1, OpRelease: 1}, calls)
 }
 
+// TestAReleaseEventsHeldEndsAsTheReleaseIsCalled: Held is the hold's
+// time, not the release's: a release that takes long (here a hook that
+// dawdles; in life a slow round trip, or the wait for a hand-off's
+// confirmation) does not lengthen it.
+func TestAReleaseEventsHeldEndsAsTheReleaseIsCalled(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	const dawdle = 300 * time.Millisecond
+	held := make(chan time.Duration, 1)
+	r.AddHooks(Hooks{
+		ReleaseStart: func(ctx context.Context, _ string) context.Context {
+			time.Sleep(dawdle)
+			return ctx
+		},
+		ReleaseDone: func(_ context.Context, e ReleaseEvent) { held <- e.Held },
+	})
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	begun := time.Now()
+	require.NoError(t, h.Release(ctx))
+	require.GreaterOrEqual(t, time.Since(begun), dawdle)
+	require.Less(t, <-held, dawdle, "Held stops at the release's call")
+}
+
 func TestHooksSeeFailuresGrantsAndLosses(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)

@@ -17,13 +17,14 @@ func (h *Hold) release(ctx context.Context) error {
 		_, err := h.releaseKey(ctx)
 		return err
 	}
+	held := h.taken.since() // the release's own time is not the hold's
 	for _, hk := range hooks {
 		if hk.ReleaseStart != nil {
 			ctx = hk.ReleaseStart(ctx, h.lock.key)
 		}
 	}
 	loss, err := h.releaseKey(ctx)
-	e := ReleaseEvent{Key: h.lock.key, Held: h.taken.since(), WasLost: loss.signalled, Err: err}
+	e := ReleaseEvent{Key: h.lock.key, Held: held, WasLost: loss.signalled, Err: err}
 	if !loss.signalled {
 		e.FoundLost = loss.cause
 	}
