@@ -133,7 +133,7 @@ func TestRegistryWorksWithAMinimalACL(t *testing.T) {
 	// commands its scripts, its subscription and go-redis's handshake run.
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "on", ">secret", "resetkeys", "resetchannels",
 		"~"+prefix+":*", "&"+prefix+":*", "-@all",
-		"+evalsha", "+eval", "+get", "+set", "+pexpire", "+del", "+exists", "+time",
+		"+evalsha", "+eval", "+get", "+mget", "+set", "+pexpire", "+del", "+exists", "+time",
 		"+zadd", "+zrem", "+zscore", "+zrangebyscore", "+zpopmin", "+pttl", "+publish", "+subscribe", "+ping", "+hello", "+hset",
 		// Tracking, and the look at the eviction policy.
 		"&__redis__:invalidate", "+client|id", "+client|tracking", "+info").Err())
@@ -171,6 +171,23 @@ func TestRegistryWorksWithAMinimalACL(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return admin.HGet(ctx, protocol.OwnerKey(holder.namespace, holder.clientID), "name").Val() == holder.cfg.owner
 	}, 5*time.Second, 10*time.Millisecond, "the owner name is published under the ACL")
+
+	// Renewal runs under it too, and under the ACL documented before
+	// renew.lua read its keys with MGET: a hold outlives its lease many
+	// times over.
+	const lease = 300 * time.Millisecond
+	renewing, err := New(restricted(), prefix, WithExpireAfter(lease), WithRetryInterval(lease/3), logger)
+	require.NoError(t, err)
+	defer renewing.Close()
+	for _, acl := range []string{"+mget", "-mget"} {
+		require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", acl).Err())
+		renewed, err := renewing.Obtain("o-3").Acquire(ctx)
+		require.NoError(t, err)
+		time.Sleep(3 * lease)
+		requireOpen(t, renewed.Lost(), "renewed under the ACL with "+acl)
+		require.NoError(t, renewed.Release(ctx))
+		require.Empty(t, logs.String(), "no renewal refused with "+acl)
+	}
 
 	// The ACL documented before owner names, without HSET: the registry
 	// works all the same, unnamed.
