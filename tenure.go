@@ -208,3 +208,17 @@ func tell(waiting []chan verdict, v verdict) {
 func lossError(key string, cause LossCause) error {
 	return fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(key), cause.explain())
 }
+
+// keepConfirming queues again, for the next turn, a read for each tenure
+// of batch that releases wait to have confirmed.
+func (t *tracker) keepConfirming(batch []armRequest) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	seen := make(map[*tenure]bool)
+	for _, req := range batch {
+		if tn := req.h.tenure; !seen[tn] && tn.awaitsConfirmation() {
+			seen[tn] = true
+			t.queue = append(t.queue, armRequest{h: req.h, cause: req.cause})
+		}
+	}
+}

@@ -292,20 +292,6 @@ func (t *tracker) armLoop(stop context.Context) {
 	}
 }
 
-// keepConfirming queues again, for the next turn, a read for each tenure
-// of batch that releases wait to have confirmed.
-func (t *tracker) keepConfirming(batch []armRequest) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	seen := make(map[*tenure]bool)
-	for _, req := range batch {
-		if tn := req.h.tenure; !seen[tn] && tn.awaitsConfirmation() {
-			seen[tn] = true
-			t.queue = append(t.queue, armRequest{h: req.h, cause: req.cause})
-		}
-	}
-}
-
 // dueNow takes from the queue the requests due at now, and returns them
 // with when the next one falls due (zero if none waits). An arming whose
 // hold has ended by then is dropped, unless a hold handed off from it
