@@ -200,7 +200,7 @@ func (r *Registry) leave(key string) {
 // spares the key; the key's last token, still the grant's, then tells,
 // and the hold is lost.
 func (r *Registry) giveBack(ctx context.Context, key string, token int64, received time.Time) {
-	l := &Lock{r: r, key: key} // the key in a note; an empty one has its names too
+	l := r.Obtain(key)
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.expireAfter)
 	defer cancel()
 	found, err := l.releaseRedis(ctx, protocol.Release{GiveBack: token})

@@ -12,7 +12,9 @@ if #KEYS == 0 then
   return {}
 end
 local owners = redis.pcall('MGET', unpack(KEYS))
-if owners.err then
+-- readByKey says that the owners were read with a GET each.
+local readByKey = owners.err ~= nil
+if readByKey then
   -- An ACL written for an earlier version of the library may allow GET
   -- but not MGET: read key by key then.
   owners = {}
@@ -26,7 +28,7 @@ for i, lockKey in ipairs(KEYS) do
     redis.call('PEXPIRE', lockKey, leaseMs)
     renewed[i] = 1
   else
-    if not owners[i] then
+    if not owners[i] and not readByKey then
       -- MGET reads a key of another type as nil: GET fails on it with
       -- WRONGTYPE, as the native renewal (SET ... IFEQ) does.
       redis.call('GET', lockKey)
