@@ -64,7 +64,10 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	h.mu.Unlock()
 
 	local.hold.Store(nil)
-	r.holdEnded()
+	// The hold counts as held until its release is done, in Redis too: a
+	// Shutdown that returned before that would let its caller close the
+	// client under the release, and leave the key locked for its lease.
+	defer r.holdEnded()
 	if keyReleased {
 		// Shutdown's release of the key ends the tenure (shutdown.go).
 		l.unlockLocal(local)

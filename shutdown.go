@@ -59,8 +59,8 @@ func (r *Registry) Close() error {
 // Shutdown closes the registry gracefully, as http.Server.Shutdown closes
 // a server. New acquisitions fail with ErrClosed at once, and waiting ones
 // end with ErrClosed. Then it waits until every hold is released (Holds,
-// the holds of Lock and LockContext, Do's), renewing them meanwhile, or
-// until ctx ends. Then it releases in Redis the keys still held
+// the holds of Lock and LockContext, Do's), and each release is done in
+// Redis, renewing them meanwhile, or until ctx ends. Then it releases in Redis the keys still held
 // (owner-checked), which signals their holds lost (their owners' releases
 // report ErrLockLost and only unlock them locally), and closes the
 // registry. It returns ctx's error if it had to release any key, else nil.

@@ -3,9 +3,11 @@ package lockreg
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -162,4 +164,51 @@ func TestShutdownsReleaseConfirmsTheHoldsHandedOffBeforeIt(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no answer")
 	}
+}
+
+// TestShutdownReturnsOnceTheLastReleaseIsDoneInRedis: a release under
+// way when Shutdown begins counts as held until Redis answered it, so that
+// a caller who closes the client once Shutdown returns cuts no release
+// short, which would leave the key locked until its lease ran out.
+func TestShutdownReturnsOnceTheLastReleaseIsDoneInRedis(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Shared(t)
+	var stall atomic.Bool
+	entered, resume := make(chan struct{}), make(chan struct{})
+	client := srv.Client(t, redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if cmd.Name() == "evalsha" && stall.CompareAndSwap(true, false) {
+				close(entered)
+				<-resume
+			}
+			return next(ctx, cmd)
+		}
+	}})
+	r := newRegistry(t, client)
+	h, err := r.Obtain("slow").Acquire(ctx)
+	require.NoError(t, err)
+	stall.Store(true)
+	released := make(chan error, 1)
+	go func() { released <- h.Release(ctx) }()
+	<-entered
+
+	type shutdown struct {
+		err        error
+		keyInRedis int64
+	}
+	shutDown := make(chan shutdown, 1)
+	go func() {
+		err := r.Shutdown(ctx)
+		shutDown <- shutdown{err, srv.Client(t).Exists(ctx, h.lock.keys().Lock()).Val()}
+	}()
+	select {
+	case got := <-shutDown:
+		t.Fatalf("Shutdown returned (%v) while the release was on its way to Redis", got.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(resume)
+	require.NoError(t, <-released)
+	got := <-shutDown
+	require.NoError(t, got.err)
+	require.Zero(t, got.keyInRedis, "the key was released in Redis when Shutdown returned")
 }

@@ -40,7 +40,8 @@ type Stats struct {
 	// *redis.Client nor a *redis.ClusterClient: holders then learn of such
 	// changes at their next renewal.
 	Tracking bool
-	// Held is the number of keys the registry holds now.
+	// Held is the number of holds now, a hold whose release is on its way
+	// to Redis included.
 	Held int64
 	// Tracked is the number of keys with local state now: held or waited
 	// for.
