@@ -154,8 +154,9 @@ bench-lib: redis-server
 	$(BENCHSTAT) -filter '.name:GoroutineID' -col /impl bench.txt
 
 # SMOKE_TESTS are the library's tests that make test runs on Redis 8.0 and
-# Valkey 8.1: the core rules, each once.
-SMOKE_TESTS = ^(TestRegistriesOfOneNamespaceExclude|TestMutualExclusionStress|TestRegistryWorksWithAMinimalACL|TestRegistryWorksOverRESP2|TestReleaseGrantsTheKeyToTheWaitingRegistry|TestNotificationWakesARemoteWaiterAtOnce|TestTokensIncreaseAcrossRegistries|TestAHolderLearns.*|TestAnEvictingServerIsRefused|TestAPermanentErrorEndsTheAcquisitionAtOnce|TestForceUnlockFreesTheKeyAndTellsTheHolder|TestRedisCluster|TestRedisClusterMutualExclusion|TestFailoverKeepsWorkingAndReportsLostHolds)$$
+# Valkey 8.1: the core rules, each once, and the renewal, which is native
+# (SET ... IFEQ) on Valkey 8.1.
+SMOKE_TESTS = ^(TestRegistriesOfOneNamespaceExclude|TestMutualExclusionStress|TestRegistryWorksWithAMinimalACL|TestRegistryWorksOverRESP2|TestReleaseGrantsTheKeyToTheWaitingRegistry|TestNotificationWakesARemoteWaiterAtOnce|TestTokensIncreaseAcrossRegistries|TestAHolderLearns.*|TestAnEvictingServerIsRefused|TestAPermanentErrorEndsTheAcquisitionAtOnce|TestForceUnlockFreesTheKeyAndTellsTheHolder|TestRedisCluster|TestRedisClusterMutualExclusion|TestFailoverKeepsWorkingAndReportsLostHolds|TestRenewalIsNativeWhereTheServerHasSetIfeq|TestANativeRenewalKeepsItsKeyTrackedWithoutAVerify|TestLostFiresOnTimeWhileARenewalHangs|TestRedisClusterRenewsInOneRoundTripPerNode)$$
 
 # SERVERS are the servers of make test-servers (scripts/servers names them).
 SERVERS = redis-7.0 redis-8.0 valkey-8.1

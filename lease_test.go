@@ -1,9 +1,10 @@
 package lockreg
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
-	"slices"
+	"net"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -307,30 +308,48 @@ func TestHoldAnsweredPastItsLeaseIsLostAtOnce(t *testing.T) {
 // TestLostFiresOnTimeWhileARenewalHangs: a renewal that Redis keeps
 // waiting (a silent network; go-redis' timeouts and retries take many
 // seconds) must not hold the lost signal back: the lease runs out as
-// counted, and Lost fires within a renewal interval of that.
+// counted, and Lost fires within a renewal interval of that. The renewal
+// hangs in the connection's writes, as on a silent network, so that it
+// hangs on whichever connection it takes: renew.lua on the registry's
+// client, or SET ... IFEQ on the tracking connection, whose client is
+// dialled with the same options.
 func TestLostFiresOnTimeWhileARenewalHangs(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	var hang atomic.Bool
-	renewHash := protocol.NewPeer(scripts, protocol.Config{}).Renew(nil).Script.Hash()
-	slowRenewals := redistest.Hook{ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-		return func(ctx context.Context, cmds []redis.Cmder) error {
-			if hang.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool {
-				// renew.lua, or the native renewal (SET ... IFEQ) where
-				// the server has it (Valkey 8.1).
-				args := c.Args()
-				return len(args) > 1 && args[1] == renewHash || slices.Contains(args, any("ifeq"))
-			}) {
-				time.Sleep(3 * time.Second)
+	renewHash := []byte(protocol.NewPeer(scripts, protocol.Config{}).Renew(nil).Script.Hash())
+	client := redis.NewClient(&redis.Options{
+		Addr: redistest.Shared(t).Addr(),
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
 			}
-			return next(ctx, cmds)
-		}
-	}}
-	r := newRegistry(t, redistest.Shared(t).Client(t, slowRenewals), WithExpireAfter(lease), WithRetryInterval(50*time.Millisecond))
+			return writeHook{Conn: conn, before: func(b []byte) {
+				if hang.Load() && (bytes.Contains(b, renewHash) || bytes.Contains(b, []byte("ifeq"))) {
+					time.Sleep(3 * time.Second)
+				}
+			}}, nil
+		},
+	})
+	t.Cleanup(func() { _ = client.Close() })
+	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(50*time.Millisecond))
 	lock := r.Obtain("k")
 	lock.Lock()
 	hang.Store(true)
 	requireFires(t, lock.Lost(), lease+lease/3+500*time.Millisecond, "the lease ran out while its renewal hung")
 	_ = lock.UnlockContext(context.Background())
+}
+
+// writeHook is a connection that calls before with what it is about to
+// write.
+type writeHook struct {
+	net.Conn
+	before func([]byte)
+}
+
+func (c writeHook) Write(b []byte) (int, error) {
+	c.before(b)
+	return c.Conn.Write(b)
 }
 
 // holdPastItsLease locks key in a new registry on client and makes the
@@ -430,21 +449,25 @@ func TestRenewalIsNativeWhereTheServerHasSetIfeq(t *testing.T) {
 	info, err := admin.Info(ctx, "server").Result()
 	require.NoError(t, err)
 	native := protocol.RenewsNatively(info)
-	var counter redisstat.Counter
 	const lease = 300 * time.Millisecond
-	r := newRegistry(t, srv.Client(t, &counter), WithExpireAfter(lease), WithRetryInterval(20*time.Millisecond))
+	r := newRegistry(t, srv.Client(t), WithExpireAfter(lease), WithRetryInterval(20*time.Millisecond))
 	require.Equal(t, native, r.servers.native.Load(), "the registry knows what the server has")
 	kept, err := r.Obtain("kept").Acquire(ctx)
 	require.NoError(t, err)
 	taken, err := r.Obtain("taken").Acquire(ctx)
 	require.NoError(t, err)
 	require.NoError(t, admin.Set(ctx, taken.redisKey(), "another", time.Minute).Err())
-	before := counter.Commands()
+	// The server counts the renewals: where it has SET ... IFEQ, they go
+	// on the registry's tracking connection, which no hook of the client
+	// sees.
+	before, err := redisstat.CommandStats(ctx, admin)
+	require.NoError(t, err)
 	time.Sleep(2 * lease)
 	requireOpen(t, kept.Lost(), "renewed")
 	requireFires(t, taken.Lost(), lease, "another's key is not renewed")
 	require.Equal(t, "another", admin.Get(ctx, taken.redisKey()).Val(), "and left alone")
-	after := counter.Commands()
+	after, err := redisstat.CommandStats(ctx, admin)
+	require.NoError(t, err)
 	scripts := after["evalsha"] + after["eval"] - before["evalsha"] - before["eval"]
 	if native {
 		require.Zero(t, scripts, "no renew.lua")

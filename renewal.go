@@ -134,12 +134,7 @@ func (r *Registry) renew(ctx context.Context, batches [][]*Hold, refresh ...*pro
 		c := r.peer.Renew(keys)
 		calls[i] = &c
 	}
-	sent := time.Now()
-	r.countCalls(OpRenew, len(calls))
-	protocol.RunPipeline(ctx, r.client, append(calls, refresh...))
-	if len(refresh) > 0 {
-		r.refreshed(refresh, sent)
-	}
+	sent := r.sendRenewals(ctx, calls, refresh)
 	var oneByOne [][]*Hold
 	for i, batch := range batches {
 		if len(batch) > 1 && protocol.SlotMigrating(calls[i].Cmd.Err()) {
@@ -153,42 +148,16 @@ func (r *Registry) renew(ctx context.Context, batches [][]*Hold, refresh ...*pro
 	r.renew(ctx, oneByOne)
 }
 
-// renewNatively renews the holds of batches one SET ... IFEQ each, all in
-// one pipeline (protocol.Peer.RenewOne), with refresh. It reports false if
-// a server refused the command (a failover to an older one): the registry
-// then renews by renew.lua, starting with this round.
-func (r *Registry) renewNatively(ctx context.Context, batches [][]*Hold, refresh []*protocol.Call) bool {
-	var holds []*Hold
-	for _, batch := range batches {
-		holds = append(holds, batch...)
-	}
-	calls := make([]*protocol.Call, len(holds), len(holds)+len(refresh))
-	for i, h := range holds {
-		c := r.peer.RenewOne(h.redisKey())
-		calls[i] = &c
-	}
-	sent := time.Now()
+// sendRenewals sends calls, renewals, with refresh in one pipeline on the
+// registry's client, and returns when they were sent.
+func (r *Registry) sendRenewals(ctx context.Context, calls, refresh []*protocol.Call) (sent time.Time) {
+	sent = time.Now()
 	r.countCalls(OpRenew, len(calls))
 	protocol.RunPipeline(ctx, r.client, append(calls, refresh...))
 	if len(refresh) > 0 {
 		r.refreshed(refresh, sent)
 	}
-	leaseEnd := sent.Add(r.cfg.expireAfter).UnixNano()
-	for i, h := range holds {
-		renewed, err := protocol.ReadRenewOne(calls[i].Cmd)
-		switch {
-		case protocol.NativeRenewalRefused(err):
-			r.servers.native.Store(false)
-			return false
-		case err != nil:
-			if ctx.Err() == nil {
-				r.cfg.logger.Warn("lockreg: lease renewal failed; retrying on the next tick", "key", printedKey(h.Key()), "error", err)
-			}
-		default:
-			r.extended(h, renewed, sent, leaseEnd)
-		}
-	}
-	return true
+	return sent
 }
 
 // applyRenewal applies renew.lua's reply for batch, sent at sent.

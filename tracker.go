@@ -41,7 +41,10 @@ type tracker struct {
 	// checked again for that cause; ping asks to check the connection.
 	retargetCause LossCause
 	ping          bool
-	kick          chan struct{}
+	// renewals are the watchdog's native renewals to run on the tracking
+	// connection (renewal.go, renewOnTrackers).
+	renewals []trackedRenewal
+	kick     chan struct{}
 }
 
 // run subscribes the target, again while Redis does not answer, until it
@@ -238,6 +241,8 @@ func (t *tracker) armLoop(stop context.Context) {
 		batch, next := t.dueNow(now)
 		cause, ping := t.retargetCause, t.ping
 		t.retargetCause, t.ping = lossNone, false
+		renewals := t.renewals
+		t.renewals = nil
 		t.mu.Unlock()
 		if ping && conn != nil && conn.Ping(stop).Err() != nil {
 			drop()
@@ -282,6 +287,10 @@ func (t *tracker) armLoop(stop context.Context) {
 			if req.invalidated {
 				req.h.local.unchecked.Add(-1)
 			}
+		}
+		if !runRenewals(stop, conn, renewals) {
+			drop()
+			t.ask(LossRestart, false) // as for an arming
 		}
 		if retryCause != lossNone && (next.IsZero() || retryAt.Before(next)) {
 			next = retryAt
@@ -337,59 +346,4 @@ func (t *tracker) connect(ctx context.Context, cause LossCause) *redis.Conn {
 	}
 	_ = conn.Close()
 	return nil
-}
-
-// armBatch reads the keys of batch on the tracking connection and ends the
-// holds whose keys are not this registry's any more. It reports false if
-// the connection broke.
-func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armRequest) bool {
-	r := t.r
-	calls := make([]*protocol.Call, len(batch))
-	// The releases waiting for a read of their key after their local
-	// hand-off (tenure.go) are answered by one sent from now on.
-	confirming := make([][]chan verdict, len(batch))
-	for i, req := range batch {
-		calls[i] = r.peer.Arm(req.h.redisKey())
-		confirming[i] = req.h.tenure.toConfirm()
-	}
-	r.countCalls(OpTrack, len(calls))
-	protocol.RunPipeline(ctx, conn, calls)
-	var moved []*Hold
-	// Where the server may evict, each batch reads how many keys it
-	// evicted, so that a key found gone is put down to eviction only if
-	// the count rose since the last batch, not since an eviction long ago.
-	evicted := sync.OnceValue(func() bool { return r.evictedSince(ctx, t.addr, t.client) })
-	if r.servers.evicts.Load() {
-		defer evicted()
-	}
-	broke := false
-	for i, req := range batch {
-		owner, err := r.peer.ReadOwner(calls[i])
-		ours := false
-		switch {
-		case broke:
-		case protocol.Redirected(err):
-			// The key's slot moved to another node (a slot migration, a
-			// failover): the registry's client follows it.
-			moved = append(moved, req.h)
-		case err != nil && !protocol.IsReply(err):
-			broke = true
-		case err != nil:
-			r.cfg.logger.Debug("lockreg: could not arm or verify a held key; its renewal checks it", "key", printedKey(req.h.Key()), "error", err)
-		case owner == protocol.Gone:
-			r.changedBehindItsBack(req.h, req.cause, true, evicted())
-		case owner == protocol.Other:
-			r.changedBehindItsBack(req.h, req.cause, false, false)
-		default:
-			ours = true
-		}
-		req.h.tenure.settle(confirming[i], ours)
-	}
-	if broke {
-		return false
-	}
-	if len(moved) > 0 {
-		r.checkHolds(ctx, moved, LossDeleted)
-	}
-	return true
 }

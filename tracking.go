@@ -27,7 +27,9 @@ import (
 // An invalidation for a held key sends it back to the tracking connection:
 // a read that tells whether the key is still this registry's and arms it
 // again. Its own renewals and releases change the key too, so an
-// invalidation alone proves nothing; the read does. Arming and verifying
+// invalidation alone proves nothing; the read does. (Native renewals run
+// on the tracking connection itself, and cost no invalidation:
+// nativerenewal.go.) Arming and verifying
 // run on the tracker's goroutine, off the caller's path: an uncontended
 // cycle gains one GET on the server and one invalidation, and no round
 // trip for the caller. A key changed between its acquisition and its
@@ -193,4 +195,59 @@ func (r *Registry) trackingRefused(err error) {
 	if r.tracking.refused.CompareAndSwap(false, true) && r.life.stopCtx.Err() == nil {
 		r.cfg.logger.Info("lockreg: CLIENT TRACKING unavailable; a holder learns that its key changed at its next renewal", "error", err)
 	}
+}
+
+// armBatch reads the keys of batch on the tracking connection and ends the
+// holds whose keys are not this registry's any more. It reports false if
+// the connection broke.
+func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armRequest) bool {
+	r := t.r
+	calls := make([]*protocol.Call, len(batch))
+	// The releases waiting for a read of their key after their local
+	// hand-off (tenure.go) are answered by one sent from now on.
+	confirming := make([][]chan verdict, len(batch))
+	for i, req := range batch {
+		calls[i] = r.peer.Arm(req.h.redisKey())
+		confirming[i] = req.h.tenure.toConfirm()
+	}
+	r.countCalls(OpTrack, len(calls))
+	protocol.RunPipeline(ctx, conn, calls)
+	var moved []*Hold
+	// Where the server may evict, each batch reads how many keys it
+	// evicted, so that a key found gone is put down to eviction only if
+	// the count rose since the last batch, not since an eviction long ago.
+	evicted := sync.OnceValue(func() bool { return r.evictedSince(ctx, t.addr, t.client) })
+	if r.servers.evicts.Load() {
+		defer evicted()
+	}
+	broke := false
+	for i, req := range batch {
+		owner, err := r.peer.ReadOwner(calls[i])
+		ours := false
+		switch {
+		case broke:
+		case protocol.Redirected(err):
+			// The key's slot moved to another node (a slot migration, a
+			// failover): the registry's client follows it.
+			moved = append(moved, req.h)
+		case err != nil && !protocol.IsReply(err):
+			broke = true
+		case err != nil:
+			r.cfg.logger.Debug("lockreg: could not arm or verify a held key; its renewal checks it", "key", printedKey(req.h.Key()), "error", err)
+		case owner == protocol.Gone:
+			r.changedBehindItsBack(req.h, req.cause, true, evicted())
+		case owner == protocol.Other:
+			r.changedBehindItsBack(req.h, req.cause, false, false)
+		default:
+			ours = true
+		}
+		req.h.tenure.settle(confirming[i], ours)
+	}
+	if broke {
+		return false
+	}
+	if len(moved) > 0 {
+		r.checkHolds(ctx, moved, LossDeleted)
+	}
+	return true
 }

@@ -401,7 +401,13 @@ func TestStatsMatchTheCommandsSent(t *testing.T) {
 	wg.Wait()
 
 	s := r.Stats()
-	counted := (s.AcquireCalls - statsBefore.AcquireCalls) + (s.ReleaseCalls - statsBefore.ReleaseCalls) + (s.RenewCalls - statsBefore.RenewCalls)
+	counted := (s.AcquireCalls - statsBefore.AcquireCalls) + (s.ReleaseCalls - statsBefore.ReleaseCalls)
+	if !r.servers.native.Load() {
+		// renew.lua runs on the registry's client; a native renewal, on the
+		// tracking connection (nativerenewal.go), which the client's hooks
+		// do not see.
+		counted += s.RenewCalls - statsBefore.RenewCalls
+	}
 	require.Equal(t, calls()-before, counted, "every call is in Stats, pipelined or not")
 	require.Positive(t, counter.Commands()["set"], "uncontended attempts are plain SETs")
 	require.Equal(t, statsBefore.Acquisitions+8*20+1, s.Acquisitions)

@@ -1,0 +1,50 @@
+package lockreg
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// TestANativeRenewalKeepsItsKeyTrackedWithoutAVerify: where the server has
+// SET ... IFEQ, a renewal runs on the tracking connection, with a GET
+// after it: the key stays tracked, and the renewal costs no verify, which
+// the invalidation of a renewal from another connection asks for (as
+// renew.lua's, on the registry's client, does: one verify per renewal).
+// make test runs this on Valkey 8.1 too.
+func TestANativeRenewalKeepsItsKeyTrackedWithoutAVerify(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	const lease = 300 * time.Millisecond
+	r := newRegistry(t, client, WithExpireAfter(lease))
+	var reads atomic.Int64
+	r.AddHooks(Hooks{RedisCalls: func(op RedisOp, n int) {
+		if op == OpTrack {
+			reads.Add(int64(n))
+		}
+	}})
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return reads.Load() >= 1 }, time.Second, time.Millisecond, "armed")
+	// The new tracking connection's check of the held keys is over.
+	requireTracking(t, r)
+	for last := int64(-1); last != reads.Load(); time.Sleep(20 * time.Millisecond) {
+		last = reads.Load()
+	}
+	armed, renewals := reads.Load(), r.Stats().RenewCalls
+	time.Sleep(lease) // about three ticks
+	require.Greater(t, r.Stats().RenewCalls, renewals+1, "renewed")
+	if r.servers.native.Load() {
+		require.Equal(t, armed, reads.Load(), "no verify after the renewals")
+	} else {
+		require.Greater(t, reads.Load(), armed+1, "a verify after each renewal by renew.lua")
+	}
+	require.NoError(t, client.Del(ctx, h.redisKey()).Err())
+	requireFires(t, h.Lost(), blindLimit, "the key is still tracked after its renewals")
+	requireCause(t, h, LossDeleted)
+}
