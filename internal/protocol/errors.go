@@ -52,3 +52,12 @@ func IsReply(err error) bool {
 	var reply redis.Error
 	return errors.As(err, &reply)
 }
+
+// replyStarts reports whether err is an error reply of the server that
+// starts with prefix, "ERR " included: redis.HasErrorPrefix drops a
+// leading "ERR " before it compares, so a prefix that names it never
+// matches there.
+func replyStarts(err error, prefix string) bool {
+	var reply redis.Error
+	return errors.As(err, &reply) && strings.HasPrefix(reply.Error(), prefix)
+}

@@ -79,3 +79,22 @@ func TestRenewsNativelyOnValkey81AndRedis84(t *testing.T) {
 		require.Equal(t, native, RenewsNatively(info), info)
 	}
 }
+
+// TestRefusalsAreToldByTheirWholeReply: the refusals that name "ERR" are
+// told by their whole reply, which redis.HasErrorPrefix cannot do (it
+// drops a leading "ERR "), as the server sends them: a SET with an option
+// it does not know (IFEQ before Valkey 8.1 and Redis 8.4), and tracking
+// redirected to a connection that is gone.
+func TestRefusalsAreToldByTheirWholeReply(t *testing.T) {
+	e := newEnv(t)
+	_, err := e.client.Do(e.ctx, "set", "refusal", "v", "nosuchoption").Result()
+	require.True(t, NativeRenewalRefused(err), "%v", err)
+	require.False(t, NativeRenewalRefused(serverReply("syntax error")))
+	require.False(t, NativeRenewalRefused(serverReply("WRONGTYPE Operation against a key holding the wrong kind of value")))
+
+	conn := e.client.Conn()
+	defer conn.Close()
+	err = conn.Do(e.ctx, TrackingArgs(1<<40)...).Err()
+	require.True(t, TargetGone(err), "%v", err)
+	require.False(t, TargetGone(serverReply("NOPERM User locker has no permissions to run the 'client|tracking' command")))
+}

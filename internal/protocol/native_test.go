@@ -81,6 +81,7 @@ func TestNativeCommandsOfTheServer(t *testing.T) {
 		t.Logf("SET ... IFEQ refused: %v", err)
 		var reply redis.Error // a reply of the server's, not a failed call
 		require.ErrorAs(t, err, &reply)
+		require.True(t, NativeRenewalRefused(err), "the refusal that turns a registry back to renew.lua")
 		return
 	}
 	t.Log("SET ... IFEQ: supported")

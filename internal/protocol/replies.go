@@ -107,7 +107,7 @@ func ReadRenewOne(cmd *redis.Cmd) (bool, error) {
 
 // NativeRenewalRefused reports whether a server refused RenewOne's SET for
 // its syntax: it has no IFEQ (a failover to an older server, say).
-func NativeRenewalRefused(err error) bool { return redis.HasErrorPrefix(err, "ERR syntax error") }
+func NativeRenewalRefused(err error) bool { return replyStarts(err, "ERR syntax error") }
 
 // ReadToken reads token.lua's reply: the token, or 0 if the key was not
 // this registry's; ErrFenceMoving if the key's slot is migrating.

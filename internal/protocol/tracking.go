@@ -40,7 +40,7 @@ func TrackingArgs(redirectTo int64) []any {
 // connection it redirects to is gone: it is reconnecting (a restart, a
 // killed connection), and tracking can go on once it is back.
 func TargetGone(err error) bool {
-	return redis.HasErrorPrefix(err, "ERR The client ID you want redirect to does not exist")
+	return replyStarts(err, "ERR The client ID you want redirect to does not exist")
 }
 
 // Arm reads lockKey on the tracking connection, so that Redis tracks it
