@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -162,6 +163,10 @@ func (r *Registry) renewTurn(ctx context.Context, t *tracker, holds []*Hold) (le
 	}
 	r.countCalls(OpRenew, len(calls)) // the GETs too: they are the renewal's
 	leaseEnd := sent.Add(r.cfg.expireAfter).UnixNano()
+	// A key found changed is lost for the cause a verify would name (an
+	// overwrite, an eviction), as the renewal may come before the verify
+	// that the key's invalidation asked for.
+	evicted := sync.OnceValue(func() bool { return r.evictedSince(ctx, t.addr, t.client) })
 	for i, h := range holds {
 		renewed, err := protocol.ReadRenewOne(calls[2*i].Cmd)
 		owner, readErr := r.peer.ReadOwner(calls[2*i+1])
@@ -173,15 +178,18 @@ func (r *Registry) renewTurn(ctx context.Context, t *tracker, holds []*Hold) (le
 			left = append(left, h) // the client reconnects, and follows the key
 		case err != nil:
 			r.renewalFailed(ctx, h, err)
-		case !renewed || readErr == nil && owner != protocol.Ours:
-			r.extended(h, false, sent, leaseEnd)
-		default:
-			r.extended(h, true, sent, leaseEnd)
-			if readErr != nil {
+		case readErr != nil:
+			r.extended(h, renewed, sent, leaseEnd)
+			if renewed {
 				// Renewed, but not tracked again: arm it as after an
 				// acquisition.
 				t.enqueue(armRequest{h: h, cause: LossDeleted})
 			}
+		case !renewed || owner != protocol.Ours:
+			gone := owner == protocol.Gone
+			r.changedBehindItsBack(h, LossDeleted, gone, gone && evicted())
+		default:
+			r.extended(h, true, sent, leaseEnd)
 		}
 	}
 	return left, true

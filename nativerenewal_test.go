@@ -48,3 +48,36 @@ func TestANativeRenewalKeepsItsKeyTrackedWithoutAVerify(t *testing.T) {
 	requireFires(t, h.Lost(), blindLimit, "the key is still tracked after its renewals")
 	requireCause(t, h, LossDeleted)
 }
+
+// TestANativeRenewalNamesTheCauseAVerifyWould: a renewal on the tracking
+// connection that finds the key another's names the loss as a verify of
+// the key's invalidation would, overwritten, as it may come first. A
+// server without SET ... IFEQ refuses the renewal, and the registry turns
+// back to renew.lua.
+func TestANativeRenewalNamesTheCauseAVerifyWould(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	lock.Lock()
+	defer lock.Unlock()
+	requireTracking(t, r)
+	tr := r.trackerFor(lock.keys().Lock())
+	require.NotNil(t, tr)
+
+	// A hold of a key that nobody armed, so that only the renewal reads it.
+	other := r.Obtain("overwritten")
+	require.NoError(t, client.Set(ctx, other.keys().Lock(), "another owner", time.Minute).Err())
+	h := newHold(other, 0, time.Now(), r.cfg.expireAfter)
+	h.local = &localLock{}
+	native := r.servers.native.Load()
+	left, ok := r.renewTurn(ctx, tr, []*Hold{h})
+	if !native {
+		require.False(t, ok, "SET ... IFEQ refused")
+		require.False(t, r.servers.native.Load())
+		return
+	}
+	require.True(t, ok)
+	require.Empty(t, left)
+	requireCause(t, h, LossOverwritten)
+}
