@@ -17,8 +17,9 @@ import (
 //
 //   - the connection's NOLOOP spares it the invalidation of its own SET,
 //     which on the registry's client would cost Redis an invalidation and
-//     the tracker a read to arm the key again: on Valkey 8.1, 3.0 µs of
-//     server time per renewed key against 0.75 for the SET alone (S8);
+//     the tracker a read to arm the key again: on Valkey 8.1, S8's server
+//     time per renewed key went from 3.55-3.93 µs to 2.85-2.93
+//     (bench/RESULTS.md);
 //   - the SET ended the key's tracking, as any change does, and the GET
 //     tracks it again; it also tells whether the key is still this
 //     registry's, as a change between the two commands, which no

@@ -42,7 +42,7 @@ type tracker struct {
 	retargetCause LossCause
 	ping          bool
 	// renewals are the watchdog's native renewals to run on the tracking
-	// connection (renewal.go, renewOnTrackers).
+	// connection (nativerenewal.go, runOnConnection).
 	renewals []trackedRenewal
 	kick     chan struct{}
 }
