@@ -33,9 +33,10 @@ type tracker struct {
 
 	mu sync.Mutex // guards what follows, which kick tells armLoop of
 	// queue holds the holds to arm or verify, with why (the cause a verify
-	// gives a key found gone); waiting counts its armings not yet due.
-	queue   []armRequest
-	waiting int
+	// gives a key found gone); timerSet says that armLoop's timer is set,
+	// for the queue's first arming or for a sweep of the ended ones.
+	queue    []armRequest
+	timerSet bool
 	// retargetCause, unless lossNone, asks for a new tracking connection
 	// (the target is new, or the old one broke), which has every held key
 	// checked again for that cause; ping asks to check the connection.
@@ -178,13 +179,10 @@ func (t *tracker) invalidated(keys []string) {
 func (t *tracker) enqueue(req armRequest) {
 	t.mu.Lock()
 	t.queue = append(t.queue, req)
-	// armLoop's timer is set for the first arming that waits, which falls
-	// due before this one (holds are taken in time order): waking it for
-	// this one would cost a goroutine switch per acquisition.
-	wake := req.due.IsZero() || t.waiting == 0
-	if !req.due.IsZero() {
-		t.waiting++
-	}
+	// A set timer falls due before this arming (holds are taken in time
+	// order): waking armLoop for it would cost a goroutine switch per
+	// acquisition.
+	wake := req.due.IsZero() || !t.timerSet
 	t.mu.Unlock()
 	if wake {
 		t.wake()
@@ -302,12 +300,22 @@ func (t *tracker) armLoop(stop context.Context) {
 }
 
 // dueNow takes from the queue the requests due at now, and returns them
-// with when the next one falls due (zero if none waits). An arming whose
-// hold has ended by then is dropped, unless a hold handed off from it
-// keeps the key, which is armed instead. t.mu is held.
+// with when armLoop's timer is to fire next (zero if nothing waits), which
+// sets timerSet. An arming whose tenure has ended is dropped, due or not,
+// and one whose hold has ended while a hold handed off from it keeps the
+// key arms that hold instead. t.mu is held.
 func (t *tracker) dueNow(now time.Time) (due []armRequest, next time.Time) {
 	waiting := t.queue[:0]
+	dropped := false
 	for _, req := range t.queue {
+		if !req.due.IsZero() {
+			current := req.h.local.hold.Load()
+			if current == nil || current.tenure != req.h.tenure {
+				dropped = true
+				continue
+			}
+			req.h = current
+		}
 		switch {
 		case req.due.IsZero():
 			due = append(due, req)
@@ -317,14 +325,18 @@ func (t *tracker) dueNow(now time.Time) (due []armRequest, next time.Time) {
 				next = req.due
 			}
 		default:
-			if current := req.h.local.hold.Load(); current != nil && current.tenure == req.h.tenure {
-				req.h = current
-				due = append(due, req)
-			}
+			due = append(due, req)
 		}
 	}
+	// Most holds end before their arming. With none left waiting, the
+	// timer is still set, for a sweep an arming delay on, while armings
+	// come: else each acquisition, finding it unset, would wake armLoop,
+	// which would find that hold ended already and leave it unset again.
+	if next.IsZero() && dropped {
+		next = now.Add(armDelay)
+	}
 	clear(t.queue[len(waiting):])
-	t.queue, t.waiting = waiting, len(waiting)
+	t.queue, t.timerSet = waiting, !next.IsZero()
 	return due, next
 }
 
