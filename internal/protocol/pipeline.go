@@ -13,8 +13,21 @@ import (
 func Run(ctx context.Context, client redis.UniversalClient, c *Call) {
 	if c.Script == nil {
 		c.Cmd = client.Do(ctx, c.Args...)
-	} else {
-		c.Cmd = c.Script.Run(ctx, client, c.Keys, c.Args...)
+		return
+	}
+	// EVALSHA's arguments in one slice, with the script's SHA1 boxed
+	// already: go-redis's Script.Run makes three more allocations per call,
+	// which an uncontended cycle felt (#32's S1).
+	args := make([]any, 0, 3+len(c.Keys)+len(c.Args))
+	args = append(args, "evalsha", c.Script.hash, len(c.Keys))
+	for _, key := range c.Keys {
+		args = append(args, key)
+	}
+	c.Cmd = redis.NewCmd(ctx, append(args, c.Args...)...)
+	c.Cmd.SetFirstKeyPos(3) // for Redis Cluster's routing
+	// redis.HasErrorPrefix allocates, even for a nil error.
+	if err := client.Process(ctx, c.Cmd); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		c.Cmd = c.Script.Eval(ctx, client, c.Keys, c.Args...)
 	}
 }
 
@@ -55,7 +68,7 @@ func send(ctx context.Context, client Pipeliner, calls []*Call, eval func(*redis
 			if c.Script == nil {
 				c.Cmd = p.Do(ctx, c.Args...)
 			} else {
-				c.Cmd = eval(c.Script, ctx, p, c.Keys, c.Args...)
+				c.Cmd = eval(c.Script.Script, ctx, p, c.Keys, c.Args...)
 			}
 		}
 		return nil

@@ -15,25 +15,37 @@ type Sources struct {
 // Script.Run sends EVALSHA and falls back to EVAL on NOSCRIPT, so a
 // restarted Redis costs one extra round trip, once.
 type Scripts struct {
-	obtain, release, token, renew, forceUnlock *redis.Script
+	obtain, release, token, renew, forceUnlock *Script
 }
 
 // NewScripts makes the scripts of src.
 func NewScripts(src Sources) *Scripts {
 	return &Scripts{
-		obtain:      redis.NewScript(src.DrawToken + src.MarkWaiting + src.Obtain),
-		release:     redis.NewScript(src.DrawToken + src.MarkWaiting + src.Release),
-		token:       redis.NewScript(src.DrawToken + src.Token),
-		renew:       redis.NewScript(src.Renew),
-		forceUnlock: redis.NewScript(src.ForceUnlock),
+		obtain:      newScript(src.DrawToken + src.MarkWaiting + src.Obtain),
+		release:     newScript(src.DrawToken + src.MarkWaiting + src.Release),
+		token:       newScript(src.DrawToken + src.Token),
+		renew:       newScript(src.Renew),
+		forceUnlock: newScript(src.ForceUnlock),
 	}
+}
+
+// Script is a script with its SHA1 boxed once, as an EVALSHA argument: a
+// call on the caller's path (Run) then boxes only its keys.
+type Script struct {
+	*redis.Script
+	hash any
+}
+
+func newScript(src string) *Script {
+	s := redis.NewScript(src)
+	return &Script{Script: s, hash: s.Hash()}
 }
 
 // Call is one call to Redis: a script with its keys and arguments, or,
 // with no script, the plain command Args. Cmd holds its reply once it was
 // made (Run, RunPipeline).
 type Call struct {
-	Script *redis.Script
+	Script *Script
 	Keys   []string
 	Args   []any
 	Cmd    *redis.Cmd
