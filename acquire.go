@@ -98,7 +98,7 @@ func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold,
 	if !handedOff {
 		a := &acquisition{l: l, ctx: ctx, wait: wait, local: local, mark: got.mark}
 		h, err = a.takeKey()
-		local.acquired(a.wake)
+		local.acquired(&a.wake)
 		if err != nil {
 			return nil, err
 		}
@@ -151,7 +151,7 @@ type acquisition struct {
 	mayHoldKey bool
 	lastErr    atomic.Pointer[error] // the last Redis error, for the caller's error
 	retry      *time.Timer
-	wake       chan struct{} // local's wake (locallock.go), from begin on
+	wake       wakeup // local's wake (locallock.go), from begin on
 }
 
 // takeKey takes the key in Redis, waiting unless a.wait is false; with a
@@ -188,10 +188,10 @@ func (a *acquisition) begin() error {
 		}
 	}
 	// A notification from before this point says nothing new (the wake-up
-	// channel is new). A grant from before it, if the key is still ours,
-	// the first attempt finds; with a mark, a grant that answers it may
-	// have come already, and its token is checked first.
-	a.wake = a.local.acquiring()
+	// is new). A grant from before it, if the key is still ours, the first
+	// attempt finds; with a mark, a grant that answers it may have come
+	// already, and its token is checked first.
+	a.local.acquiring(&a.wake)
 	if a.state == attemptDue {
 		a.local.grantedToken.Store(0)
 	}
@@ -324,7 +324,7 @@ func (a *acquisition) pause() error {
 	case <-a.retry.C:
 		a.state = attemptDue
 		return nil
-	case <-a.wake:
+	case <-a.local.wakeChannel(&a.wake):
 		a.state = attemptDue
 		return nil
 	case <-a.ctx.Done():

@@ -37,9 +37,9 @@ type localLock struct {
 	hold atomic.Pointer[Hold]
 	// wake carries release notifications to the acquisition taking the key
 	// in Redis (one per registry and key, as it owns the mutex). Guarded by
-	// mu: the acquisition makes it as it begins and drops it as it ends,
-	// so that a held key keeps none.
-	wake chan struct{}
+	// mu: the acquisition sets it as it begins and drops it as it ends, so
+	// that a held key keeps none.
+	wake *wakeup
 	// grantedToken is the token of a grant (grant.go) that came with the
 	// last wake, or 0.
 	grantedToken atomic.Int64
@@ -151,34 +151,64 @@ func (l *localLock) refuseWaiters() {
 	l.queue = nil
 }
 
+// wakeup is how release notifications reach an acquisition taking the key
+// in Redis. Its channel is made when the acquisition first waits: most
+// acquisitions never do, and a channel per acquisition would cost an
+// uncontended cycle an allocation. A notification that comes before it is
+// remembered (early), and waits in the channel once it is made. Guarded by
+// the localLock's mu.
+type wakeup struct {
+	ch    chan struct{}
+	early bool
+}
+
 // wakeUp tells the goroutine acquiring the key in Redis, if any, to try
 // again now.
 func (l *localLock) wakeUp() {
 	l.mu.Lock()
-	wake := l.wake
-	l.mu.Unlock()
-	select {
-	case wake <- struct{}{}: // a nil wake, while none acquires, blocks
-	default: // already woken, or nobody to wake
+	defer l.mu.Unlock()
+	switch w := l.wake; {
+	case w == nil: // nobody to wake
+	case w.ch == nil:
+		w.early = true
+	default:
+		select {
+		case w.ch <- struct{}{}:
+		default: // already woken
+		}
 	}
 }
 
-// acquiring gives the acquisition that takes the key in Redis its wake-up
-// channel (see wake); acquired takes it back.
-func (l *localLock) acquiring() chan struct{} {
-	wake := make(chan struct{}, 1)
+// acquiring makes w the wake-up of the acquisition that takes the key in
+// Redis, with no notification in it: one from before says nothing new.
+// acquired takes it back.
+func (l *localLock) acquiring(w *wakeup) {
 	l.mu.Lock()
-	l.wake = wake
+	*w = wakeup{}
+	l.wake = w
 	l.mu.Unlock()
-	return wake
 }
 
-func (l *localLock) acquired(wake chan struct{}) {
+func (l *localLock) acquired(w *wakeup) {
 	l.mu.Lock()
-	if l.wake == wake { // the next acquisition may have begun already
+	if l.wake == w { // the next acquisition may have begun already
 		l.wake = nil
 	}
 	l.mu.Unlock()
+}
+
+// wakeChannel is the channel of w (the acquisition's wake-up, which it
+// waits on), made at the first call.
+func (l *localLock) wakeChannel(w *wakeup) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w.ch == nil {
+		w.ch = make(chan struct{}, 1)
+		if w.early {
+			w.ch <- struct{}{}
+		}
+	}
+	return w.ch
 }
 
 // waited reports whether some goroutine waits for the mutex.

@@ -50,6 +50,34 @@ func TestNotificationWakesARemoteWaiterAtOnce(t *testing.T) {
 	require.Equal(t, int64(1), waiter.Stats().Notifications)
 }
 
+// An acquisition makes its wake-up channel only when it first waits (an
+// uncontended one never does): a release notification that comes between
+// its start and that wait is kept for it, and one from before its start,
+// which says nothing new, is not.
+func TestAWakeUpBeforeTheFirstWaitIsKept(t *testing.T) {
+	woken := func(l *localLock, w *wakeup) bool {
+		select {
+		case <-l.wakeChannel(w):
+			return true
+		default:
+			return false
+		}
+	}
+	var l localLock
+	var w wakeup
+	l.wakeUp()
+	l.acquiring(&w)
+	require.False(t, woken(&l, &w), "a notification from before the acquisition")
+	l.wakeUp()
+	require.True(t, woken(&l, &w), "a notification before the first wait")
+
+	var next wakeup
+	l.acquiring(&next)
+	l.wakeUp()
+	l.acquired(&w) // the first acquisition ends after the next began
+	require.True(t, woken(&l, &next), "the next acquisition keeps its wake-up")
+}
+
 func TestLostNotificationCostsOnlyTheRetry(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
