@@ -3,51 +3,59 @@
 -- Uses drawToken (drawtoken.lua) and markWaiting (markwaiting.lua), which
 -- scripts.go puts before it; scripts.go builds the arguments below, by
 -- name (releaseArgs), and reads the reply (releaseReply).
-local lockKey, fenceKey, markerKey, queueKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
--- An owner-only release (clientID alone, below) sends the lock's key and
--- the marker, the only keys it reads.
-if #KEYS == 2 then
-  fenceKey, markerKey = nil, KEYS[2]
-end
--- clientID alone is sent unless the registry expects the rest to be needed
--- (see releaseRedis). handedOut: the last fencing token the registry
--- handed out locally for this key, or '0'; leaseMs: the lease; channel:
--- the channel to notify waiters on, or '' for none (a grant goes to
--- <channel>:<grantee's client id>, which only the grantee subscribes to);
--- key: the lock's key in its registry; giveBack, only for a grant nobody
--- took: '<token>:<ms>', the grant's token, which the key's last token must
--- still be (an acquisition of this registry that found the key its own
--- drew a newer one, and keeps the key), and the grant's lease, which the
--- key's time to live must not exceed (a hold this registry took with a
--- plain SET NX once the grant had expired leaves the grant's token the
--- last, but has a full lease), else ''; mark and markMs, only when a
--- goroutine of this registry waits for the key: the registry's mark and
--- how long it lasts (as obtain.lua's), so that a grant marks this registry
--- as waiting, as that goroutine's failed attempt would have.
--- (An uncontended release sends clientID alone: the rest are read only
--- when sent, which keeps its time in Redis at the minimal lock's.)
-local clientID = ARGV[1]
-local allArgs = #ARGV > 1
-local handedOut, leaseMs, channel, key, giveBack, mark, markMs = 0
-if allArgs then
-  handedOut, leaseMs, channel, key, giveBack, mark, markMs =
-    tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-end
--- Called with the lock's key alone while its slot migrates between Redis
--- Cluster nodes: it only deletes the key; waiters find it free by polling.
-local migrating = #KEYS == 1
 -- Returns 0 when the key had expired or has another owner (which is left
 -- untouched), 1 when deleted, 2 when deleted while another registry waits
 -- (its mark, set by a failed attempt, has not lapsed), 3 when granted to a
 -- waiting registry, or minus the grant's token if mark marked this one,
--- and 4, changing nothing, when another registry waits and only clientID
--- was sent: call again with all the arguments.
+-- and 4, changing nothing, when another registry waits and only the
+-- client id was sent: call again with all the arguments.
 -- A grant sets the key to the waiter's client id with the lease its mark
 -- names, draws its token and publishes 'g<token>:<client id>:<key>'; a
 -- release others wait for publishes 'w<key>' to wake them.
+local lockKey, clientID = KEYS[1], ARGV[1]
 if redis.call('GET', lockKey) ~= clientID then
   return 0
 end
+-- liveMark returns the first mark in marker that has not lapsed, if any.
+local function liveMark(marker)
+  if redis.call('EXISTS', marker) == 0 then
+    return nil
+  end
+  local now = redis.call('TIME')
+  local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  return redis.call('ZRANGEBYSCORE', marker, nowMs, '+inf', 'LIMIT', 0, 1)[1]
+end
+-- The client id alone, with the lock's key and the marker, the only keys
+-- it reads, is sent unless the registry expects the rest to be needed (see
+-- releaseRedis): an uncontended release, which this keeps to the minimal
+-- lock's owner-checked GET and DEL, and one EXISTS.
+if #ARGV == 1 and #KEYS == 2 then
+  if liveMark(KEYS[2]) then
+    return 4
+  end
+  redis.call('DEL', lockKey)
+  return 1
+end
+local fenceKey, markerKey, queueKey = KEYS[2], KEYS[3], KEYS[4]
+-- Else every argument is sent. handedOut: the last fencing token the
+-- registry handed out locally for this key, or '0'; leaseMs: the lease;
+-- channel: the channel to notify waiters on, or '' for none (a grant goes
+-- to <channel>:<grantee's client id>, which only the grantee subscribes
+-- to); key: the lock's key in its registry; giveBack, only for a grant
+-- nobody took: '<token>:<ms>', the grant's token, which the key's last
+-- token must still be (an acquisition of this registry that found the key
+-- its own drew a newer one, and keeps the key), and the grant's lease,
+-- which the key's time to live must not exceed (a hold this registry took
+-- with a plain SET NX once the grant had expired leaves the grant's token
+-- the last, but has a full lease), else ''; mark and markMs, only when a
+-- goroutine of this registry waits for the key: the registry's mark and
+-- how long it lasts (as obtain.lua's), so that a grant marks this registry
+-- as waiting, as that goroutine's failed attempt would have.
+local handedOut, leaseMs, channel, key, giveBack, mark, markMs =
+  tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+-- Called with the lock's key alone while its slot migrates between Redis
+-- Cluster nodes: it only deletes the key; waiters find it free by polling.
+local migrating = #KEYS == 1
 if giveBack and giveBack ~= '' then
   local token, grantMs = string.match(giveBack, '^(%d+):(%d+)$')
   if migrating or redis.call('GET', fenceKey) ~= token or redis.call('PTTL', lockKey) > tonumber(grantMs) then
@@ -59,7 +67,7 @@ if migrating then
   return 1
 end
 local now, nowMs, waiter
-if allArgs and channel ~= '' then
+if channel ~= '' then
   -- A release that may grant pops the first registry in the queue, and
   -- the next while the one popped has no live mark (it lapsed, or was
   -- withdrawn): fewer and cheaper calls than reading the queue and then
@@ -105,16 +113,11 @@ if allArgs and channel ~= '' then
     end
   end
 end
--- With no grant to make (no channel, clientID alone, or no live mark in
--- the queue: an earlier version of the library marked in the marker
--- alone), a live mark makes this a release others wait for.
-if not waiter and redis.call('EXISTS', markerKey) == 1 then
-  now = redis.call('TIME')
-  nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  waiter = redis.call('ZRANGEBYSCORE', markerKey, nowMs, '+inf', 'LIMIT', 0, 1)[1]
-  if waiter and not allArgs then
-    return 4
-  end
+-- With no grant to make (no channel, or no live mark in the queue: an
+-- earlier version of the library marked in the marker alone), a live mark
+-- makes this a release others wait for.
+if not waiter then
+  waiter = liveMark(markerKey)
 end
 redis.call('DEL', lockKey)
 -- Local hand-offs raise the token without a round trip; the stored token

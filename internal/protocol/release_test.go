@@ -45,6 +45,16 @@ func TestReleaseWithTheClientIDAloneNeedsArgumentsWhenAnotherRegistryWaits(t *te
 	e.requireMarked(k, markOf(waiter, testGrantLease), true)
 }
 
+// A mark that lapsed is no waiter: the client id alone deletes the key.
+func TestReleaseWithTheClientIDAloneDeletesOurKeyPastALapsedMark(t *testing.T) {
+	e := newEnv(t)
+	p, k := e.holder()
+	e.wait(e.peer(lapsing), k)
+	time.Sleep(2*shortRetry + 5*time.Millisecond)
+	require.Equal(t, ReleaseReply{Outcome: Deleted}, e.release(p, k, Release{}))
+	require.Empty(t, e.owner(k))
+}
+
 // contended is a key held by a holder that a waiter, taking grants,
 // marked as waiting, with a subscription to the waiter's grant channel.
 type contended struct {
