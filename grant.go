@@ -181,6 +181,7 @@ func (r *Registry) leave(key string) {
 	if token := r.locals.leave(key); token != 0 {
 		r.giveBackLater(key, token, nil)
 	}
+	r.tellShutdown()
 }
 
 // giveBack releases a key granted to this registry that nobody here waited
@@ -252,6 +253,7 @@ func (r *Registry) startPending(key string) (finish func()) {
 			close(p.done)
 			return p, true
 		})
+		r.tellShutdown()
 	})
 }
 

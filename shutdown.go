@@ -11,8 +11,8 @@ import (
 // Shutdown or Close on; then stopped, its background work ended, by Close.
 type lifecycle struct {
 	// closing is closed once the registry refuses acquisitions: Shutdown
-	// or Close began. idle tells a Shutdown that waits for the holds that
-	// the last one was released.
+	// or Close began. idle tells a Shutdown that waits for the registry to
+	// be quiet to look again (tellShutdown).
 	closing chan struct{}
 	idle    chan struct{}
 	// stopCtx bounds background work; Close cancels it (stop). Background
@@ -60,11 +60,12 @@ func (r *Registry) Close() error {
 // a server. New acquisitions fail with ErrClosed at once, and waiting ones
 // end with ErrClosed. Then it waits until every hold is released (Holds,
 // the holds of Lock and LockContext, Do's), and each release is done in
-// Redis, renewing them meanwhile, or until ctx ends. Then it releases in Redis the keys still held
-// (owner-checked), which signals their holds lost (their owners' releases
-// report ErrLockLost and only unlock them locally), and closes the
-// registry. It returns ctx's error if it had to release any key, else nil.
-// Close after Shutdown does nothing.
+// Redis, renewing them meanwhile, as are the releases of keys that the
+// ended acquisitions may have taken, or until ctx ends. Then it releases
+// in Redis the keys still held (owner-checked), which signals their holds
+// lost (their owners' releases report ErrLockLost and only unlock them
+// locally), and closes the registry. It returns ctx's error if it had to
+// release any key, else nil. Close after Shutdown does nothing.
 func (r *Registry) Shutdown(ctx context.Context) error {
 	if ctx == nil {
 		return errNilContext
@@ -93,9 +94,10 @@ func (r *Registry) refuse() {
 	})
 }
 
-// awaitReleases waits until no hold is left, or ctx ends (its error).
+// awaitReleases waits until the registry is quiet, or ctx ends (its
+// error).
 func (r *Registry) awaitReleases(ctx context.Context) error {
-	for r.stats.held.Load() > 0 {
+	for !r.quiet() {
 		select {
 		case <-r.life.idle:
 		case <-ctx.Done():
@@ -105,14 +107,30 @@ func (r *Registry) awaitReleases(ctx context.Context) error {
 	return nil
 }
 
-// holdEnded counts a hold's release, and tells a Shutdown that waits when
-// it was the last.
+// quiet reports whether nothing is left that Close would cut short: no
+// hold; no key with local state, as an acquisition that Shutdown refused
+// may be releasing, in the background, a key its last call took; and no
+// give-back of a grant under way. Close cancels such releases, and their
+// keys then wait for their leases.
+func (r *Registry) quiet() bool {
+	return r.stats.held.Load() == 0 && r.locals.size() == 0 && r.grants.pending.Size() == 0
+}
+
+// holdEnded counts a hold's release.
 func (r *Registry) holdEnded() {
-	if r.stats.held.Add(-1) == 0 && r.closing() {
-		select {
-		case r.life.idle <- struct{}{}:
-		default: // a word is on its way already
-		}
+	r.stats.held.Add(-1)
+	r.tellShutdown()
+}
+
+// tellShutdown has a Shutdown that waits look again whether the registry
+// is quiet: a hold ended, a key's local state or a give-back did.
+func (r *Registry) tellShutdown() {
+	if !r.closing() {
+		return
+	}
+	select {
+	case r.life.idle <- struct{}{}:
+	default: // a word is on its way already
 	}
 }
 

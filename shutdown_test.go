@@ -212,3 +212,60 @@ func TestShutdownReturnsOnceTheLastReleaseIsDoneInRedis(t *testing.T) {
 	require.NoError(t, got.err)
 	require.Zero(t, got.keyInRedis, "the key was released in Redis when Shutdown returned")
 }
+
+// An acquisition whose ctx ended while its call was on its way may have
+// taken the key, which it then releases in the background. Shutdown waits
+// for that release too: the Close it ends with would cut it short, and
+// the key would wait for its lease, 30 s by default.
+func TestShutdownWaitsForTheKeyAnEndedAcquisitionTook(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Shared(t)
+	var stage atomic.Int32 // 1: stall the acquisition's SET, 2: the release
+	setSent, setGo := make(chan struct{}), make(chan struct{})
+	releasing, releaseGo := make(chan struct{}), make(chan struct{})
+	client := srv.Client(t, redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			switch {
+			case cmd.Name() == "set" && stage.CompareAndSwap(1, 2):
+				err := next(ctx, cmd) // the key is taken; its reply waits
+				close(setSent)
+				<-setGo
+				return err
+			case cmd.Name() == "evalsha" && stage.CompareAndSwap(2, 3):
+				close(releasing)
+				select {
+				case <-releaseGo:
+				case <-ctx.Done():
+				}
+			}
+			return next(ctx, cmd)
+		}
+	}})
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	stage.Store(1)
+	acquireCtx, cancel := context.WithCancel(ctx)
+	acquired := make(chan error, 1)
+	go func() {
+		_, err := lock.Acquire(acquireCtx)
+		acquired <- err
+	}()
+	<-setSent
+	cancel()
+	require.ErrorIs(t, <-acquired, ErrNotObtained)
+	close(setGo) // the SET takes the key for an acquisition that ended
+	<-releasing
+	admin := srv.Client(t)
+	require.EqualValues(t, 1, admin.Exists(ctx, lock.keys().Lock()).Val(), "the ended acquisition took the key")
+
+	shutDown := make(chan error, 1)
+	go func() { shutDown <- r.Shutdown(ctx) }()
+	select {
+	case err := <-shutDown:
+		t.Fatalf("Shutdown returned (%v) while the key was on its way back", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(releaseGo)
+	require.NoError(t, <-shutDown)
+	require.Zero(t, admin.Exists(ctx, lock.keys().Lock()).Val(), "the key was released in Redis when Shutdown returned")
+}
