@@ -95,6 +95,17 @@ func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold,
 		return nil, l.notAcquired(ctx, err, nil)
 	}
 	h, handedOff := got.hold, got.hold != nil
+	if handedOff {
+		local.hold.Store(h)
+		if h.tenure.loss() != lossNone {
+			// A loss struck the tenure while the key was handed off, and may
+			// have looked for its current hold before h became it (see
+			// changedBehindItsBack): the key is not the registry's, so this
+			// acquisition takes it in Redis instead.
+			local.hold.Store(nil)
+			h, handedOff = nil, false
+		}
+	}
 	if !handedOff {
 		a := &acquisition{l: l, ctx: ctx, wait: wait, local: local, mark: got.mark}
 		h, err = a.takeKey()

@@ -130,10 +130,7 @@ func (h *Hold) whenLost(fn func(error)) {
 // signals h lost for cause: Redis said that the key was not this
 // registry's, or a renewal came too late to tell.
 func (h *Hold) endLease(cause LossCause) {
-	// Ended first: a release waiting for its confirmation that sees the
-	// lease at 0 finds the outcome there.
-	h.tenure.struck(verdict{cause: cause, err: lossError(h.lock.key, cause)})
-	h.tenure.leaseEnd.Store(0)
+	h.tenure.strike(h.lock.key, cause)
 	h.lose(cause)
 }
 
@@ -143,16 +140,12 @@ func (h *Hold) endLease(cause LossCause) {
 // hold handed off from h. evicted says that the server evicted keys
 // meanwhile.
 func (r *Registry) changedBehindItsBack(h *Hold, cause LossCause, gone, evicted bool) {
-	if h.tenure.leaseEnd.Load() == 0 {
+	if h.tenure.loss() != lossNone {
 		return // the tenure was ended by an earlier loss, which named its cause
-	}
-	current := h.local.hold.Load()
-	if current == nil || current.tenure != h.tenure {
-		current = h
 	}
 	// A forced unlock names the hold that was current when its note came.
 	forced := false
-	for _, held := range []*Hold{h, current} {
+	for _, held := range []*Hold{h, currentOf(h)} {
 		held.mu.Lock()
 		forced = forced || held.forced
 		held.mu.Unlock()
@@ -169,9 +162,21 @@ func (r *Registry) changedBehindItsBack(h *Hold, cause LossCause, gone, evicted 
 		cause = LossEvicted
 	}
 	h.endLease(cause)
-	if current != h {
+	// The tenure is struck before this looks for its current hold: a hold
+	// handed off from h that becomes current after the look finds the
+	// strike itself (Lock.takeHold).
+	if current := currentOf(h); current != h {
 		current.lose(cause)
 	}
+}
+
+// currentOf is the key's current hold if it is of h's tenure (handed off
+// from h), else h.
+func currentOf(h *Hold) *Hold {
+	if current := h.local.hold.Load(); current != nil && current.tenure == h.tenure {
+		return current
+	}
+	return h
 }
 
 // extendLease moves the lease's end to end (unix ns), unless that would

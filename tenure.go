@@ -14,7 +14,8 @@ import (
 type tenure struct {
 	// leaseEnd (unix ns) is when the lease ends at the latest: measured
 	// from when the last successful acquisition or renewal was sent, so it
-	// never overestimates the real lease; 0 once the tenure was struck.
+	// never overestimates the real lease; once a loss struck the tenure,
+	// minus its cause (see strike), which every lease check reads as over.
 	leaseEnd atomic.Int64
 	// confirm is made at the tenure's first local hand-off, where tracking
 	// is on; see confirmations.
@@ -161,7 +162,7 @@ func (t *tenure) settle(taken []chan verdict, ours bool) {
 	switch {
 	case c.ended:
 		tell(taken, c.outcome)
-	case ours && !c.releasing && t.leaseEnd.Load() != 0:
+	case ours && !c.releasing && t.loss() == lossNone:
 		tell(taken, verdict{})
 	default:
 		c.waiting = append(c.waiting, taken...)
@@ -190,12 +191,21 @@ func (c *confirmations) end(outcome verdict, byRelease bool) {
 	c.waiting = nil
 }
 
-// struck ends t's confirmations, if it has any, with v, a loss found
-// (see end).
-func (t *tenure) struck(v verdict) {
+// strike ends t for a loss of key, for cause: its releases waiting for a
+// confirmation learn it first (see end), then its lease is over, for good.
+func (t *tenure) strike(key string, cause LossCause) {
 	if c := t.confirm.Load(); c != nil {
-		c.end(v, false)
+		c.end(verdict{cause: cause, err: lossError(key, cause)}, false)
 	}
+	t.leaseEnd.Store(-int64(cause))
+}
+
+// loss is the cause of the loss that struck t, or lossNone while t lasts.
+func (t *tenure) loss() LossCause {
+	if end := t.leaseEnd.Load(); end <= 0 {
+		return LossCause(-end)
+	}
+	return lossNone
 }
 
 func tell(waiting []chan verdict, v verdict) {
