@@ -94,4 +94,13 @@ func TestALongKeyIsCutInErrorsAndLogs(t *testing.T) {
 	_, err = lock.Acquire(waitCtx)
 	require.ErrorIs(t, err, ErrNotObtained)
 	require.Less(t, len(err.Error()), 400)
+
+	// With a Redis error joined, the key is named once all the same.
+	listed := r.Obtain(strings.Repeat("l", 1<<20))
+	require.NoError(t, client.LPush(ctx, listed.keys().Lock(), "x").Err())
+	_, err = listed.Acquire(ctx)
+	require.ErrorIs(t, err, ErrRedis)
+	require.Contains(t, err.Error(), "WRONGTYPE")
+	require.Equal(t, 1, strings.Count(err.Error(), "(1048576 bytes)"), "the key is named once")
+	require.Less(t, len(err.Error()), 500, "the key's first bytes, its length and Redis's message")
 }
