@@ -114,9 +114,7 @@ func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold,
 			return nil, err
 		}
 		h.local = local
-	}
-	local.hold.Store(h)
-	if !handedOff {
+		local.hold.Store(h)
 		r.arm(h, LossDeleted, local.waited())
 	}
 	r.stats.acquired(time.Since(start), handedOff)

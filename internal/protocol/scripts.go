@@ -12,8 +12,8 @@ type Sources struct {
 }
 
 // Scripts are the protocol's scripts, each with the libraries it uses.
-// Script.Run sends EVALSHA and falls back to EVAL on NOSCRIPT, so a
-// restarted Redis costs one extra round trip, once.
+// Run and RunPipeline send EVALSHA and fall back to EVAL on NOSCRIPT, so
+// a restarted Redis costs one extra round trip, once.
 type Scripts struct {
 	obtain, release, token, renew, forceUnlock *Script
 }
