@@ -100,6 +100,9 @@ type explained struct {
 	sent  int64
 	lease time.Duration
 	fresh bool // the hold has the root's own token: not a local hand-off
+	// after is, for a hold rootOf could not explain, the latest failed
+	// attempt on its key then: missedGrant judges the hold against it.
+	after failedAttempt
 }
 
 func newLeaseTracker(registry string, keys []string, out *emitter) *leaseTracker {
@@ -144,7 +147,40 @@ func (t *leaseTracker) rootOf(key string, token int64) (explained, bool) {
 			return explained{sent: r.sent, lease: r.lease, fresh: d == 0}, true
 		}
 		if over {
-			return explained{}, false
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			return explained{after: t.failed[key]}, false
+		}
+	}
+}
+
+// gapWait bounds, in running time, how long missedGrant waits for a
+// subscription to come back: longer than a Cluster failover fault keeps
+// its killed node down (about 4s).
+const gapWait = 8 * time.Second
+
+// missedGrant reports whether a hold of key with token, which rootOf could
+// not explain, rests on a grant that the tracker's subscriptions missed in
+// a gap that closed only later: a node killed right after it published the
+// grant comes back seconds afterwards, and only then does the subscription
+// that would have carried it. It waits, in running time, up to wait for a
+// subscription to come back after f, the failed attempt the hold came
+// after, and then judges as rootOf's credit rule does. The worker calls it
+// in the background, after the hold: a goroutine holding the key must not
+// wait for a node to come back, since the others' waits are bounded.
+func (t *leaseTracker) missedGrant(key string, token int64, f failedAttempt, wait time.Duration) bool {
+	running := newRunningWait(wait, time.Now())
+	for ; ; time.Sleep(10 * time.Millisecond) {
+		over := running.over(time.Now())
+		t.mu.Lock()
+		if f.lastToken > 0 && token > f.lastToken && t.resubscribed > f.sent {
+			t.saw(key, "hold with token %d credited, after it, as a grant missed in a subscription gap", token)
+			t.mu.Unlock()
+			return true
+		}
+		t.mu.Unlock()
+		if over {
+			return false
 		}
 	}
 }

@@ -170,6 +170,40 @@ func TestLeaseTrackerCreditsGrantsMissedInASubscriptionGap(t *testing.T) {
 	}
 }
 
+// TestLeaseTrackerCreditsAGrantWhoseGapClosesLater: a hold rootOf could
+// not explain, because the subscription that would have carried its grant
+// came back only after rootOf gave up (a node killed right after it
+// published), is credited once that subscription comes back after the
+// failed attempt the hold came after; it stays unexplained if none comes
+// back within the wait, or if its token is not above what that attempt
+// reported.
+func TestLeaseTrackerCreditsAGrantWhoseGapClosesLater(t *testing.T) {
+	for _, tc := range []struct {
+		comesBack bool
+		token     int64
+		explained bool
+	}{{true, 101, true}, {false, 101, false}, {true, 100, false}} {
+		tracker := newLeaseTracker("later", []string{"k"}, &emitter{w: bufio.NewWriter(&bytes.Buffer{})})
+		sent := time.Now().UnixNano()
+		tracker.grantLease = 200 * time.Millisecond
+		tracker.failed["k"] = failedAttempt{sent: sent, lastToken: 100}
+		root, ok := tracker.rootOf("k", tc.token)
+		if ok || root.after.sent != sent || root.after.lastToken != 100 {
+			t.Fatalf("token %d with no gap: got %+v, %v; want unexplained, after the failed attempt", tc.token, root, ok)
+		}
+		if tc.comesBack {
+			time.AfterFunc(100*time.Millisecond, func() {
+				tracker.mu.Lock()
+				tracker.resubscribed = time.Now().UnixNano()
+				tracker.mu.Unlock()
+			})
+		}
+		if got := tracker.missedGrant("k", tc.token, root.after, time.Second); got != tc.explained {
+			t.Errorf("subscription back %v, token %d: missedGrant = %v, want %v", tc.comesBack, tc.token, got, tc.explained)
+		}
+	}
+}
+
 // token returns the calling goroutine's fencing token for lock, failing the
 // test, without stopping it, if there is none.
 func token(t *testing.T, lock *lockreg.Lock) int64 {

@@ -112,6 +112,7 @@ func runWorker(spec string) int {
 		wg.Go(func() { runs[g] = w.loop(g) })
 	}
 	wg.Wait()
+	w.judging.Wait()
 	_ = reg.Close()
 	out.emit(event{E: "done", Goroutines: runs, LostUnlocks: int(w.lostUnlocks.Load()), NoTokens: int(w.noTokens.Load())})
 	return 0
@@ -126,6 +127,8 @@ type worker struct {
 	out         *emitter
 	lostUnlocks atomic.Int64
 	noTokens    atomic.Int64
+	// judging counts the holds being judged in the background (missedGrant).
+	judging sync.WaitGroup
 }
 
 func (w *worker) loop(g int) goroutineRun {
@@ -188,7 +191,11 @@ func (w *worker) critical(g int, lock *lockreg.Lock, acq int64, path lockreg.Pat
 	}
 	root, ok := w.leases.rootOf(key, token)
 	if !ok {
-		w.out.emit(event{E: "error", Msg: fmt.Sprintf("goroutine %d holds %s with token %d, which no obtain call or grant the worker saw explains (last: %d); %s", g, key, token, w.leases.lastToken(key), w.leases.historyOf(key))})
+		w.judging.Go(func() {
+			if !w.leases.missedGrant(key, token, root.after, gapWait) {
+				w.out.emit(event{E: "error", Msg: fmt.Sprintf("goroutine %d holds %s with token %d, which no obtain call or grant the worker saw explains (last: %d); %s", g, key, token, w.leases.lastToken(key), w.leases.historyOf(key))})
+			}
+		})
 	}
 	w.out.emit(event{E: "enter", G: g, Key: key, Token: token, Fresh: root.fresh, Acq: acq, At: enter, Root: root.sent, RootLease: root.lease})
 
