@@ -35,6 +35,7 @@ type result struct {
 	LostSignals    int            `json:"lost_signals"`
 	LostUnlocks    int            `json:"lost_unlocks"`
 	NoTokens       int            `json:"no_token"`
+	LateCredits    int            `json:"late_credits"`
 	Overlaps       int            `json:"overlaps"`
 	// The overlaps by what the earlier hold learnt (see overlaps), and
 	// those that no failover or key fault explains (each a violation).
@@ -344,6 +345,7 @@ func (a *analysis) counts() {
 	r.Acquisitions = len(h.holds)
 	r.LostUnlocks = h.lostUnlocks
 	r.NoTokens = h.noTokens
+	r.LateCredits = h.lateCredits
 	var maxWait int64
 	for i, hd := range h.holds {
 		if hd.fresh {
@@ -600,6 +602,7 @@ func merge(parts []*result) *result {
 		t.LostSignals += p.LostSignals
 		t.LostUnlocks += p.LostUnlocks
 		t.NoTokens += p.NoTokens
+		t.LateCredits += p.LateCredits
 		t.Overlaps += p.Overlaps
 		t.OverlapsReported += p.OverlapsReported
 		t.OverlapsSilent += p.OverlapsSilent

@@ -233,6 +233,9 @@ type history struct {
 	// holds; tokenless are those of them that were lost.
 	noTokens  int
 	tokenless []tokenless
+	// lateCredits counts the holds the tracker credited only after them,
+	// as grants a subscription gap that closed late hid (missedGrant).
+	lateCredits int
 }
 
 // tokenless is a hold that got no fencing token, as it was lost already:
@@ -266,11 +269,12 @@ type event struct {
 	Unlock    unlocked      `json:"u,omitempty"`
 	Cause     string        `json:"c,omitempty"` // unlock, notoken: the LossCause Lost named
 	Handoff   bool          `json:"h,omitempty"` // notoken: the hold was a local hand-off
-	// done: each goroutine's run, how many unlocks reported ErrLockLost
-	// and how many holds got no token.
+	// done: each goroutine's run, how many unlocks reported ErrLockLost,
+	// how many holds got no token, and how many were credited late.
 	Goroutines  []goroutineRun `json:"gs,omitempty"`
 	LostUnlocks int            `json:"lu,omitempty"`
 	NoTokens    int            `json:"nt,omitempty"`
+	LateCredits int            `json:"lc,omitempty"`
 	Msg         string         `json:"msg,omitempty"`
 }
 
@@ -379,6 +383,7 @@ func (c *collector) add(w int, ev event) {
 		}
 		c.h.lostUnlocks += ev.LostUnlocks
 		c.h.noTokens += ev.NoTokens
+		c.h.lateCredits += ev.LateCredits
 		for i := range c.h.workers {
 			if c.h.workers[i].id == w {
 				c.h.workers[i].done = true

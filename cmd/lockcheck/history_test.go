@@ -29,3 +29,15 @@ func TestCollectorFilesUnlocks(t *testing.T) {
 		t.Errorf("errors %q; want the unlock of a hold never exited", h.errors)
 	}
 }
+
+// The workers' done events add up: the unlocks that reported ErrLockLost,
+// the holds that got no token, and those credited late (missedGrant).
+func TestCollectorSumsWhatWorkersCounted(t *testing.T) {
+	c := newCollector(history{}, []string{"k"})
+	c.add(0, event{E: "done", LostUnlocks: 1, NoTokens: 2, LateCredits: 3})
+	c.add(1, event{E: "done", LostUnlocks: 4, NoTokens: 5, LateCredits: 6})
+	h := c.history()
+	if h.lostUnlocks != 5 || h.noTokens != 7 || h.lateCredits != 9 {
+		t.Errorf("lost unlocks %d, no tokens %d, late credits %d; want 5, 7, 9", h.lostUnlocks, h.noTokens, h.lateCredits)
+	}
+}

@@ -100,6 +100,7 @@ func writeTable(w io.Writer, cfg config, phases []*result, total *result) error 
 	row("Lost() fired during a hold", num(func(r *result) int { return r.LostSignals }))
 	row("unlocks returning ErrLockLost", num(func(r *result) int { return r.LostUnlocks }))
 	row("holds that got no token (lost or Redis failing when drawn)", num(func(r *result) int { return r.NoTokens }))
+	row("holds credited after them, as grants a late subscription gap hid", num(func(r *result) int { return r.LateCredits }))
 	section("fencing")
 	row("  stale reads rejected", num(func(r *result) int { return r.StaleReads.Rejected }))
 	row("  stale writes rejected", num(func(r *result) int { return r.StaleWrites.Rejected }))

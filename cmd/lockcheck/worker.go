@@ -114,7 +114,7 @@ func runWorker(spec string) int {
 	wg.Wait()
 	w.judging.Wait()
 	_ = reg.Close()
-	out.emit(event{E: "done", Goroutines: runs, LostUnlocks: int(w.lostUnlocks.Load()), NoTokens: int(w.noTokens.Load())})
+	out.emit(event{E: "done", Goroutines: runs, LostUnlocks: int(w.lostUnlocks.Load()), NoTokens: int(w.noTokens.Load()), LateCredits: int(w.lateCredits.Load())})
 	return 0
 }
 
@@ -127,8 +127,10 @@ type worker struct {
 	out         *emitter
 	lostUnlocks atomic.Int64
 	noTokens    atomic.Int64
-	// judging counts the holds being judged in the background (missedGrant).
-	judging sync.WaitGroup
+	// judging counts the holds being judged in the background
+	// (missedGrant); lateCredits, those it credited.
+	judging     sync.WaitGroup
+	lateCredits atomic.Int64
 }
 
 func (w *worker) loop(g int) goroutineRun {
@@ -192,7 +194,9 @@ func (w *worker) critical(g int, lock *lockreg.Lock, acq int64, path lockreg.Pat
 	root, ok := w.leases.rootOf(key, token)
 	if !ok {
 		w.judging.Go(func() {
-			if !w.leases.missedGrant(key, token, root.after, gapWait) {
+			if w.leases.missedGrant(key, token, root.after, gapWait) {
+				w.lateCredits.Add(1)
+			} else {
 				w.out.emit(event{E: "error", Msg: fmt.Sprintf("goroutine %d holds %s with token %d, which no obtain call or grant the worker saw explains (last: %d); %s", g, key, token, w.leases.lastToken(key), w.leases.historyOf(key))})
 			}
 		})
