@@ -184,6 +184,8 @@ type analysis struct {
 	death    map[int]int64    // when a worker stopped acting: its kill, or the end
 	live     []int64          // per hold, the end of its live interval
 	byKey    map[string][]int // hold indexes, in enter order
+	// longestWait is the hold whose acquisition waited longest, or -1.
+	longestWait int
 	// lostAtFailover: the holds another overlapped across a failover.
 	lostAtFailover map[int]bool
 	// keyOverlaps: how long each reported overlap after a key fault lasted.
@@ -213,6 +215,7 @@ func analyze(h *history) *result {
 		renewals:       make(map[wk][]renewal),
 		death:          make(map[int]int64),
 		byKey:          make(map[string][]int),
+		longestWait:    -1,
 	}
 	for _, e := range h.errors {
 		a.res.violation("%s", e)
@@ -353,7 +356,9 @@ func (a *analysis) counts() {
 		} else {
 			r.Handoffs++
 		}
-		maxWait = max(maxWait, hd.enter-hd.acq)
+		if hd.enter-hd.acq > maxWait {
+			maxWait, a.longestWait = hd.enter-hd.acq, i
+		}
 		switch {
 		case !a.isLive(i):
 			r.NeverLive++
@@ -567,8 +572,14 @@ func (a *analysis) waiters() {
 	h, r := a.h, a.res
 	for _, t := range h.timeouts {
 		r.Timeouts++
-		r.violation("worker %d goroutine %d waited for key %s from %s to %s without getting it",
-			t.worker, t.g, t.key, a.at(t.acq), a.at(t.at))
+		r.violation("worker %d goroutine %d waited for key %s from %s to %s without getting it: the key was %s",
+			t.worker, t.g, t.key, a.at(t.acq), a.at(t.at), a.describeUse(a.busy(t.key, t.acq, t.at), time.Duration(t.at-t.acq)))
+	}
+	if i := a.longestWait; i >= 0 {
+		hd := h.holds[i]
+		a.note("the longest wait, %v for key %s (worker %d goroutine %d, from %s): the key was %s",
+			time.Duration(hd.enter-hd.acq).Round(time.Millisecond), hd.key, hd.worker, hd.g, a.at(hd.acq),
+			a.describeUse(a.busy(hd.key, hd.acq, hd.enter), time.Duration(hd.enter-hd.acq)))
 	}
 	for _, g := range h.goroutines {
 		if g.Acquisitions == 0 && g.First > 0 && h.end-g.First >= int64(h.wait) {

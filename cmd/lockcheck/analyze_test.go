@@ -290,3 +290,29 @@ func TestWorkerErrorsAreViolations(t *testing.T) {
 	r := analyze(h)
 	wantViolation(t, r, r.ViolationCount, "no obtain call")
 }
+
+// A long wait is told apart by how the key was used meanwhile: held by
+// others throughout, or free for stretches nobody took.
+func TestALongWaitSaysHowBusyTheKeyWas(t *testing.T) {
+	killed := freshHold(1, "k", 300, 7_000, 0, 0) // its worker dies at 7.5 s: the key stays taken a lease more
+	killed.acq = ms2ns(2_000)
+	h := historyOf(
+		freshHold(0, "k", 100, 50, 3_000, 1),
+		freshHold(0, "k", 200, 5_000, 6_000, 2),
+		killed,
+	)
+	h.workers[1].killed = ms2ns(7_500)
+	h.timeouts = []timeout{{worker: 0, g: 3, key: "k", acq: ms2ns(100), at: ms2ns(10_100)}}
+	a := &analysis{h: h, res: &result{}, lease: int64(h.lease), death: map[int]int64{}, byKey: map[string][]int{}}
+	a.index()
+	b := a.busy("k", ms2ns(100), ms2ns(10_100))
+	want := busyStretch{held: 2900*time.Millisecond + time.Second + 1500*time.Millisecond, holds: 2, longestFree: 2 * time.Second, freeAt: ms2ns(3_000)}
+	if b != want {
+		t.Errorf("busy = %+v, want %+v", b, want)
+	}
+	r := analyze(h)
+	wantViolation(t, r, r.Timeouts, "held 54% of it by others, who entered 2 times, longest free stretch 2s from +3.000000s")
+	if len(r.Notes) == 0 || !strings.Contains(r.Notes[len(r.Notes)-1], "the longest wait, 5s for key k (worker 1 goroutine 0, from +2.000000s): the key was held 40% of it by others, who entered 1 times, longest free stretch 2s from +3.000000s") {
+		t.Errorf("notes %q: want the longest wait", r.Notes)
+	}
+}
