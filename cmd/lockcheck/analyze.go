@@ -69,29 +69,34 @@ type result struct {
 	// Switches counts the promotions the watcher saw, Spontaneous those no
 	// injected failover caused; AtFailover the holds live at one, and
 	// LostAtFailover those of them lost (see atFailovers).
-	Switches       int                 `json:"failovers_seen"`
-	Spontaneous    int                 `json:"failovers_spontaneous"`
-	AtFailover     int                 `json:"holds_at_failover"`
-	LostAtFailover int                 `json:"holds_lost_at_failover"`
-	Acknowledged   bool                `json:"acknowledged_holds"`
-	TokenOrder     int                 `json:"token_order_violations"`
-	DuplicateToken int                 `json:"duplicate_tokens"`
-	StaleReads     tally               `json:"stale_reads"`
-	StaleWrites    tally               `json:"stale_writes"`
-	RaceRejected   int                 `json:"rejected_in_race"`
-	StoreRejected  int64               `json:"rejected_by_store"`
-	LateOps        tally               `json:"ops_after_lease"`
-	StoreFailed    int                 `json:"store_calls_failed"`
-	Increments     int64               `json:"increments_accepted"`
-	IncrementsSeen int64               `json:"increments_reported"`
-	FinalValue     int64               `json:"final_value"`
-	LostIncrements int64               `json:"lost_increments"`
-	Timeouts       int                 `json:"timeouts"`
-	NeverAcquired  int                 `json:"never_acquired"`
-	Unrecovered    int                 `json:"unrecovered_faults"`
-	Recovery       map[string]recovery `json:"recovery"`
-	RecoveryAll    recovery            `json:"recovery_all"`
-	Takeover       recovery            `json:"takeover"`
+	Switches       int   `json:"failovers_seen"`
+	Spontaneous    int   `json:"failovers_spontaneous"`
+	AtFailover     int   `json:"holds_at_failover"`
+	LostAtFailover int   `json:"holds_lost_at_failover"`
+	Acknowledged   bool  `json:"acknowledged_holds"`
+	TokenOrder     int   `json:"token_order_violations"`
+	DuplicateToken int   `json:"duplicate_tokens"`
+	StaleReads     tally `json:"stale_reads"`
+	StaleWrites    tally `json:"stale_writes"`
+	RaceRejected   int   `json:"rejected_in_race"`
+	StoreRejected  int64 `json:"rejected_by_store"`
+	LateOps        tally `json:"ops_after_lease"`
+	StoreFailed    int   `json:"store_calls_failed"`
+	Increments     int64 `json:"increments_accepted"`
+	IncrementsSeen int64 `json:"increments_reported"`
+	FinalValue     int64 `json:"final_value"`
+	LostIncrements int64 `json:"lost_increments"`
+	Timeouts       int   `json:"timeouts"`
+	// LongWaits counts the acquisitions that waited half of -wait or more
+	// (those that gave up at -wait included), and LongWaitUse sums how
+	// their key was used meanwhile (busy.go).
+	LongWaits     int                 `json:"long_waits"`
+	LongWaitUse   longWaitUse         `json:"long_wait_use"`
+	NeverAcquired int                 `json:"never_acquired"`
+	Unrecovered   int                 `json:"unrecovered_faults"`
+	Recovery      map[string]recovery `json:"recovery"`
+	RecoveryAll   recovery            `json:"recovery_all"`
+	Takeover      recovery            `json:"takeover"`
 	// Promotion: from each failover's kill to the promotion, by variant;
 	// Failovers lists each with its recovery.
 	Promotion map[string]recovery `json:"promotion"`
@@ -572,14 +577,24 @@ func (a *analysis) waiters() {
 	h, r := a.h, a.res
 	for _, t := range h.timeouts {
 		r.Timeouts++
+		u := a.use(t.key, t.acq, t.at)
+		r.LongWaits++
+		r.LongWaitUse.add(u)
 		r.violation("worker %d goroutine %d waited for key %s from %s to %s without getting it: the key was %s",
-			t.worker, t.g, t.key, a.at(t.acq), a.at(t.at), a.describeUse(a.busy(t.key, t.acq, t.at), time.Duration(t.at-t.acq)))
+			t.worker, t.g, t.key, a.at(t.acq), a.at(t.at), a.describeUse(u, time.Duration(t.at-t.acq)))
 	}
-	if i := a.longestWait; i >= 0 {
+	for _, hd := range h.holds {
+		if hd.enter-hd.acq >= int64(h.wait)/2 {
+			r.LongWaits++
+			r.LongWaitUse.add(a.use(hd.key, hd.acq, hd.enter))
+		}
+	}
+	// The longest wait is worth a note once it is long (see busy.go).
+	if i := a.longestWait; i >= 0 && h.holds[i].enter-h.holds[i].acq >= int64(h.wait)/2 {
 		hd := h.holds[i]
 		a.note("the longest wait, %v for key %s (worker %d goroutine %d, from %s): the key was %s",
 			time.Duration(hd.enter-hd.acq).Round(time.Millisecond), hd.key, hd.worker, hd.g, a.at(hd.acq),
-			a.describeUse(a.busy(hd.key, hd.acq, hd.enter), time.Duration(hd.enter-hd.acq)))
+			a.describeUse(a.use(hd.key, hd.acq, hd.enter), time.Duration(hd.enter-hd.acq)))
 	}
 	for _, g := range h.goroutines {
 		if g.Acquisitions == 0 && g.First > 0 && h.end-g.First >= int64(h.wait) {
@@ -653,6 +668,10 @@ func merge(parts []*result) *result {
 		t.FinalValue += p.FinalValue
 		t.LostIncrements += p.LostIncrements
 		t.Timeouts += p.Timeouts
+		t.LongWaits += p.LongWaits
+		t.LongWaitUse.HeldS += p.LongWaitUse.HeldS
+		t.LongWaitUse.DownS += p.LongWaitUse.DownS
+		t.LongWaitUse.FreeS += p.LongWaitUse.FreeS
 		t.NeverAcquired += p.NeverAcquired
 		t.Unrecovered += p.Unrecovered
 		for k, rec := range p.Recovery {

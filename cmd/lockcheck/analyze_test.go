@@ -3,6 +3,7 @@
 package main
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -292,8 +293,8 @@ func TestWorkerErrorsAreViolations(t *testing.T) {
 }
 
 // A long wait is told apart by how the key was used meanwhile: held by
-// others throughout, or free for stretches nobody took.
-func TestALongWaitSaysHowBusyTheKeyWas(t *testing.T) {
+// others, kept from everyone by a fault, or free with nobody taking it.
+func TestALongWaitSaysHowTheKeyWasUsed(t *testing.T) {
 	killed := freshHold(1, "k", 300, 7_000, 0, 0) // its worker dies at 7.5 s: the key stays taken a lease more
 	killed.acq = ms2ns(2_000)
 	h := historyOf(
@@ -302,17 +303,29 @@ func TestALongWaitSaysHowBusyTheKeyWas(t *testing.T) {
 		killed,
 	)
 	h.workers[1].killed = ms2ns(7_500)
+	h.faults = []fault{
+		{kind: faultClusterFailover, worker: -1, keys: []string{"k"}, start: ms2ns(3_500), end: ms2ns(4_500)},
+		{kind: faultMigrate, worker: -1, keys: []string{"other"}, start: ms2ns(6_000), end: ms2ns(7_000)},
+		{kind: faultStop, worker: 0, keys: []string{"k"}, start: ms2ns(9_000), end: ms2ns(10_500)},
+	}
 	h.timeouts = []timeout{{worker: 0, g: 3, key: "k", acq: ms2ns(100), at: ms2ns(10_100)}}
 	a := &analysis{h: h, res: &result{}, lease: int64(h.lease), death: map[int]int64{}, byKey: map[string][]int{}}
 	a.index()
-	b := a.busy("k", ms2ns(100), ms2ns(10_100))
-	want := busyStretch{held: 2900*time.Millisecond + time.Second + 1500*time.Millisecond, holds: 2, longestFree: 2 * time.Second, freeAt: ms2ns(3_000)}
-	if b != want {
-		t.Errorf("busy = %+v, want %+v", b, want)
+	got := a.use("k", ms2ns(100), ms2ns(10_100))
+	// Held 0.1-3, 5-6 and 7-8.5 s; down 3.5-4.5 s (the failover) and 9-10 s
+	// (the stop, a lease); free 3-3.5, 4.5-5, 6-7 and 8.5-9 s, and 10-10.1.
+	want := keyUse{held: 5400 * time.Millisecond, down: 2 * time.Second, free: 2600 * time.Millisecond, entries: 2, longestFree: time.Second, freeAt: ms2ns(6_000)}
+	if got != want {
+		t.Errorf("use = %+v, want %+v", got, want)
 	}
 	r := analyze(h)
-	wantViolation(t, r, r.Timeouts, "held 54% of it by others, who entered 2 times, longest free stretch 2s from +3.000000s")
-	if len(r.Notes) == 0 || !strings.Contains(r.Notes[len(r.Notes)-1], "the longest wait, 5s for key k (worker 1 goroutine 0, from +2.000000s): the key was held 40% of it by others, who entered 1 times, longest free stretch 2s from +3.000000s") {
+	wantViolation(t, r, r.Timeouts, "held 54% of it by others (2 holds began in it); down 20% by faults; free 26%, at most 1s at a stretch, from +6.000000s")
+	// The timeout and the killed hold's 5 s wait are long; in all, 15 s
+	// of waiting: 7.4 s held, 3 s down, 4.6 s free.
+	if use := r.LongWaitUse; r.LongWaits != 2 || math.Abs(use.HeldS-7.4) > 1e-9 || math.Abs(use.DownS-3) > 1e-9 || math.Abs(use.FreeS-4.6) > 1e-9 {
+		t.Errorf("long waits %d, %+v: want 2, held 7.4 s, down 3 s, free 4.6 s", r.LongWaits, use)
+	}
+	if len(r.Notes) == 0 || !strings.Contains(r.Notes[len(r.Notes)-1], "the longest wait, 5s for key k (worker 1 goroutine 0, from +2.000000s): the key was held 40% of it by others (1 hold began in it); down 20% by faults; free 40%, at most 1s at a stretch, from +6.000000s") {
 		t.Errorf("notes %q: want the longest wait", r.Notes)
 	}
 }

@@ -72,6 +72,14 @@ func writeTable(w io.Writer, cfg config, phases []*result, total *result) error 
 	row("  fresh from Redis", num(func(r *result) int { return r.Fresh }))
 	row("  local hand-offs", num(func(r *result) int { return r.Handoffs }))
 	row("longest wait for a lock (ms)", func(r *result) string { return fmt.Sprintf("%.0f", r.MaxWaitMs) })
+	row(fmt.Sprintf("  waits of %v or more, those that gave up included", cfg.wait/2), num(func(r *result) int { return r.LongWaits }))
+	row("  ... the key meanwhile, %: held by others / down by faults / free", func(r *result) string {
+		if r.LongWaits == 0 {
+			return "-"
+		}
+		held, down, free := r.LongWaitUse.shares()
+		return fmt.Sprintf("%.0f / %.0f / %.1f", held, down, free)
+	})
 	row("faults injected", num(func(r *result) int {
 		n := 0
 		for _, c := range r.Faults {
