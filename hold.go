@@ -214,16 +214,25 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 	}
 	if token == 0 {
 		h.endLease(LossDeleted)
-		return 0, h.lossError()
+		if err := h.lossError(); err != nil {
+			return 0, err
+		}
+		// A hold released while the draw ran is not lost, its release
+		// deleted the key: it ended.
+		return 0, errReleasedWhileDrawn(l.key)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.released {
 		// Released while the draw ran: the next holder draws its own.
-		return 0, fmt.Errorf("%w: key %q: released while its token was drawn", ErrNotHeld, printedKey(l.key))
+		return 0, errReleasedWhileDrawn(l.key)
 	}
 	h.token = token
 	return token, nil
+}
+
+func errReleasedWhileDrawn(key string) error {
+	return fmt.Errorf("%w: key %q: released while its token was drawn", ErrNotHeld, printedKey(key))
 }
 
 // usableToken returns the hold's token, or 0 if it has none yet, or why

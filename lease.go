@@ -127,11 +127,19 @@ func (h *Hold) whenLost(fn func(error)) {
 }
 
 // endLease ends the lease now, for h and the holds handed on from it, and
-// signals h lost for cause: Redis said that the key was not this
-// registry's, or a renewal came too late to tell.
+// signals h lost for cause, and with it the hold of the tenure that is
+// current now: Redis said that the key was not this registry's, or a
+// renewal came too late to tell. h may have been handed off meanwhile (a
+// renewal, a Token or a give-back that went out before its release): the
+// news is the current hold's then. The tenure is struck before this looks
+// for its current hold: a hold handed off from h that becomes current
+// after the look finds the strike itself (Lock.takeHold).
 func (h *Hold) endLease(cause LossCause) {
 	h.tenure.strike(h.lock.key, cause)
 	h.lose(cause)
+	if current := currentOf(h); current != h {
+		current.lose(cause)
+	}
 }
 
 // changedBehindItsBack loses h, whose key was found gone (or, with gone
@@ -162,17 +170,14 @@ func (r *Registry) changedBehindItsBack(h *Hold, cause LossCause, gone, evicted 
 		cause = LossEvicted
 	}
 	h.endLease(cause)
-	// The tenure is struck before this looks for its current hold: a hold
-	// handed off from h that becomes current after the look finds the
-	// strike itself (Lock.takeHold).
-	if current := currentOf(h); current != h {
-		current.lose(cause)
-	}
 }
 
 // currentOf is the key's current hold if it is of h's tenure (handed off
 // from h), else h.
 func currentOf(h *Hold) *Hold {
+	if h.local == nil { // not yet stored as its key's hold (takeHold)
+		return h
+	}
 	if current := h.local.hold.Load(); current != nil && current.tenure == h.tenure {
 		return current
 	}

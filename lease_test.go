@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/protocol"
@@ -481,4 +482,51 @@ func TestRenewalIsNativeWhereTheServerHasSetIfeq(t *testing.T) {
 		require.Positive(t, scripts, "renew.lua")
 	}
 	require.NoError(t, kept.Release(ctx))
+}
+
+// A renewal round picks a hold; before its reply, the hold is handed off
+// locally and the key deleted behind the registry's back. The renewal
+// finds the key gone: the hold it was sent for is released, and the news
+// is the current holder's, with its cause, at once (without tracking, as
+// here, nothing else would tell it before the watchdog saw the lease run
+// out, and then as expired).
+func TestARenewalThatFindsTheKeyGoneTellsTheHoldHandedOffMeanwhile(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := aclClient(t, srv, "+@all", "-client") // no tracking: the renewal tells
+	var catching atomic.Bool
+	caught, goOn := make(chan struct{}), make(chan struct{})
+	client.AddHook(redistest.Hook{ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			for _, c := range cmds {
+				if c.Name() == "hset" && catching.CompareAndSwap(true, false) { // the round's owner refresh, before its renewals
+					close(caught)
+					<-goOn
+				}
+			}
+			return next(ctx, cmds)
+		}
+	}})
+	r := newRegistry(t, client, WithExpireAfter(3*time.Second), WithLocalHandoff(16, time.Hour))
+	first, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	next := make(chan *Hold, 1)
+	go func() {
+		h, err := r.Obtain("k").Acquire(ctx)
+		assert.NoError(t, err)
+		next <- h
+	}()
+	require.Eventually(t, func() bool { return waitersOf(r, "k") == 1 }, 5*time.Second, time.Millisecond)
+	catching.Store(true)
+	<-caught // the round picked first
+	require.NoError(t, first.Release(ctx))
+	handedOff := <-next
+	require.Equal(t, viaHandoff, handedOff.via)
+	require.NoError(t, srv.Client(t).Del(ctx, handedOff.redisKey()).Err())
+	close(goOn)
+
+	requireFires(t, handedOff.Lost(), 5*time.Second, "the hold handed off is told")
+	handedOff.mu.Lock()
+	defer handedOff.mu.Unlock()
+	require.Equal(t, LossDeleted, handedOff.cause, "by the renewal, which found the key gone")
 }

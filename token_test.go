@@ -2,12 +2,15 @@ package lockreg
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redisstat"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
@@ -124,4 +127,41 @@ func TestTokensIncreaseAcrossRedisDataLoss(t *testing.T) {
 	future := t3 + int64(time.Hour/time.Microsecond)
 	require.NoError(t, client.Set(ctx, "lockreg-test:"+t.Name()+":{k}:fence", future, time.Minute).Err())
 	require.Equal(t, future+1, take())
+}
+
+// A Token call and a Release of the same hold, from two goroutines: the
+// release deletes the key while the draw is on its way. Token must not
+// answer with no token and no error.
+func TestATokenDrawnWhileItsHoldIsReleasedIsNotHeld(t *testing.T) {
+	ctx := context.Background()
+	sent, goOn := make(chan struct{}, 1), make(chan struct{})
+	tokenHash := protocol.NewPeer(scripts, protocol.Config{}).DrawToken(protocol.Keys{}).Script.Hash()
+	client := redistest.Shared(t).Client(t, redistest.Hook{
+		Process: func(next redis.ProcessHook) redis.ProcessHook {
+			return func(ctx context.Context, cmd redis.Cmder) error {
+				if args := cmd.Args(); len(args) > 1 && cmd.Name() == "evalsha" && args[1] == tokenHash {
+					select {
+					case sent <- struct{}{}:
+						<-goOn
+					default:
+					}
+				}
+				return next(ctx, cmd)
+			}
+		},
+	})
+	h, err := newRegistry(t, client).Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	drawn := make(chan error, 1)
+	go func() {
+		token, err := h.Token(ctx)
+		if token != 0 && err == nil {
+			err = errors.New("a token")
+		}
+		drawn <- err
+	}()
+	<-sent
+	require.NoError(t, h.Release(ctx))
+	close(goOn)
+	require.ErrorIs(t, <-drawn, ErrNotHeld)
 }
