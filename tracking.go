@@ -212,7 +212,7 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 	}
 	r.countCalls(OpTrack, len(calls))
 	protocol.RunPipeline(ctx, conn, calls)
-	var moved []*Hold
+	var redirected []armRequest
 	// Where the server may evict, each batch reads how many keys it
 	// evicted, so that a key found gone is put down to eviction only if
 	// the count rose since the last batch, not since an eviction long ago.
@@ -227,9 +227,7 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 		switch {
 		case broke:
 		case protocol.Redirected(err):
-			// The key's slot moved to another node (a slot migration, a
-			// failover): the registry's client follows it.
-			moved = append(moved, req.h)
+			redirected = append(redirected, req)
 		case err != nil && !protocol.IsReply(err):
 			broke = true
 		case err != nil:
@@ -246,8 +244,61 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 	if broke {
 		return false
 	}
-	if len(moved) > 0 {
-		r.checkHolds(ctx, moved, LossDeleted)
+	if len(redirected) > 0 {
+		r.rearm(redirected)
 	}
 	return true
+}
+
+// rearm takes the holds whose reads a node refused without running them
+// (protocol.Redirected): their key's slot moved to another node (a
+// migration, a failover), or the node cannot serve it yet (it is loading
+// its data after a restart). It checks them at once on the registry's
+// client, which follows the slot and reloads its map of the Cluster, and
+// a retry interval later has them armed again, on the tracker of the node
+// that serves their key by then: left to their renewals, they would go
+// unwatched for up to a renewal interval. A change they were verified for
+// (invalidated) stays unchecked until that arming, so that no local
+// hand-off passes it on. (armLoop counts the batch's changes down after
+// armBatch: each is counted up here first.)
+func (r *Registry) rearm(reqs []armRequest) {
+	for _, req := range reqs {
+		if req.invalidated {
+			req.h.local.unchecked.Add(1)
+		}
+	}
+	checked := func(req armRequest) {
+		if req.invalidated {
+			req.h.local.unchecked.Add(-1)
+		}
+	}
+	started := r.goBackground(func(ctx context.Context) {
+		byCause := make(map[LossCause][]*Hold)
+		for _, req := range reqs {
+			byCause[req.cause] = append(byCause[req.cause], req.h)
+		}
+		for cause, holds := range byCause {
+			r.checkHolds(ctx, holds, cause)
+		}
+		pause := time.NewTimer(r.cfg.retryInterval)
+		defer pause.Stop()
+		select {
+		case <-pause.C:
+		case <-ctx.Done():
+		}
+		for _, req := range reqs {
+			h := currentOf(req.h)
+			t := r.trackerFor(h.redisKey())
+			if ctx.Err() != nil || t == nil || h.Err() != nil { // closing, untracked, or ended
+				checked(req)
+				continue
+			}
+			t.enqueue(armRequest{h: h, cause: req.cause, invalidated: req.invalidated})
+		}
+	})
+	if !started {
+		for _, req := range reqs {
+			checked(req)
+		}
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
@@ -238,6 +239,37 @@ func TestAHolderOnClusterLearnsAtOnceThatItsKeyWasDeleted(t *testing.T) {
 		})
 		requireCause(t, h, LossDeleted)
 	}
+}
+
+// A slot migration moves a held key to another node: the tracker's read
+// of it there is redirected (MOVED), and the key is armed again on the
+// new node's tracker, so that a change there is still told at once, not
+// at the next renewal.
+func TestAHolderOnClusterStillLearnsAtOnceAfterItsKeyMoved(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	client := clusterClient(t, addrs)
+	r := newRegistry(t, client)
+	var reads atomic.Int64
+	r.AddHooks(Hooks{RedisCalls: func(op RedisOp, n int) {
+		if op == OpTrack {
+			reads.Add(int64(n))
+		}
+	}})
+	h, err := r.Obtain("moved").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return reads.Load() >= 1 }, 5*time.Second, time.Millisecond, "the key is armed")
+
+	before := reads.Load()
+	redistest.BeginSlotMigration(t, addrs, protocol.Slot(h.redisKey())).Finish(t)
+	// The move's invalidation is verified on the old node, which redirects;
+	// then the key is armed on its new node.
+	require.Eventually(t, func() bool { return reads.Load() >= before+2 }, 5*time.Second, time.Millisecond, "the moved key is armed again")
+	requireOpen(t, h.Lost(), "a move is no loss")
+
+	require.NoError(t, client.Del(ctx, h.redisKey()).Err())
+	requireFires(t, h.Lost(), blindLimit, "the holder learns at once that its moved key was deleted")
+	requireCause(t, h, LossDeleted)
 }
 
 func TestAHoldHandedOffJustAfterItsKeyChangedIsToldAtItsRelease(t *testing.T) {
