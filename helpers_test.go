@@ -49,6 +49,18 @@ func newRegistry(t testing.TB, client redis.UniversalClient, opts ...Option) *Re
 	return r
 }
 
+// trackingReads counts the reads r's trackers make (arming and verifying
+// held keys).
+func trackingReads(r *Registry) *atomic.Int64 {
+	reads := new(atomic.Int64)
+	r.AddHooks(Hooks{RedisCalls: func(op RedisOp, n int) {
+		if op == OpTrack {
+			reads.Add(int64(n))
+		}
+	}})
+	return reads
+}
+
 // requireSettled waits for what a registry's first acquisition starts in
 // the background on its client (the owner name's publication, the
 // subscription), so that a test counts its own calls only.

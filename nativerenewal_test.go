@@ -2,7 +2,6 @@ package lockreg
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,12 +21,7 @@ func TestANativeRenewalKeepsItsKeyTrackedWithoutAVerify(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	const lease = 300 * time.Millisecond
 	r := newRegistry(t, client, WithExpireAfter(lease))
-	var reads atomic.Int64
-	r.AddHooks(Hooks{RedisCalls: func(op RedisOp, n int) {
-		if op == OpTrack {
-			reads.Add(int64(n))
-		}
-	}})
+	reads := trackingReads(r)
 	h, err := r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return reads.Load() >= 1 }, time.Second, time.Millisecond, "armed")

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,12 +28,7 @@ func holdAndChange(t *testing.T, client redis.UniversalClient, key string, chang
 	t.Helper()
 	ctx := context.Background()
 	r := newRegistry(t, client, opts...)
-	var reads atomic.Int64
-	r.AddHooks(Hooks{RedisCalls: func(op RedisOp, n int) {
-		if op == OpTrack {
-			reads.Add(int64(n))
-		}
-	}})
+	reads := trackingReads(r)
 	h, err := r.Obtain(key).Acquire(ctx)
 	require.NoError(t, err)
 	// A change that leaves the key the holder's (as its own renewals do)
@@ -250,12 +244,7 @@ func TestAHolderOnClusterStillLearnsAtOnceAfterItsKeyMoved(t *testing.T) {
 	addrs := redistest.StartCluster(t, 3)
 	client := clusterClient(t, addrs)
 	r := newRegistry(t, client)
-	var reads atomic.Int64
-	r.AddHooks(Hooks{RedisCalls: func(op RedisOp, n int) {
-		if op == OpTrack {
-			reads.Add(int64(n))
-		}
-	}})
+	reads := trackingReads(r)
 	h, err := r.Obtain("moved").Acquire(ctx)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return reads.Load() >= 1 }, 5*time.Second, time.Millisecond, "the key is armed")
