@@ -291,7 +291,7 @@ func (a *acquisition) takeGrant() *Hold {
 	if h := a.l.acceptGrant(a.local, token, a.mark); h != nil {
 		return h
 	}
-	a.state = attemptDue
+	a.state, a.mayHoldKey = attemptDue, true // the grant left the key here
 	return nil
 }
 

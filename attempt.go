@@ -30,7 +30,8 @@ func (a *acquisition) attempt() (*Hold, error) {
 	if h != nil {
 		return h, nil
 	}
-	a.state, a.mayHoldKey = waiting, mayHaveRun(err)
+	a.state = waiting
+	a.settleDoubt(err)
 	switch {
 	case protocol.Permanent(err):
 		return nil, a.abandon(err)
@@ -77,7 +78,7 @@ func (a *acquisition) firstAttemptHere() (*Hold, error) {
 		return nil, nil
 	}
 	l.r.stats.failed.Add(1)
-	a.mayHoldKey = mayHaveRun(err)
+	a.settleDoubt(err)
 	if protocol.Permanent(err) {
 		return nil, a.abandon(err)
 	}
@@ -87,6 +88,16 @@ func (a *acquisition) firstAttemptHere() (*Hold, error) {
 	}
 	a.state = waiting // the next attempt comes after a pause, as after any failed one
 	return nil, nil
+}
+
+// settleDoubt updates mayHoldKey after an attempt's call that returned
+// err: a reply settles whether the key is this registry's, an error that
+// can come after the call ran raises the doubt, and one that says it did
+// not run (an error reply such as LOADING, no connection) leaves an
+// earlier doubt standing, as the key that call may have taken is still
+// there.
+func (a *acquisition) settleDoubt(err error) {
+	a.mayHoldKey = mayHaveRun(err) || (a.mayHoldKey && err != nil)
 }
 
 // failedWith records a Redis error of an attempt, logging it unless it

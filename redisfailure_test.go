@@ -3,6 +3,8 @@ package lockreg
 import (
 	"context"
 	"net"
+	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -220,4 +222,48 @@ func TestAForeignValueWithoutExpiryShowsAsHeldByAnUnknownOwnerForever(t *testing
 	require.Equal(t, "someone", info.OwnerID)
 	require.Empty(t, info.Owner)
 	require.Equal(t, NoExpiry, info.TTL, "no expiry, not 0s")
+}
+
+// refusal is an error reply from Redis, as go-redis types them: a call it
+// refused without running.
+type refusal string
+
+func (e refusal) Error() string { return string(e) }
+func (refusal) RedisError()     {}
+
+// The first attempt's SET runs but its reply is lost (a read timeout);
+// the next attempts are refused without running (LOADING). The
+// acquisition gives up at its deadline, and releases the key the first
+// attempt may have taken, rather than leaving it locked for the lease.
+func TestAKeyAnAttemptMayHaveTakenIsReleasedWhenLaterAttemptsAreRefused(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	var sets atomic.Int32
+	client := srv.Client(t, redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if cmd.Name() != "set" {
+				return next(ctx, cmd)
+			}
+			err := error(refusal("LOADING Redis is loading the dataset in memory"))
+			if sets.Add(1) == 1 {
+				_ = next(ctx, cmd)
+				err = &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+			}
+			cmd.SetErr(err)
+			return err
+		}
+	}})
+	r := newRegistry(t, client, WithRetryInterval(20*time.Millisecond))
+	deadline, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, r.Obtain("k").LockContext(deadline), ErrNotObtained)
+	require.GreaterOrEqual(t, sets.Load(), int32(2), "attempts after the lost reply")
+	other := newRegistry(t, srv.Client(t))
+	require.Eventually(t, func() bool {
+		if !other.Obtain("k").TryLock() {
+			return false
+		}
+		other.Obtain("k").Unlock()
+		return true
+	}, 5*time.Second, 10*time.Millisecond, "the key is free again, not locked for the lease")
 }
