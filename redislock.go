@@ -152,13 +152,12 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 	return local.hold.Load().release(ctx)
 }
 
-// acquire takes the lock for the calling goroutine: again, if it holds it.
+// acquire takes the lock for the calling goroutine: again, if it holds it,
+// even while the registry closes, as a Shutdown waits for that
+// goroutine's work (acquireHold refuses the rest).
 func (l *Lock) acquire(ctx context.Context, wait bool) error {
-	if err := l.checkAcquisition(ctx); err != nil {
-		return err
-	}
 	gid := goroutineID()
-	if local := l.r.locals.ownedBy(l.key, gid); local != nil {
+	if local := l.r.locals.ownedBy(l.key, gid); local != nil && ctx != nil {
 		local.depth++
 		return nil
 	}

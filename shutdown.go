@@ -11,8 +11,9 @@ import (
 // Shutdown or Close on; then stopped, its background work ended, by Close.
 type lifecycle struct {
 	// closing is closed once the registry refuses acquisitions: Shutdown
-	// or Close began. idle tells a Shutdown that waits for the registry to
-	// be quiet to look again (tellShutdown).
+	// or Close began. idle is closed, and replaced, to tell the Shutdowns
+	// that wait for the registry to be quiet to look again (tellShutdown):
+	// a broadcast, as any number of them may wait.
 	closing chan struct{}
 	idle    chan struct{}
 	// stopCtx bounds background work; Close cancels it (stop). Background
@@ -20,14 +21,14 @@ type lifecycle struct {
 	stopCtx context.Context
 	stop    context.CancelFunc
 
-	mu         sync.Mutex // guards closing's close, stopped and background.Add
+	mu         sync.Mutex // guards closing's close, idle, stopped and background.Add
 	stopped    bool       // Close stopped the background work
 	background sync.WaitGroup
 }
 
 func (l *lifecycle) init() {
 	l.closing = make(chan struct{})
-	l.idle = make(chan struct{}, 1)
+	l.idle = make(chan struct{})
 	l.stopCtx, l.stop = context.WithCancel(context.Background())
 }
 
@@ -58,14 +59,16 @@ func (r *Registry) Close() error {
 
 // Shutdown closes the registry gracefully, as http.Server.Shutdown closes
 // a server. New acquisitions fail with ErrClosed at once, and waiting ones
-// end with ErrClosed. Then it waits until every hold is released (Holds,
+// end with ErrClosed; a goroutine that holds a lock may still lock it
+// again (reentrantly). Then it waits until every hold is released (Holds,
 // the holds of Lock and LockContext, Do's), and each release is done in
 // Redis, renewing them meanwhile, as are the releases of keys that the
 // ended acquisitions may have taken, or until ctx ends. Then it releases
 // in Redis the keys still held (owner-checked), which signals their holds
 // lost (their owners' releases report ErrLockLost and only unlock them
 // locally), and closes the registry. It returns ctx's error if it had to
-// release any key, else nil. Close after Shutdown does nothing.
+// release any key, else nil. Any number of Shutdowns may wait at once.
+// Close after Shutdown does nothing.
 func (r *Registry) Shutdown(ctx context.Context) error {
 	if ctx == nil {
 		return errNilContext
@@ -97,14 +100,21 @@ func (r *Registry) refuse() {
 // awaitReleases waits until the registry is quiet, or ctx ends (its
 // error).
 func (r *Registry) awaitReleases(ctx context.Context) error {
-	for !r.quiet() {
+	for {
+		// The word to look again is taken before the look: a change after
+		// the look closes it.
+		r.life.mu.Lock()
+		again := r.life.idle
+		r.life.mu.Unlock()
+		if r.quiet() {
+			return nil
+		}
 		select {
-		case <-r.life.idle:
+		case <-again:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
-	return nil
 }
 
 // quiet reports whether nothing is left that Close would cut short: no
@@ -128,10 +138,10 @@ func (r *Registry) tellShutdown() {
 	if !r.closing() {
 		return
 	}
-	select {
-	case r.life.idle <- struct{}{}:
-	default: // a word is on its way already
-	}
+	r.life.mu.Lock()
+	close(r.life.idle)
+	r.life.idle = make(chan struct{})
+	r.life.mu.Unlock()
 }
 
 // releaseHeld releases the keys of the holds still held, all at once (the

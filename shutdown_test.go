@@ -269,3 +269,51 @@ func TestShutdownWaitsForTheKeyAnEndedAcquisitionTook(t *testing.T) {
 	require.NoError(t, <-shutDown)
 	require.Zero(t, admin.Exists(ctx, lock.keys().Lock()).Val(), "the key was released in Redis when Shutdown returned")
 }
+
+// Any number of Shutdowns may wait at once (a signal handler, a deferred
+// call, another component's): each returns once the last hold is
+// released.
+func TestConcurrentShutdownsAllReturnOnceTheHoldsAreReleased(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	const shutdowns = 4
+	done := make(chan error, shutdowns)
+	for range shutdowns {
+		go func() { done <- r.Shutdown(ctx) }()
+	}
+	time.Sleep(100 * time.Millisecond) // they wait for the hold
+	require.NoError(t, h.Release(ctx))
+	for i := range shutdowns {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of %d Shutdowns returned", i, shutdowns)
+		}
+	}
+}
+
+// A goroutine that holds a lock may lock it again (reentrantly) while
+// Shutdown waits for it to finish its work; others are refused.
+func TestAHolderLocksAgainWhileShutdownWaitsForIt(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	lock := r.Obtain("k")
+	require.NoError(t, lock.LockContext(ctx))
+	shut := make(chan error, 1)
+	go func() { shut <- r.Shutdown(ctx) }()
+	require.Eventually(t, r.closing, time.Second, time.Millisecond)
+
+	require.NoError(t, lock.LockContext(ctx), "the holder locks again")
+	require.ErrorIs(t, r.Obtain("other").LockContext(ctx), ErrClosed, "a new acquisition is refused")
+	require.NoError(t, lock.UnlockContext(ctx))
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned %v while the outer hold is held", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	require.NoError(t, lock.UnlockContext(ctx))
+	require.NoError(t, <-shut)
+}
