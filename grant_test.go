@@ -2,10 +2,14 @@ package lockreg
 
 import (
 	"context"
+	"net"
+	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -478,4 +482,55 @@ func TestAGrantedHoldIsNotExtendedPastMaxHold(t *testing.T) {
 	time.Sleep(3 * waiter.grants.lease / 2) // past the extension's moment, halfway through the grant lease
 	require.Less(t, client.PTTL(ctx, h.redisKey()).Val(), waiter.grants.lease, "not extended to the full lease")
 	_ = h.Release(ctx)
+}
+
+// A granted hold's short lease is extended halfway through it; if that
+// extension fails (Redis blinked), it is tried again within the grant's
+// lease, rather than leaving the hold to the watchdog's next round, a
+// renewal interval away: one failed call loses no hold.
+func TestAGrantedHoldOutlastsAFailedExtension(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := aclClient(t, srv, "+@all", "-client") // no tracking: extensions go on this client
+	var failing atomic.Bool
+	var failed atomic.Int32
+	renewHash := redis.NewScript(renewLua).Hash()
+	client.AddHook(redistest.Hook{ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			for _, c := range cmds {
+				args := c.Args()
+				renewal := len(args) > 1 && args[0] == "evalsha" && args[1] == renewHash ||
+					c.Name() == "set" && slices.Contains(args, any("ifeq")) // a native renewal
+				if renewal && failing.CompareAndSwap(true, false) {
+					failed.Add(1)
+					err := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+					for _, c := range cmds {
+						c.SetErr(err)
+					}
+					return err
+				}
+			}
+			return next(ctx, cmds)
+		}
+	}})
+	holder := newRegistry(t, srv.Client(t))
+	waiter := newRegistry(t, client)
+	held := holder.Obtain("g")
+	held.Lock()
+	granted := make(chan *Hold, 1)
+	go func() {
+		h, err := waiter.Obtain("g").Acquire(ctx)
+		assert.NoError(t, err)
+		granted <- h
+	}()
+	waitUntilWaiting(t, waiter)
+	failing.Store(true)
+	held.Unlock()
+	h := <-granted
+	require.Equal(t, int64(1), waiter.Stats().Grants, "the key was granted")
+	require.Eventually(t, func() bool { return failed.Load() == 1 }, time.Second, time.Millisecond, "the extension failed")
+	time.Sleep(2 * waiter.grants.lease) // past the grant's lease
+	requireOpen(t, h.Lost(), "the hold outlasts the failed extension")
+	require.Greater(t, srv.Client(t).PTTL(ctx, h.redisKey()).Val(), waiter.grants.lease, "extended to the registry's lease")
+	require.NoError(t, h.Release(ctx))
 }
