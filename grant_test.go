@@ -467,18 +467,7 @@ func TestAGrantedHoldIsNotExtendedPastMaxHold(t *testing.T) {
 	client := redistest.Shared(t).Client(t)
 	holder := newRegistry(t, client)
 	waiter := newRegistry(t, client, WithExpireAfter(5*time.Second), WithRetryInterval(50*time.Millisecond), WithMaxHold(10*time.Millisecond))
-	held := holder.Obtain("g")
-	held.Lock()
-	granted := make(chan *Hold, 1)
-	go func() {
-		h, err := waiter.Obtain("g").Acquire(ctx)
-		assert.NoError(t, err)
-		granted <- h
-	}()
-	waitUntilWaiting(t, waiter)
-	held.Unlock()
-	h := <-granted
-	require.Equal(t, int64(1), waiter.Stats().Grants, "the key was granted")
+	h := grantedHold(t, holder, waiter, "g", nil)
 	time.Sleep(3 * waiter.grants.lease / 2) // past the extension's moment, halfway through the grant lease
 	require.Less(t, client.PTTL(ctx, h.redisKey()).Val(), waiter.grants.lease, "not extended to the full lease")
 	_ = h.Release(ctx)
@@ -515,22 +504,33 @@ func TestAGrantedHoldOutlastsAFailedExtension(t *testing.T) {
 	}})
 	holder := newRegistry(t, srv.Client(t))
 	waiter := newRegistry(t, client)
-	held := holder.Obtain("g")
-	held.Lock()
-	granted := make(chan *Hold, 1)
-	go func() {
-		h, err := waiter.Obtain("g").Acquire(ctx)
-		assert.NoError(t, err)
-		granted <- h
-	}()
-	waitUntilWaiting(t, waiter)
-	failing.Store(true)
-	held.Unlock()
-	h := <-granted
-	require.Equal(t, int64(1), waiter.Stats().Grants, "the key was granted")
+	h := grantedHold(t, holder, waiter, "g", func() { failing.Store(true) })
 	require.Eventually(t, func() bool { return failed.Load() == 1 }, time.Second, time.Millisecond, "the extension failed")
 	time.Sleep(2 * waiter.grants.lease) // past the grant's lease
 	requireOpen(t, h.Lost(), "the hold outlasts the failed extension")
 	require.Greater(t, srv.Client(t).PTTL(ctx, h.redisKey()).Val(), waiter.grants.lease, "extended to the registry's lease")
 	require.NoError(t, h.Release(ctx))
+}
+
+// grantedHold has holder hold key while waiter waits for it, then release
+// it, which grants it to waiter, and returns waiter's hold. beforeRelease,
+// if set, runs once waiter waits.
+func grantedHold(t *testing.T, holder, waiter *Registry, key string, beforeRelease func()) *Hold {
+	t.Helper()
+	held := holder.Obtain(key)
+	held.Lock()
+	granted := make(chan *Hold, 1)
+	go func() {
+		h, err := waiter.Obtain(key).Acquire(context.Background())
+		assert.NoError(t, err)
+		granted <- h
+	}()
+	waitUntilWaiting(t, waiter)
+	if beforeRelease != nil {
+		beforeRelease()
+	}
+	held.Unlock()
+	h := <-granted
+	require.Equal(t, int64(1), waiter.Stats().Grants, "the key was granted")
+	return h
 }
