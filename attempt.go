@@ -37,6 +37,12 @@ func (a *acquisition) attempt() (*Hold, error) {
 		return nil, a.abandon(err)
 	case err != nil:
 		a.failedWith(err)
+		if a.wait && mayHaveRun(err) && !a.mark.isSet() {
+			// obtain.lua may have marked this registry: a mark with no
+			// token trusts no grant, but is withdrawn if the acquisition
+			// gives up, and removed by the attempt that takes the key.
+			a.mark = waitMark{sent: sent}
+		}
 	case a.wait: // another owner held it: obtain.lua marked this registry
 		a.mark = waitMark{sent: sent, token: found.LastToken}
 		a.l.r.publishSoon() // a long wait outlives the owner name's time to live

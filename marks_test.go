@@ -3,8 +3,11 @@ package lockreg
 import (
 	"context"
 	"errors"
+	"net"
+	"os"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -336,4 +339,46 @@ func TestAMarkNeverShortensALongerOne(t *testing.T) {
 	failedAttempt(newRegistry(t, client, WithRetryInterval(5*time.Second)))
 	require.Greater(t, client.PTTL(ctx, marker).Val(), 3*time.Second, "the longer mark extended the marker's TTL")
 	require.Greater(t, client.PTTL(ctx, queue).Val(), 3*time.Second, "and the queue's")
+}
+
+// An attempt's obtain.lua runs and marks the registry as waiting, but its
+// reply is lost (a timeout), and the acquisition then gives up: its mark
+// is withdrawn, as that of any acquisition that gives up, rather than
+// left to lapse while releases grant the key to a registry nobody waits
+// in.
+func TestTheMarkOfAnAttemptWhoseReplyWasLostIsWithdrawn(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	obtainHash := protocol.NewPeer(scripts, protocol.Config{}).Obtain(protocol.Keys{}, true, false).Script.Hash()
+	var obtains atomic.Int32
+	client := srv.Client(t, redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if args := cmd.Args(); len(args) > 1 && args[0] == "evalsha" && args[1] == obtainHash && obtains.Add(1) == 1 {
+				_ = next(ctx, cmd) // it runs, and marks the registry
+				err := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+				cmd.SetErr(err)
+				return err
+			}
+			return next(ctx, cmd)
+		}
+	}})
+	loadScripts(t, admin) // the hooked call runs rather than fail with NOSCRIPT
+	held := newRegistry(t, admin).Obtain("k")
+	held.Lock()
+	defer held.Unlock()
+	r := newRegistry(t, client, WithRetryInterval(time.Second)) // marks last 2 s
+	r.contention.saw("k")                                       // straight to obtain.lua
+	other := r.Obtain("other")                                  // subscribes the registry, as any hold does
+	other.Lock()
+	other.Unlock()
+	require.Eventually(t, r.notes.subscribed.Load, 5*time.Second, time.Millisecond)
+
+	deadline, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, r.Obtain("k").LockContext(deadline), ErrNotObtained)
+	require.Equal(t, int32(1), obtains.Load(), "one attempt, whose reply was lost")
+	require.Eventually(t, func() bool {
+		return errors.Is(admin.ZScore(ctx, r.Obtain("k").keys().Marker(), markOf(r)).Err(), redis.Nil)
+	}, time.Second, 10*time.Millisecond, "the mark is withdrawn, not left to lapse")
 }
