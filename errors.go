@@ -41,9 +41,9 @@ var (
 	// ErrInvalidKey: an empty key, or a DoAll with no keys. Name the
 	// resource to lock: any non-empty string is a key.
 	ErrInvalidKey = errors.New("lockreg: invalid key")
-	// ErrInvalidArgument: a nil context or a nil function. Pass
-	// context.Background() where no context is at hand, and the function
-	// to run under the lock.
+	// ErrInvalidArgument: a nil context, a nil function or an empty owner
+	// id. Pass context.Background() where no context is at hand, the
+	// function to run under the lock, and the owner id Inspect reported.
 	ErrInvalidArgument = errors.New("lockreg: invalid argument")
 	// ErrRedis: a Redis call failed. While waiting, the lock retries; at
 	// release, the key is left to expire after its lease. Check that Redis

@@ -31,6 +31,25 @@ const forcedFenceTTL = 2 * time.Second
 // forbids EVALSHA among them, an ErrRedis error. It works on a closed
 // registry too.
 func (r *Registry) ForceUnlock(ctx context.Context, key string) (bool, error) {
+	return r.forceUnlock(ctx, key, "")
+}
+
+// ForceUnlockHeldBy is ForceUnlock, but only if the registry of client id
+// ownerID (LockInfo.OwnerID) holds key: it reports false, changing
+// nothing, if the key is free or another registry holds it. An operator
+// who decided from what Inspect showed so forces open the hold they saw,
+// never one that took the key since. An empty ownerID is an
+// ErrInvalidArgument error.
+func (r *Registry) ForceUnlockHeldBy(ctx context.Context, key, ownerID string) (bool, error) {
+	if ownerID == "" {
+		return false, fmt.Errorf("%w: ForceUnlockHeldBy with an empty owner id", ErrInvalidArgument)
+	}
+	return r.forceUnlock(ctx, key, ownerID)
+}
+
+// forceUnlock forces key open if only holds it, or whoever does if only
+// is "".
+func (r *Registry) forceUnlock(ctx context.Context, key, only string) (bool, error) {
 	if key == "" {
 		return false, fmt.Errorf("%w: ForceUnlock with an empty key", ErrInvalidKey)
 	}
@@ -38,7 +57,7 @@ func (r *Registry) ForceUnlock(ctx context.Context, key string) (bool, error) {
 		return false, errNilContext
 	}
 	l := r.Obtain(key)
-	holder, held, err := protocol.ReadForceUnlock(l.runScript(ctx, r.peer.ForceUnlock(l.keys(), key, maxHandoffs, forcedFenceTTL)))
+	holder, held, err := protocol.ReadForceUnlock(l.runScript(ctx, r.peer.ForceUnlock(l.keys(), key, maxHandoffs, forcedFenceTTL, only)))
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("%w: force %q open: %w", ErrRedis, printedKey(key), err)

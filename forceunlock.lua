@@ -8,13 +8,16 @@ local lockKey, fenceKey = KEYS[1], KEYS[2]
 -- hand off locally; fenceMs: the least time to live of the raised fence,
 -- longer than the clock takes to pass it; forced: the prefix of the
 -- holder's forced-unlock channel, '<registryKey>:forced:'.
-local channel, key, margin, fenceMs, forced = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
--- Returns the holder's client id, or false when nobody held the key.
+-- only: the client id of the only holder to force open, or '' for any.
+local channel, key, margin, fenceMs, forced, only =
+  ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], ARGV[6]
+-- Returns the holder's client id, or false when nobody held the key, or
+-- only another holder than the one named.
 -- Called with the lock's key alone while its slot migrates between Redis
 -- Cluster nodes: the fence then stays as it is, and tokens rest on the
 -- clock alone, as every token drawn then does.
 local holder = redis.call('GET', lockKey)
-if not holder then
+if not holder or (only and only ~= '' and holder ~= only) then
   return false
 end
 if fenceKey then

@@ -323,3 +323,25 @@ func TestAReadOnlyInspector(t *testing.T) {
 	require.True(t, strings.Contains(err.Error(), "evalsha") || strings.Contains(err.Error(), "eval"), "it names the command: %v", err)
 	require.Equal(t, holder.clientID, admin.Get(ctx, holder.Obtain("o-1").keys().Lock()).Val(), "and changed nothing")
 }
+
+// ForceUnlockHeldBy forces open the hold of the registry it names, and
+// leaves the key alone if another registry holds it.
+func TestForceUnlockHeldByForcesOpenOnlyTheNamedHolder(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder, other, operator := newRegistry(t, client), newRegistry(t, client), newRegistry(t, client)
+	h, err := holder.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+
+	_, err = operator.ForceUnlockHeldBy(ctx, "k", "")
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	forced, err := operator.ForceUnlockHeldBy(ctx, "k", other.clientID)
+	require.NoError(t, err)
+	require.False(t, forced, "another registry holds it")
+	require.NoError(t, h.Err(), "the holder keeps it")
+
+	forced, err = operator.ForceUnlockHeldBy(ctx, "k", holder.clientID)
+	require.NoError(t, err)
+	require.True(t, forced)
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+}

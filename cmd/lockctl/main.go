@@ -12,7 +12,9 @@
 // is the default. -json prints JSON. The namespace is the one the
 // service passes to lockreg.New. list, show and the confirmation need only
 // read the namespace (the README's inspector ACL); unlock runs
-// forceunlock.lua.
+// forceunlock.lua, which forces open only the hold lockctl showed: if the
+// key changed hands meanwhile, it says so and unlocks nothing. -timeout
+// bounds the Redis calls before the confirmation and after it, each.
 //
 // An owner is live if its registry refreshed its owner hash within the
 // last two leases, gone if not (it died, or could not write the hash). A
@@ -21,7 +23,8 @@
 // the close ones first, so that a mistyped one stands out.
 //
 // Exit codes: 0 done; 1 an error (Redis unreachable or too slow, a command
-// the ACL forbids, an unlock declined); 2 bad usage (a flag, command or
+// the ACL forbids, an unlock declined, or refused as the key changed
+// hands); 2 bad usage (a flag, command or
 // URL); 3 not found (no such lock held, or no lock held in the namespace).
 // lockctl -h lists them too.
 package main
@@ -126,7 +129,7 @@ const helpTail = `
 exit codes:
   0  done
   1  an error: Redis unreachable or too slow, a command the ACL forbids,
-     an unlock declined
+     an unlock declined, or refused as the key changed hands
   2  bad usage: a flag, command or -redis URL lockctl cannot use, or
      unlock without -yes and no terminal to ask on
   3  not found: the key is not held, or no lock is held in the namespace
@@ -271,9 +274,10 @@ func dispatch(ctx context.Context, o options, args []string, stdin io.Reader, st
 		return usageError("-namespace: %w", err)
 	}
 	defer closeBriefly(registry)
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	stepCtx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	c := commandRun{ctx: ctx, client: client, registry: registry, namespace: o.namespace, p: printer{out: stdout, json: o.json}}
+	c := commandRun{ctx: stepCtx, again: func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, o.timeout) },
+		client: client, registry: registry, namespace: o.namespace, p: printer{out: stdout, json: o.json}}
 	switch command {
 	case "list":
 		err = c.list()
@@ -309,7 +313,11 @@ func closeBriefly(registry *lockreg.Registry) {
 
 // commandRun is what a command runs with.
 type commandRun struct {
+	// ctx bounds the command's Redis calls by -timeout; again starts
+	// another such bound, for calls after a prompt, whose time is the
+	// operator's.
 	ctx       context.Context
+	again     func() (context.Context, context.CancelFunc)
 	client    redis.UniversalClient
 	registry  *lockreg.Registry
 	namespace string
@@ -370,14 +378,25 @@ func (c commandRun) unlock(key string, yes, terminal bool, stdin io.Reader, stde
 			return errors.New("not unlocked")
 		}
 	}
-	found, err := c.registry.ForceUnlock(c.ctx, key)
-	if err != nil {
+	ctx, cancel := c.again()
+	defer cancel()
+	// Only the hold the operator was shown is forced open: one that took
+	// the key since (its holder released it meanwhile) is left alone.
+	found, err := c.registry.ForceUnlockHeldBy(ctx, key, info.OwnerID)
+	if err != nil || found {
+		if err == nil {
+			err = c.p.unlocked(info)
+		}
 		return err
 	}
-	if !found {
-		return notFoundError("%s was released meanwhile", quoteKey(key))
+	now, err := c.registry.Inspect(ctx, key)
+	switch {
+	case err != nil:
+		return err
+	case now.Held:
+		return fmt.Errorf("%s changed hands: %s holds it now; not unlocked (run unlock again to see it)", quoteKey(key), ownerOf(now.Owner, now.OwnerID))
 	}
-	return c.p.unlocked(info)
+	return notFoundError("%s was released meanwhile", quoteKey(key))
 }
 
 // confirm asks on a terminal whether to force info's lock open: warning,

@@ -221,11 +221,12 @@ func (p *Peer) LastToken(k Keys) *Call { return &Call{Args: []any{"get", k.Fence
 func (p *Peer) CheckOwner(lockKey string) *Call { return &Call{Args: []any{"get", lockKey}} }
 
 // ForceUnlock is forceunlock.lua for key, whose lock keys are k: it
-// deletes the key whoever holds it, raising the fence margin past the
-// last token and the clock, for at least fenceTTL, tells the holder and
-// wakes the waiters. Read its reply with ReadForceUnlock.
-func (p *Peer) ForceUnlock(k Keys, key string, margin int64, fenceTTL time.Duration) Call {
-	return Call{Script: p.scripts.forceUnlock, Keys: k.lockAndFence(), Args: []any{ReleaseChannel(p.namespace), key, margin, fenceTTL.Milliseconds(), p.namespace + forcedInfix}}
+// deletes the key whoever holds it, or only if the registry of client id
+// only does (unless only is ""), raising the fence margin past the last
+// token and the clock, for at least fenceTTL, tells the holder and wakes
+// the waiters. Read its reply with ReadForceUnlock.
+func (p *Peer) ForceUnlock(k Keys, key string, margin int64, fenceTTL time.Duration, only string) Call {
+	return Call{Script: p.scripts.forceUnlock, Keys: k.lockAndFence(), Args: []any{ReleaseChannel(p.namespace), key, margin, fenceTTL.Milliseconds(), p.namespace + forcedInfix, only}}
 }
 
 // RefreshOwner are the calls that write the registry's owner hash and set

@@ -193,7 +193,7 @@ func TestForceUnlockDeletesTheKeyWhoeverHoldsIt(t *testing.T) {
 				require.NoError(t, e.client.Set(e.ctx, k.Fence(), last, testLease).Err())
 			}
 			sub := e.subscribe(ReleaseChannel(e.namespace))
-			holderID, held, err := ReadForceUnlock(e.run(operator.ForceUnlock(k, "k", margin, 2*time.Second)))
+			holderID, held, err := ReadForceUnlock(e.run(operator.ForceUnlock(k, "k", margin, 2*time.Second, "")))
 			require.NoError(t, err)
 			require.True(t, held)
 			require.Equal(t, holder.ClientID(), holderID)
@@ -210,11 +210,29 @@ func TestForceUnlockOfAFreeKeyRepliesNotHeld(t *testing.T) {
 	e := newEnv(t)
 	p := e.peer()
 	k := p.Keys("k")
-	holder, held, err := ReadForceUnlock(e.run(p.ForceUnlock(k, "k", 1000, 2*time.Second)))
+	holder, held, err := ReadForceUnlock(e.run(p.ForceUnlock(k, "k", 1000, 2*time.Second, "")))
 	require.NoError(t, err)
 	require.False(t, held)
 	require.Empty(t, holder)
 	require.Zero(t, e.fence(k), "the fence is untouched")
+}
+
+func TestForceUnlockOfOneHolderSparesAnother(t *testing.T) {
+	e := newEnv(t)
+	holder, k := e.holder()
+	operator := e.peer(noGrants)
+	sub := e.subscribe(ReleaseChannel(e.namespace))
+	_, held, err := ReadForceUnlock(e.run(operator.ForceUnlock(k, "k", 1000, 2*time.Second, "another registry")))
+	require.NoError(t, err)
+	require.False(t, held, "the key is not the named registry's")
+	require.Equal(t, holder.ClientID(), e.owner(k), "the holder keeps it")
+	require.Zero(t, e.fence(k), "the fence is untouched")
+	holderID, held, err := ReadForceUnlock(e.run(operator.ForceUnlock(k, "k", 1000, 2*time.Second, holder.ClientID())))
+	require.NoError(t, err)
+	require.True(t, held)
+	require.Equal(t, holder.ClientID(), holderID)
+	require.Empty(t, e.owner(k))
+	e.received(sub, ReleaseChannel(e.namespace), "f"+holder.ClientID()+":k", "wk")
 }
 
 func TestWithdrawRemovesThePeersMark(t *testing.T) {

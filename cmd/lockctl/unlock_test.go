@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// slowOperator reads the prompt for a while, does meanwhile what the test
+// asks (if anything), then answers y.
+type slowOperator struct {
+	reads     time.Duration
+	meanwhile func()
+	answered  bool
+}
+
+func (o *slowOperator) Read(p []byte) (int, error) {
+	if o.answered {
+		return 0, io.EOF
+	}
+	time.Sleep(o.reads)
+	if o.meanwhile != nil {
+		o.meanwhile()
+	}
+	o.answered = true
+	return copy(p, "y\n"), nil
+}
+
+func newNamedRegistry(t *testing.T, srv *redistest.Server, owner string) *lockreg.Registry {
+	t.Helper()
+	r, err := lockreg.New(srv.Client(t), "orders", lockreg.WithOwner(owner))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+// The time an operator takes at the prompt is theirs: -timeout bounds the
+// Redis calls before it and after it, each.
+func TestUnlockGivesTheOperatorTheirTimeAtThePrompt(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	h, err := newNamedRegistry(t, srv, "billing/pod-7").Obtain("o-1").Acquire(ctx)
+	require.NoError(t, err)
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"-redis", srv.Addr(), "-namespace", "orders", "-timeout", "1s", "unlock", "o-1"},
+		&slowOperator{reads: 1500 * time.Millisecond}, &stdout, &stderr, true)
+	require.Equal(t, exitOK, code, "stdout: %s\nstderr: %s", &stdout, &stderr)
+	require.ErrorIs(t, h.Release(ctx), lockreg.ErrLockLost, "forced open")
+}
+
+// The holder changes while the operator reads the prompt: worker-A
+// releases, worker-B takes the key. The operator agreed to force
+// worker-A's hold open, so worker-B's is left alone, and lockctl says so.
+func TestUnlockForcesOpenOnlyTheHoldTheOperatorWasShown(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	a, b := newNamedRegistry(t, srv, "worker-A"), newNamedRegistry(t, srv, "worker-B")
+	ha, err := a.Obtain("o-1").Acquire(ctx)
+	require.NoError(t, err)
+	var hb *lockreg.Hold
+	operator := &slowOperator{reads: 50 * time.Millisecond, meanwhile: func() {
+		require.NoError(t, ha.Release(ctx))
+		hb, err = b.Obtain("o-1").Acquire(ctx)
+		require.NoError(t, err)
+	}}
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"-redis", srv.Addr(), "-namespace", "orders", "unlock", "o-1"},
+		operator, &stdout, &stderr, true)
+	require.Equal(t, exitError, code, "stdout: %s\nstderr: %s", &stdout, &stderr)
+	require.Regexp(t, `"o-1" changed hands: .* holds it now; not unlocked`, stderr.String())
+	require.NoError(t, hb.Err(), "worker-B still holds it")
+	info, err := b.Inspect(ctx, "o-1")
+	require.NoError(t, err)
+	require.True(t, info.Held)
+	require.NoError(t, hb.Release(ctx))
+}
