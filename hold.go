@@ -57,7 +57,9 @@ type Hold struct {
 	// released says that Release (or the last Unlock) has begun: a hold
 	// is released once. keyReleased says that Shutdown released its key
 	// in Redis already, so the owner's Release only unlocks it locally.
-	released, keyReleased bool
+	// over says that the hold ended, and how is known (Done, Err): it was
+	// lost, or its release is done.
+	released, keyReleased, over bool
 }
 
 func newHold(l *Lock, token int64, sent time.Time, lease time.Duration) *Hold {
@@ -123,31 +125,36 @@ func (h *Hold) Done() <-chan struct{} {
 	defer h.mu.Unlock()
 	if h.done == nil {
 		h.done = make(chan struct{})
-		if h.released || h.cause != lossNone {
+		if h.over {
 			close(h.done)
 		}
 	}
 	return h.done
 }
 
-// Err is nil while the hold is held. Once it ended it says how: an error
-// wrapping ErrLockLost, naming the cause, if it was lost (before its
-// release or not), else ErrNotHeld after its release.
+// Err is nil while the hold is held, its release until that is done
+// included. Once it ended it says how: an error wrapping ErrLockLost,
+// naming the cause, if it was lost (before its release or as the release
+// found), else ErrNotHeld after its release.
 func (h *Hold) Err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
 	case h.lostErr != nil:
 		return h.lostErr
-	case h.released:
+	case h.over:
 		return ErrNotHeld
 	}
 	return nil
 }
 
-// ended closes Done's channel, if made, as the hold ends; h.mu is held,
-// and the hold is not ended yet.
+// ended closes Done's channel, if made, as the hold ends: it was lost, or
+// its release is done, so that Err says how; h.mu is held.
 func (h *Hold) ended() {
+	if h.over {
+		return
+	}
+	h.over = true
 	if h.done != nil {
 		close(h.done)
 	}

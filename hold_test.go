@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -382,4 +383,37 @@ func TestAWatcherOfDoneEndsWithItsHold(t *testing.T) {
 	}
 	waitGroupWithin(t, &watchers, 5*time.Second, "every watcher ended with its hold")
 	require.InDelta(t, before, runtime.NumGoroutine(), 5, "no watcher left behind")
+}
+
+// Done closes once the release's outcome is known, so that Err read then
+// says what Release says: here, that the key had been deleted behind the
+// holder's back, which only the release's owner check finds.
+func TestDoneClosesOnceErrSaysWhatTheReleaseFound(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	var gate atomic.Bool
+	sent, goOn := make(chan struct{}), make(chan struct{})
+	client := aclClient(t, srv, "+@all", "-client") // no tracking: nothing else sees the DEL
+	client.AddHook(redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if cmd.Name() == "evalsha" && gate.CompareAndSwap(true, false) { // the release
+				close(sent)
+				<-goOn
+			}
+			return next(ctx, cmd)
+		}
+	}})
+	h, err := newRegistry(t, client, WithRenewal(false)).Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, srv.Client(t).Del(ctx, h.redisKey()).Err())
+	gate.Store(true)
+	released := make(chan error, 1)
+	go func() { released <- h.Release(ctx) }()
+	<-sent
+	requireOpen(t, h.Done(), "the release is under way")
+	require.NoError(t, h.Err(), "the release is under way")
+	close(goOn)
+	require.ErrorIs(t, <-released, ErrLockLost)
+	requireFires(t, h.Done(), time.Second, "the release is done")
+	require.ErrorIs(t, h.Err(), ErrLockLost, "as Release said")
 }

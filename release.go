@@ -55,13 +55,16 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		h.mu.Unlock()
 		return releaseLoss{}, fmt.Errorf("%w: key %q: released already", ErrNotHeld, printedKey(l.key))
 	}
-	if h.cause == lossNone {
-		h.ended()
-	}
 	h.released = true
 	token, lostErr, keyReleased := h.token, h.lostErr, h.keyReleased
 	loss := releaseLoss{cause: h.cause, signalled: h.cause != lossNone}
 	h.mu.Unlock()
+	// Done closes once the release's outcome is known, which Err then says.
+	defer func() {
+		h.mu.Lock()
+		h.ended()
+		h.mu.Unlock()
+	}()
 
 	local.hold.Store(nil)
 	// The hold counts as held until its release is done, in Redis too: a
