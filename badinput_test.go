@@ -104,3 +104,19 @@ func TestALongKeyIsCutInErrorsAndLogs(t *testing.T) {
 	require.Equal(t, 1, strings.Count(err.Error(), "(1048576 bytes)"), "the key is named once")
 	require.Less(t, len(err.Error()), 500, "the key's first bytes, its length and Redis's message")
 }
+
+// HoldFor outside a Do of its key returns nil, and the README's idiom
+// HoldFor(ctx, key).Token(ctx) then is an error, not a panic.
+func TestANilHoldHoldsNothing(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	h := r.HoldFor(ctx, "k")
+	require.Nil(t, h)
+	_, err := h.Token(ctx)
+	require.ErrorIs(t, err, ErrNotHeld)
+	require.ErrorIs(t, h.Release(ctx), ErrNotHeld)
+	require.ErrorIs(t, h.Err(), ErrNotHeld)
+	requireFires(t, h.Done(), time.Second, "Done")
+	requireFires(t, h.Lost(), time.Second, "Lost")
+	require.Empty(t, h.Key())
+}

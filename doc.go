@@ -126,7 +126,8 @@
 // option (ErrInvalidOption), and the call changes nothing. Obtain, which
 // returns no error, returns for an empty key a Lock whose calls fail so;
 // Lock, which can return none either, panics with the error at the call,
-// as Unlock panics with ErrNotHeld.
+// as Unlock panics with ErrNotHeld. A nil *Hold (HoldFor outside a Do of
+// its key) holds nothing: its methods say ErrNotHeld.
 //
 // # Glossary
 //

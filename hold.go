@@ -81,8 +81,19 @@ func instantOf(t time.Time) instant    { return instant(t.Sub(clockStart)) }
 func (i instant) since() time.Duration { return time.Since(i.time()) }
 func (i instant) time() time.Time      { return clockStart.Add(time.Duration(i)) }
 
+// A nil *Hold, which HoldFor returns outside a Do of its key, holds
+// nothing: its Release, Token and Err say ErrNotHeld, its Lost and Done
+// channels are closed, and its Key is "", so that a misplaced
+// HoldFor(ctx, key).Token(ctx) is an error, not a panic.
+var errNoHold = fmt.Errorf("%w: no hold (HoldFor outside a Do of the key)", ErrNotHeld)
+
 // Key returns the key the hold's lock was obtained for.
-func (h *Hold) Key() string { return h.lock.key }
+func (h *Hold) Key() string {
+	if h == nil {
+		return ""
+	}
+	return h.lock.key
+}
 
 // redisKey is the hold's key in Redis.
 func (h *Hold) redisKey() string { return h.lock.keys().Lock() }
@@ -104,6 +115,9 @@ func (h *Hold) redisKey() string { return h.lock.keys().Lock() }
 // watch for the end of the work (Do does both for you), or watch Done.
 // The channel is made when Lost is first called.
 func (h *Hold) Lost() <-chan struct{} {
+	if h == nil {
+		return closedSignal
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.lost == nil {
@@ -121,6 +135,9 @@ func (h *Hold) Lost() <-chan struct{} {
 // Done, and so ends with it; Err then says how the hold ended. Done costs
 // nothing until it is called.
 func (h *Hold) Done() <-chan struct{} {
+	if h == nil {
+		return closedSignal
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.done == nil {
@@ -137,6 +154,9 @@ func (h *Hold) Done() <-chan struct{} {
 // naming the cause, if it was lost (before its release or as the release
 // found), else ErrNotHeld after its release.
 func (h *Hold) Err() error {
+	if h == nil {
+		return errNoHold
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
@@ -180,8 +200,11 @@ func (h *Hold) ended() {
 // would have expired anyway, so a cancelled request context never leaves
 // a key held.
 func (h *Hold) Release(ctx context.Context) error {
-	if ctx == nil {
+	switch {
+	case ctx == nil:
 		return errNilContext
+	case h == nil:
+		return errNoHold
 	}
 	return h.release(ctx)
 }
@@ -204,8 +227,11 @@ func (h *Hold) Release(ctx context.Context) error {
 // drawn that is sure to rise (the hold is unchanged: call again). Like Release, it is bounded by ctx only
 // as far as the client honours it.
 func (h *Hold) Token(ctx context.Context) (int64, error) {
-	if ctx == nil {
+	switch {
+	case ctx == nil:
 		return 0, errNilContext
+	case h == nil:
+		return 0, errNoHold
 	}
 	h.drawMu.Lock()
 	defer h.drawMu.Unlock()
