@@ -3,6 +3,7 @@ package lockreg
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/lockreg/lockreg/internal/protocol"
 )
@@ -38,7 +39,10 @@ func (l *lifecycle) init() {
 // held in Redis until their leases run out, or until their owners release
 // them, which they still may; as nothing renews them any more, their Lost
 // channels close, and their releases report ErrLockLost. Close waits for
-// the registry's background work to end, and is idempotent.
+// the registry's background work to end, and is idempotent: a call of it
+// to a Redis that does not answer ends at the client's timeouts (go-redis's
+// ReadTimeout, 3 s by default), as go-redis ends no call at its context's
+// cancellation unless ContextTimeoutEnabled is set.
 //
 // Shutdown is the graceful way: it waits for the holds to be released
 // first, and releases what is left itself.
@@ -66,8 +70,11 @@ func (r *Registry) Close() error {
 // ended acquisitions may have taken, or until ctx ends. Then it releases
 // in Redis the keys still held (owner-checked), which signals their holds
 // lost (their owners' releases report ErrLockLost and only unlock them
-// locally), and closes the registry. It returns ctx's error if it had to
-// release any key, else nil. Any number of Shutdowns may wait at once.
+// locally), and closes the registry. Those releases get a second past
+// ctx's end, as far as the client honours it (as Release); a key whose
+// release Redis did not answer by then expires after its lease, and Close
+// may wait longer on a Redis that does not answer (see Close). It returns
+// ctx's error if it had to release any key, else nil. Any number of Shutdowns may wait at once.
 // Close after Shutdown does nothing.
 func (r *Registry) Shutdown(ctx context.Context) error {
 	if ctx == nil {
@@ -145,9 +152,13 @@ func (r *Registry) tellShutdown() {
 }
 
 // releaseHeld releases the keys of the holds still held, all at once (the
-// calls share round trips), and reports whether there were any.
+// calls share round trips), and reports whether there were any. Shutdown's
+// ctx has ended by then: the releases get shutdownGrace more, a round trip
+// many times over, not a lease, as a process being stopped has a deadline
+// of its own; a key whose release does not come back by then (Redis is not
+// answering) expires after its lease.
 func (r *Registry) releaseHeld(ctx context.Context) bool {
-	ctx, cancel := r.releaseContext(ctx)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(shutdownGrace, r.cfg.expireAfter))
 	defer cancel()
 	var releases sync.WaitGroup
 	found := false
@@ -189,6 +200,10 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 	releases.Wait()
 	return found
 }
+
+// shutdownGrace bounds the releases Shutdown makes itself, once its ctx
+// ended.
+const shutdownGrace = time.Second
 
 // goBackground runs fn in a goroutine that Close waits for, with a context
 // that Close cancels. It reports false, and runs nothing, once closed.
