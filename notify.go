@@ -94,15 +94,18 @@ func (r *Registry) unsubscribe() {
 	}
 }
 
-// subscriptionCheck is how long the subscription may stay silent before a
-// PING checks that its connection still works; resubscribePause is the
+// subscriptionCheck is how long a subscription (the registry's, a
+// tracker's target) may stay silent before a PING checks that its
+// connection still works, and, with no PONG, before it is given up for a
+// new one; a variable, which tests shorten. resubscribePause is the
 // longest pause before resubscribing after an error; subscribeTimeout
 // bounds the wait for Redis to confirm a subscription, as long as a
 // default go-redis client waits for any reply (its ReadTimeout).
+var subscriptionCheck = 15 * time.Second
+
 const (
-	subscriptionCheck = 15 * time.Second
-	resubscribePause  = 100 * time.Millisecond
-	subscribeTimeout  = 5 * time.Second
+	resubscribePause = 100 * time.Millisecond
+	subscribeTimeout = 5 * time.Second
 )
 
 // route delivers notifications until Close. It reads the subscription
@@ -111,9 +114,14 @@ const (
 // after a lost connection; what was published meanwhile is lost, which
 // costs the waiters at most a retry interval.
 func (r *Registry) route(stop context.Context, sub *redis.PubSub) {
+	var silence silence
 	for {
 		received, err := sub.ReceiveTimeout(stop, subscriptionCheck)
 		if stop.Err() != nil {
+			return
+		}
+		if silence.dead(sub, stop, received, err) {
+			r.resubscribe(stop, sub)
 			return
 		}
 		switch msg := received.(type) {
@@ -133,11 +141,7 @@ func (r *Registry) route(stop context.Context, sub *redis.PubSub) {
 			}
 		}
 		switch {
-		case err == nil:
-		case isTimeout(err):
-			// A silent connection may be a dead one: the PONG, or the error
-			// that makes go-redis reconnect, comes with the next read.
-			_ = sub.Ping(stop)
+		case err == nil, isTimeout(err):
 		default:
 			// Pause before resubscribing. Every failed dial counts towards
 			// go-redis's dial breaker, which never forgets: the PoolSize-th
@@ -151,6 +155,64 @@ func (r *Registry) route(stop context.Context, sub *redis.PubSub) {
 				return
 			case <-time.After(min(r.cfg.retryInterval, resubscribePause)):
 			}
+		}
+	}
+}
+
+// silence watches a subscription for a connection that died without a
+// word (its host gone, a NAT or load balancer that dropped it): writes go
+// into the void and reads time out, which go-redis, reading with a
+// timeout, never takes for a broken connection, so it would never
+// reconnect, and until the kernel gave up on it (about 15 minutes) every
+// grant and wake-up for the registry would be lost. A silence of
+// subscriptionCheck is answered with a PING; a second one with no PONG,
+// nor anything else, meanwhile says that the connection is dead.
+type silence struct{ pinged bool }
+
+// dead takes what a read of sub returned, and reports whether the
+// connection is dead; it sends the PING after a first silence.
+func (s *silence) dead(sub *redis.PubSub, stop context.Context, received any, err error) bool {
+	switch {
+	case received != nil:
+		s.pinged = false
+	case !isTimeout(err):
+	case s.pinged:
+		return true
+	default:
+		s.pinged = true
+		_ = sub.Ping(stop)
+	}
+	return false
+}
+
+// resubscribe replaces the registry's subscription, whose connection died
+// silently (see silence), with a new one, trying again while Redis does
+// not answer; then, as on go-redis's own resubscription, it wakes the
+// waiters and checks the held keys, as news was lost meanwhile.
+func (r *Registry) resubscribe(stop context.Context, dead *redis.PubSub) {
+	n := &r.notes
+	n.mu.Lock()
+	if n.sub == dead {
+		n.sub = nil
+		n.subscribed.Store(false)
+	}
+	n.mu.Unlock()
+	_ = dead.Close()
+	r.cfg.logger.Debug("lockreg: subscription silent, even to a PING; subscribing again")
+	for pause := min(r.cfg.retryInterval, resubscribePause); ; pause = min(2*pause, subscribeTimeout) {
+		err := r.subscribe(stop)
+		switch {
+		case stop.Err() != nil, errors.Is(err, ErrClosed):
+			return
+		case err == nil:
+			r.wakeAll()
+			r.verifyHolds(LossRestart)
+			return
+		}
+		select {
+		case <-stop.Done():
+			return
+		case <-time.After(pause):
 		}
 	}
 }

@@ -50,9 +50,12 @@ type tracker struct {
 
 // run subscribes the target, again while Redis does not answer, until it
 // can or the server refuses; then it routes what the target receives
-// until Close.
+// until Close, or until its connection died silently (see silence): a new
+// target then takes over, with a new tracking connection, which checks
+// every held key as after a restart.
 func (t *tracker) run(stop context.Context) {
 	defer func() { _ = t.sub.Close() }()
+	cause := LossDeleted
 	for pause := t.r.cfg.retryInterval; ; pause = min(2*pause, subscribeTimeout) {
 		channels := t.r.peer.TrackingChannels()
 		sub := t.sub.Subscribe(stop, channels...)
@@ -67,10 +70,14 @@ func (t *tracker) run(stop context.Context) {
 		}
 		switch {
 		case err == nil:
-			defer func() { _ = sub.Close() }()
-			t.ask(LossDeleted, false)
-			t.route(stop, sub)
-			return
+			t.ask(cause, false)
+			dead := t.route(stop, sub)
+			_ = sub.Close()
+			if !dead {
+				return
+			}
+			cause, pause = LossRestart, t.r.cfg.retryInterval
+			continue
 		case protocol.Permanent(err):
 			_ = sub.Close()
 			t.refuse(err)
@@ -109,13 +116,18 @@ func (t *tracker) stop() {
 	}
 }
 
-// route acts on what the target receives until Close.
-func (t *tracker) route(stop context.Context, sub *redis.PubSub) {
+// route acts on what the target receives until Close, or until its
+// connection died silently, which it then reports.
+func (t *tracker) route(stop context.Context, sub *redis.PubSub) (dead bool) {
 	r := t.r
+	var silence silence
 	for {
 		received, err := sub.ReceiveTimeout(stop, subscriptionCheck)
 		if stop.Err() != nil {
-			return
+			return false
+		}
+		if silence.dead(sub, stop, received, err) {
+			return true
 		}
 		switch msg := received.(type) {
 		case *redis.Message:
@@ -136,13 +148,13 @@ func (t *tracker) route(stop context.Context, sub *redis.PubSub) {
 		case protocol.FlushedAll(err):
 			r.verifyHolds(LossFlushed)
 		case isTimeout(err):
-			// Both connections were silent: a dead one answers no PING.
-			_ = sub.Ping(stop)
+			// The tracking connection was silent too: a dead one answers no
+			// PING (silence has pinged the target).
 			t.ask(lossNone, true)
 		default:
 			select {
 			case <-stop.Done():
-				return
+				return false
 			case <-time.After(resubscribePause):
 			}
 		}

@@ -1,0 +1,155 @@
+package lockreg
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// A connection can die without a word: its peer's host vanished, or a NAT
+// or load balancer dropped its state. Writes then go into the void and
+// reads see nothing. These tests make a registry's connections so, and
+// check that its subscriptions come back.
+
+// silentConn is a connection that can go silent: its writes are dropped,
+// and its reads return nothing (what Redis sends is read and dropped).
+// subscribed says that it sent a SUBSCRIBE.
+type silentConn struct {
+	net.Conn
+	silent, subscribed atomic.Bool
+}
+
+func (c *silentConn) Write(p []byte) (int, error) {
+	if c.silent.Load() {
+		return len(p), nil
+	}
+	if bytes.Contains(bytes.ToLower(p), []byte("subscribe")) {
+		c.subscribed.Store(true)
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *silentConn) Read(p []byte) (int, error) {
+	for {
+		n, err := c.Conn.Read(p)
+		if err != nil || !c.silent.Load() {
+			return n, err
+		}
+	}
+}
+
+// silencer dials connections that it can silence, all at once.
+type silencer struct {
+	mu    sync.Mutex
+	conns []*silentConn
+}
+
+func (s *silencer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	sc := &silentConn{Conn: c}
+	s.mu.Lock()
+	s.conns = append(s.conns, sc)
+	s.mu.Unlock()
+	return sc, nil
+}
+
+// silenceSubscriptions silences the connections dialled so far that
+// subscribed; later ones work.
+func (s *silencer) silenceSubscriptions() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.conns {
+		if c.subscribed.Load() {
+			c.silent.Store(true)
+		}
+	}
+}
+
+// silenceable returns a client of srv whose connections silencer can
+// silence, with subscriptionCheck short, so that a silence is found in
+// well under a second.
+func silenceable(t *testing.T, srv *redistest.Server) (*redis.Client, *silencer) {
+	check := subscriptionCheck
+	subscriptionCheck = 200 * time.Millisecond
+	t.Cleanup(func() { subscriptionCheck = check }) // after the registries' Close
+	s := new(silencer)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), Dialer: s.dial})
+	t.Cleanup(func() { _ = client.Close() })
+	return client, s
+}
+
+// The registry's subscription died silently while it waited: it
+// subscribes again, and the grant of the next release reaches it, rather
+// than its waiters polling for good.
+func TestASubscriptionWhoseConnectionDiedSilentlyComesBack(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client, s := silenceable(t, srv)
+	held := newRegistry(t, srv.Client(t)).Obtain("k")
+	held.Lock()
+	waiter := newRegistry(t, client, WithRetryInterval(20*time.Second)) // only a grant or a wake-up is heard in time
+	taken, hold := make(chan struct{}), make(chan *Hold, 1)
+	go func() {
+		h, err := waiter.Obtain("k").Acquire(ctx)
+		if err == nil {
+			close(taken)
+		}
+		hold <- h
+	}()
+	waitUntilWaiting(t, waiter)
+	waiter.notes.mu.Lock()
+	first := waiter.notes.sub
+	waiter.notes.mu.Unlock()
+
+	s.silenceSubscriptions()
+	require.Eventually(t, func() bool {
+		waiter.notes.mu.Lock()
+		defer waiter.notes.mu.Unlock()
+		return waiter.notes.sub != nil && waiter.notes.sub != first
+	}, 10*time.Second, 10*time.Millisecond, "a new subscription")
+	held.Unlock()
+	requireFires(t, taken, 5*time.Second, "the release reaches the waiter")
+	require.NoError(t, (<-hold).Release(ctx))
+}
+
+// A tracker's target died silently: a new one takes over, with a new
+// tracking connection, and a holder still learns at once that its key was
+// deleted, not at its next renewal.
+func TestATrackerWhoseTargetDiedSilentlyComesBack(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client, s := silenceable(t, srv)
+	// Without pub/sub, the target's is the only subscription, and the
+	// first read after the silence is the new tracking connection's.
+	r := newRegistry(t, client, WithPubSub(false))
+	reads := trackingReads(r)
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return reads.Load() >= 1 }, 5*time.Second, time.Millisecond, "the key is armed")
+	tr := r.tracking.single.Load()
+	target, before := tr.subID.Load(), reads.Load()
+
+	s.silenceSubscriptions()
+	require.Eventually(t, func() bool { return tr.subID.Load() != target }, 10*time.Second, 10*time.Millisecond, "a new target")
+	require.Eventually(t, func() bool { return reads.Load() > before }, 10*time.Second, time.Millisecond, "the new tracking connection reads the key")
+	requireOpen(t, h.Lost(), "the silence lost no key")
+	require.NoError(t, srv.Client(t).Del(ctx, h.redisKey()).Err())
+	requireFires(t, h.Lost(), blindLimit, "the holder learns at once that its key was deleted")
+	// The new connection's check of every held key, which finds a key gone
+	// for the connection's cause (restart), may run after the DEL.
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	require.Contains(t, []LossCause{LossDeleted, LossRestart}, h.cause)
+}
