@@ -67,8 +67,8 @@
 // WithOwner names a registry to operators. Inspect says who holds a key,
 // for how long, and who waits; Locks lists a namespace's held locks;
 // ForceUnlock frees a stuck key whoever holds it, keeping fencing tokens
-// sound and telling the holder; ForceUnlockHeldBy, only if the holder
-// Inspect showed still holds it. cmd/lockctl does all three from a shell.
+// sound and telling the holder; ForceUnlockHeldBy, only while the
+// registry Inspect showed holds it. cmd/lockctl does all three from a shell.
 // AddHooks reports what a registry does, for metrics and traces.
 //
 // # Guarantees

@@ -37,8 +37,10 @@ func (r *Registry) ForceUnlock(ctx context.Context, key string) (bool, error) {
 // ForceUnlockHeldBy is ForceUnlock, but only if the registry of client id
 // ownerID (LockInfo.OwnerID) holds key: it reports false, changing
 // nothing, if the key is free or another registry holds it. An operator
-// who decided from what Inspect showed so forces open the hold they saw,
-// never one that took the key since. An empty ownerID is an
+// who decided from what Inspect showed so never forces open another
+// registry's hold that took the key since; a hold of the same registry
+// that did (its next job on the key, a local hand-off) is forced open, as
+// the client id names a registry, not a hold. An empty ownerID is an
 // ErrInvalidArgument error.
 func (r *Registry) ForceUnlockHeldBy(ctx context.Context, key, ownerID string) (bool, error) {
 	if ownerID == "" {

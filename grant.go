@@ -80,40 +80,51 @@ func newGrants(lease time.Duration) grants {
 // from it, still has the key then. Most holds end sooner and need no
 // extension, which would cost a round trip; a timer, rather than a
 // goroutine per grant, waits for that moment, so that short holds leave
-// nothing running behind them. An extension that did not extend (Redis
-// failed it, or a local hand-off was under way) is tried again halfway
-// through what is left then: the watchdog's next round may be a renewal
-// interval away, far past the grant's lease. It reports false, and
-// extends nothing, once the registry is closed.
+// nothing running behind them. It reports false, and extends nothing,
+// once the registry is closing.
 func (r *Registry) extendLater(local *localLock, h *Hold) bool {
 	if r.closing() {
 		return false
 	}
+	r.extendAt(local, h)
+	return true
+}
+
+// extendAt is extendLater's timer. An extension that did not extend
+// (Redis failed it), or that found a local hand-off under way, is tried
+// again halfway through what is left then, until Close: the watchdog's
+// next round may be a renewal interval away, far past the grant's lease,
+// and a Shutdown waits for the hold, renewing it meanwhile.
+func (r *Registry) extendAt(local *localLock, h *Hold) {
 	left := time.Until(time.Unix(0, h.tenure.leaseEnd.Load()))
 	if left < minExtensionWait {
-		return true // too late to help: the grant's lease runs out
+		return // too late to help: the grant's lease runs out
 	}
 	time.AfterFunc(left/2, func() {
 		// Renewal stops at WithMaxHold, this extension too: the grant's
 		// short lease then runs out, as the watchdog's renewal would let it.
-		if r.cfg.maxHold > 0 && h.taken.since() >= r.cfg.maxHold || h.tenure.loss() != lossNone {
+		if r.cfg.maxHold > 0 && h.taken.since() >= r.cfg.maxHold || h.tenure.loss() != lossNone || r.life.stopCtx.Err() != nil {
 			return
 		}
 		current := local.hold.Load()
 		switch {
-		case current == nil: // a local hand-off is under way
-			r.extendLater(local, h)
+		case current == nil:
+			// Between two holds of a local hand-off, or released: the key's
+			// local state lives on only in the first case, or with a waiter
+			// that takes the key anew (and then has a hold of its own).
+			if still, ok := r.locals.m.Load(h.lock.key); ok && still == local {
+				r.extendAt(local, h)
+			}
 		case current.tenure == h.tenure && !current.leaseOver():
 			r.goBackground(func(ctx context.Context) {
 				end := h.tenure.leaseEnd.Load()
 				r.renew(ctx, [][]*Hold{{current}})
 				if h.tenure.leaseEnd.Load() == end {
-					r.extendLater(local, current)
+					r.extendAt(local, current)
 				}
 			})
 		}
 	})
-	return true
 }
 
 // minExtensionWait is the least of a grant's lease worth extending: below

@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"runtime"
@@ -476,40 +477,53 @@ func TestAGrantedHoldIsNotExtendedPastMaxHold(t *testing.T) {
 // A granted hold's short lease is extended halfway through it; if that
 // extension fails (Redis blinked), it is tried again within the grant's
 // lease, rather than leaving the hold to the watchdog's next round, a
-// renewal interval away: one failed call loses no hold.
+// renewal interval away: one failed call loses no hold. The same while a
+// Shutdown waits for the hold, which renews it meanwhile.
 func TestAGrantedHoldOutlastsAFailedExtension(t *testing.T) {
-	ctx := context.Background()
-	srv := redistest.Start(t)
-	client := aclClient(t, srv, "+@all", "-client") // no tracking: extensions go on this client
-	var failing atomic.Bool
-	var failed atomic.Int32
-	renewHash := redis.NewScript(renewLua).Hash()
-	client.AddHook(redistest.Hook{ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-		return func(ctx context.Context, cmds []redis.Cmder) error {
-			for _, c := range cmds {
-				args := c.Args()
-				renewal := len(args) > 1 && args[0] == "evalsha" && args[1] == renewHash ||
-					c.Name() == "set" && slices.Contains(args, any("ifeq")) // a native renewal
-				if renewal && failing.CompareAndSwap(true, false) {
-					failed.Add(1)
-					err := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	for _, shuttingDown := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shutting down %v", shuttingDown), func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.Start(t)
+			client := aclClient(t, srv, "+@all", "-client") // no tracking: extensions go on this client
+			var failing atomic.Bool
+			var failed atomic.Int32
+			renewHash := redis.NewScript(renewLua).Hash()
+			client.AddHook(redistest.Hook{ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+				return func(ctx context.Context, cmds []redis.Cmder) error {
 					for _, c := range cmds {
-						c.SetErr(err)
+						args := c.Args()
+						renewal := len(args) > 1 && args[0] == "evalsha" && args[1] == renewHash ||
+							c.Name() == "set" && slices.Contains(args, any("ifeq")) // a native renewal
+						if renewal && failing.CompareAndSwap(true, false) {
+							failed.Add(1)
+							err := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+							for _, c := range cmds {
+								c.SetErr(err)
+							}
+							return err
+						}
 					}
-					return err
+					return next(ctx, cmds)
 				}
+			}})
+			holder := newRegistry(t, srv.Client(t))
+			waiter := newRegistry(t, client)
+			h := grantedHold(t, holder, waiter, "g", func() { failing.Store(true) })
+			shutdown := make(chan error, 1)
+			if shuttingDown {
+				go func() { shutdown <- waiter.Shutdown(ctx) }()
+				require.Eventually(t, waiter.closing, time.Second, time.Millisecond)
 			}
-			return next(ctx, cmds)
-		}
-	}})
-	holder := newRegistry(t, srv.Client(t))
-	waiter := newRegistry(t, client)
-	h := grantedHold(t, holder, waiter, "g", func() { failing.Store(true) })
-	require.Eventually(t, func() bool { return failed.Load() == 1 }, time.Second, time.Millisecond, "the extension failed")
-	time.Sleep(2 * waiter.grants.lease) // past the grant's lease
-	requireOpen(t, h.Lost(), "the hold outlasts the failed extension")
-	require.Greater(t, srv.Client(t).PTTL(ctx, h.redisKey()).Val(), waiter.grants.lease, "extended to the registry's lease")
-	require.NoError(t, h.Release(ctx))
+			require.Eventually(t, func() bool { return failed.Load() == 1 }, time.Second, time.Millisecond, "the extension failed")
+			time.Sleep(2 * waiter.grants.lease) // past the grant's lease
+			requireOpen(t, h.Lost(), "the hold outlasts the failed extension")
+			require.Greater(t, srv.Client(t).PTTL(ctx, h.redisKey()).Val(), waiter.grants.lease, "extended to the registry's lease")
+			require.NoError(t, h.Release(ctx))
+			if shuttingDown {
+				require.NoError(t, <-shutdown)
+			}
+		})
+	}
 }
 
 // grantedHold has holder hold key while waiter waits for it, then release

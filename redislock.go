@@ -153,11 +153,11 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 }
 
 // acquire takes the lock for the calling goroutine: again, if it holds it,
-// even while the registry closes, as a Shutdown waits for that
-// goroutine's work (acquireHold refuses the rest).
+// even while a Shutdown waits for that goroutine's work, but not once the
+// registry is closed (acquireHold refuses the rest).
 func (l *Lock) acquire(ctx context.Context, wait bool) error {
 	gid := goroutineID()
-	if local := l.r.locals.ownedBy(l.key, gid); local != nil && ctx != nil {
+	if local := l.r.locals.ownedBy(l.key, gid); local != nil && ctx != nil && l.r.life.stopCtx.Err() == nil {
 		local.depth++
 		return nil
 	}

@@ -59,18 +59,19 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	token, lostErr, keyReleased := h.token, h.lostErr, h.keyReleased
 	loss := releaseLoss{cause: h.cause, signalled: h.cause != lossNone}
 	h.mu.Unlock()
-	// Done closes once the release's outcome is known, which Err then says.
-	defer func() {
-		h.mu.Lock()
-		h.ended()
-		h.mu.Unlock()
-	}()
 
 	local.hold.Store(nil)
 	// The hold counts as held until its release is done, in Redis too: a
 	// Shutdown that returned before that would let its caller close the
 	// client under the release, and leave the key locked for its lease.
 	defer r.holdEnded()
+	// Done closes once the release's outcome is known, which Err then says
+	// (before holdEnded, deferred first, lets a Shutdown return).
+	defer func() {
+		h.mu.Lock()
+		h.ended()
+		h.mu.Unlock()
+	}()
 	if keyReleased {
 		// Shutdown's release of the key ends the tenure (shutdown.go).
 		l.unlockLocal(local)

@@ -317,3 +317,17 @@ func TestAHolderLocksAgainWhileShutdownWaitsForIt(t *testing.T) {
 	require.NoError(t, lock.UnlockContext(ctx))
 	require.NoError(t, <-shut)
 }
+
+// Once the registry is closed, even the goroutine that holds a lock may
+// not lock it again: its hold was lost with Close.
+func TestAHolderCannotLockAgainOnceTheRegistryClosed(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	lock := r.Obtain("k")
+	require.NoError(t, lock.LockContext(ctx))
+	require.NoError(t, r.Close())
+	requireFires(t, lock.Lost(), time.Second, "Close lost the hold")
+	require.False(t, lock.TryLock())
+	require.ErrorIs(t, lock.LockContext(ctx), ErrClosed)
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
+}

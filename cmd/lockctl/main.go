@@ -12,8 +12,9 @@
 // is the default. -json prints JSON. The namespace is the one the
 // service passes to lockreg.New. list, show and the confirmation need only
 // read the namespace (the README's inspector ACL); unlock runs
-// forceunlock.lua, which forces open only the hold lockctl showed: if the
-// key changed hands meanwhile, it says so and unlocks nothing. -timeout
+// forceunlock.lua, and forces the key open only while the registry it
+// showed holds it: if another registry took the key meanwhile, it says so
+// and unlocks nothing. -timeout
 // bounds the Redis calls before the confirmation and after it, each.
 //
 // An owner is live if its registry refreshed its owner hash within the

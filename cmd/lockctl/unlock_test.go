@@ -57,8 +57,9 @@ func TestUnlockGivesTheOperatorTheirTimeAtThePrompt(t *testing.T) {
 
 // The holder changes while the operator reads the prompt: worker-A
 // releases, worker-B takes the key. The operator agreed to force
-// worker-A's hold open, so worker-B's is left alone, and lockctl says so.
-func TestUnlockForcesOpenOnlyTheHoldTheOperatorWasShown(t *testing.T) {
+// worker-A's lock open, so worker-B's hold is left alone, and lockctl says
+// so.
+func TestUnlockForcesOpenOnlyWhileTheRegistryItShowedHoldsTheKey(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	a, b := newNamedRegistry(t, srv, "worker-A"), newNamedRegistry(t, srv, "worker-B")
