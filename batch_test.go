@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/protocol"
@@ -110,4 +111,41 @@ func TestParallelCallsArePipelined(t *testing.T) {
 	require.Less(t, sent.RoundTrips(), calls, "calls shared round trips")
 	t.Logf("%d calls in %d round trips", calls, sent.RoundTrips())
 	requireNoLocalState(t, r)
+}
+
+// A release queued behind MaxInFlight calls to a Redis that hangs ends
+// with its ctx, as far as the client honours it (ContextTimeoutEnabled):
+// it does not wait for the calls before it, nor go out in a pipeline
+// without a deadline.
+func TestAQueuedCallEndsWithItsContext(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, ReadTimeout: 10 * time.Second, MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	r := newRegistry(t, client)
+	holds := make([]*Hold, protocol.MaxInFlight+1)
+	for i := range holds {
+		h, err := r.Obtain("k" + strconv.Itoa(i)).Acquire(ctx)
+		require.NoError(t, err)
+		holds[i] = h
+	}
+	srv.Pause(t)
+	var inFlight sync.WaitGroup
+	for _, h := range holds[:protocol.MaxInFlight] {
+		inFlight.Go(func() { _ = h.Release(ctx) })
+	}
+	require.Eventually(t, func() bool {
+		r.batcher.mu.Lock()
+		defer r.batcher.mu.Unlock()
+		return r.batcher.inFlight == protocol.MaxInFlight
+	}, 5*time.Second, time.Millisecond, "the slots are taken")
+	deadline, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := holds[protocol.MaxInFlight].Release(deadline)
+	took := time.Since(start)
+	srv.Resume(t)
+	inFlight.Wait()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, took, 5*time.Second, "bounded by its ctx, not by the calls before it (ReadTimeout 10 s)")
 }

@@ -31,6 +31,13 @@ func Run(ctx context.Context, client redis.UniversalClient, c *Call) {
 	}
 }
 
+// Failed is the reply of a call that was not made, for err.
+func Failed(ctx context.Context, err error) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(err)
+	return cmd
+}
+
 // Pipeliner is what RunPipeline sends calls through: a client, or one of
 // its connections (redis.Conn).
 type Pipeliner interface {
