@@ -19,7 +19,8 @@ import (
 // queues obtain calls for many keys behind them, and lets them go: they
 // leave as one pipeline, every caller gets its own reply, even after Redis
 // forgot the script, and even though the caller that sends the pipeline had
-// its context cancelled.
+// its context cancelled as it did; a queued call whose context ended
+// before left the queue unsent.
 func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 	ctx := context.Background()
 	var sent redisstat.Counter
@@ -33,8 +34,9 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 	b.mu.Lock()
 	b.inFlight = protocol.MaxInFlight // as if that many calls were on the wire
 	b.mu.Unlock()
-	cancelled, cancel := context.WithCancel(ctx)
-	cancel()
+	// The first queued call leads the pipeline; its caller's context ends
+	// once it does.
+	leading, cancel := context.WithCancel(ctx)
 
 	const callers = 10
 	prefix := "queued-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-" // the keys of this run
@@ -45,7 +47,7 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 		lock := r.Obtain(prefix + strconv.Itoa(i))
 		callCtx := ctx
 		if i == 0 {
-			callCtx = cancelled // the first queued call leads the pipeline
+			callCtx = leading
 		}
 		queued := len(b.queue)
 		wg.Go(func() {
@@ -58,9 +60,27 @@ func TestQueuedCallsLeaveAsOnePipeline(t *testing.T) {
 		}, 5*time.Second, time.Millisecond, "call %d queued behind the full calls in flight", i)
 	}
 	require.Zero(t, sent.RoundTrips(), "nothing is sent while the calls in flight are full")
+	// A queued call whose context ends leaves the queue, unsent.
+	given, giveUp := context.WithCancel(ctx)
+	queued := len(b.queue)
+	var gaveUp error
+	wg.Go(func() { gaveUp = b.run(given, r.peer.Obtain(r.Obtain(prefix+"gave-up").keys(), false, false)).Err() })
+	require.Eventually(t, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue) == queued+1
+	}, 5*time.Second, time.Millisecond, "the call that gives up queued")
+	giveUp()
+	require.Eventually(t, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue) == queued
+	}, 5*time.Second, time.Millisecond, "the call that gave up left the queue")
 
 	b.next() // a call in flight returns
+	cancel()
 	wg.Wait()
+	require.ErrorIs(t, gaveUp, context.Canceled)
 	for i := range callers {
 		require.NoError(t, errs[i], "caller %d", i)
 		require.Positive(t, tokens[i], "caller %d got a token", i)
