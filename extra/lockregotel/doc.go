@@ -14,7 +14,8 @@
 //
 // Instrument each registry once; the providers are the global ones
 // (otel.GetMeterProvider, otel.GetTracerProvider) unless WithMeterProvider
-// or WithTracerProvider name others.
+// or WithTracerProvider name others (a nil one keeps the global provider,
+// and a nil Option is ignored).
 //
 // # Metrics
 //

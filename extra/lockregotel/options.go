@@ -23,7 +23,9 @@ type config struct {
 func newConfig(namespace string, opts []Option) config {
 	c := config{mp: otel.GetMeterProvider(), tp: otel.GetTracerProvider(), registry: namespace}
 	for _, opt := range opts {
-		opt(&c)
+		if opt != nil {
+			opt(&c)
+		}
 	}
 	return c
 }
@@ -37,13 +39,21 @@ func (c *config) baseAttributes() []attribute.KeyValue {
 // WithMeterProvider makes InstrumentMetrics take its meter from mp rather
 // than from otel.GetMeterProvider().
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(c *config) { c.mp = mp }
+	return func(c *config) {
+		if mp != nil { // a provider left nil (telemetry off) keeps the global one
+			c.mp = mp
+		}
+	}
 }
 
 // WithTracerProvider makes InstrumentTracing take its tracer from tp rather
 // than from otel.GetTracerProvider().
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	return func(c *config) { c.tp = tp }
+	return func(c *config) {
+		if tp != nil { // as WithMeterProvider
+			c.tp = tp
+		}
+	}
 }
 
 // WithAttributes adds attrs to every measurement and span, as

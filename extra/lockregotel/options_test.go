@@ -19,7 +19,8 @@ func TestInstrumentRefusesNoRegistry(t *testing.T) {
 }
 
 // TestProvidersDefaultToTheGlobalOnes: without WithMeterProvider and
-// WithTracerProvider, measurements and spans go to otel's global
+// WithTracerProvider, or with nil providers (telemetry switched off by a
+// variable left nil), measurements and spans go to otel's global
 // providers, with the registry's namespace.
 func TestProvidersDefaultToTheGlobalOnes(t *testing.T) {
 	r, namespace := newRegistry(t, redistest.Shared(t).Client(t))
@@ -30,8 +31,8 @@ func TestProvidersDefaultToTheGlobalOnes(t *testing.T) {
 		otel.SetMeterProvider(metricnoop.NewMeterProvider())
 		otel.SetTracerProvider(tracenoop.NewTracerProvider())
 	})
-	require.NoError(t, lockregotel.InstrumentMetrics(r))
-	require.NoError(t, lockregotel.InstrumentTracing(r))
+	require.NoError(t, lockregotel.InstrumentMetrics(r, lockregotel.WithMeterProvider(nil)))
+	require.NoError(t, lockregotel.InstrumentTracing(r, lockregotel.WithTracerProvider(nil), nil))
 	require.NoError(t, r.Do(context.Background(), "k", func(context.Context) error { return nil }))
 
 	require.EqualValues(t, 1, total(t, m.collect(t)["lockreg.acquire.duration"]).count)

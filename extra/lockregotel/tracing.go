@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lockreg/lockreg"
+	"github.com/lockreg/lockreg/internal/keytext"
 )
 
 // InstrumentTracing traces what reg does as the spans described in the
@@ -95,11 +96,13 @@ func (t *tracing) releaseDone(ctx context.Context, e lockreg.ReleaseEvent) {
 }
 
 // fail sets span's status to an error described by err's message, in
-// which lockreg quotes the key: that stays out without WithLockKeys.
+// which lockreg quotes the key, whole or, if long, cut (keytext.Short):
+// that stays out without WithLockKeys.
 func (t *tracing) fail(span trace.Span, key string, err error) {
 	msg := err.Error()
 	if !t.keys {
 		msg = strings.ReplaceAll(msg, strconv.Quote(key), `"…"`)
+		msg = strings.ReplaceAll(msg, strconv.Quote(keytext.Short(key)), `"…"`)
 	}
 	span.SetStatus(codes.Error, msg)
 }

@@ -2,6 +2,7 @@ package lockregotel_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -215,6 +216,19 @@ func TestSpansOfFailures(t *testing.T) {
 	require.Equal(t, "lockreg.release", lost.Name())
 	require.Equal(t, codes.Error, lost.Status().Code)
 	require.Equal(t, `lockreg: lock lost: key "…": the registry was closed`, lost.Status().Description)
+}
+
+// TestSpansKeepALongKeyOut: lockreg's errors print a key longer than 200
+// bytes cut, with its length; without WithLockKeys that stays out of the
+// status too.
+func TestSpansKeepALongKeyOut(t *testing.T) {
+	r, other, _, _ := contenders(t, lockreg.WithRetryInterval(20*time.Millisecond))
+	s := newSpans(t)
+	s.instrument(t, r)
+	timesOut(t, r, other, "customer-alice@example.com/"+strings.Repeat("x", 250))
+	ended := s.ended()
+	require.Len(t, ended, 1)
+	require.Equal(t, `lockreg: lock not obtained: key "…": context deadline exceeded`, ended[0].Status().Description)
 }
 
 // TestSpansWithLockKeysAndAttributes: with WithLockKeys spans name their
