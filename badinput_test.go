@@ -23,6 +23,15 @@ func TestATypedNilClientIsRefused(t *testing.T) {
 	require.ErrorContains(t, err, "client is nil")
 }
 
+// An option chosen by a condition and left unset is nil.
+func TestANilOptionIsRefused(t *testing.T) {
+	var unset Option
+	r, err := New(redistest.Shared(t).Client(t), "k", WithOwner("a"), unset)
+	require.Nil(t, r)
+	require.ErrorIs(t, err, ErrInvalidOption)
+	require.ErrorContains(t, err, "option 2 is nil")
+}
+
 func TestAnEmptyKeyIsAnErrorForEveryCall(t *testing.T) {
 	ctx := context.Background()
 	r := newRegistry(t, redistest.Shared(t).Client(t))

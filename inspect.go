@@ -110,7 +110,7 @@ func (r *Registry) inspect(ctx context.Context, keys []string) ([]LockInfo, erro
 	}
 	var ids []string
 	for _, s := range states {
-		if s.OwnerID != "" {
+		if s.Held {
 			ids = append(ids, s.OwnerID)
 		}
 		ids = append(ids, s.Waiting...)
@@ -121,7 +121,7 @@ func (r *Registry) inspect(ctx context.Context, keys []string) ([]LockInfo, erro
 	}
 	infos := make([]LockInfo, len(keys))
 	for i, s := range states {
-		info := LockInfo{Key: keys[i], Held: s.OwnerID != "", OwnerID: s.OwnerID, Owner: owners[s.OwnerID].Name, TTL: s.TTL, Token: s.Token}
+		info := LockInfo{Key: keys[i], Held: s.Held, OwnerID: s.OwnerID, Owner: owners[s.OwnerID].Name, TTL: s.TTL, Token: s.Token}
 		if s.NoExpiry {
 			info.TTL = NoExpiry
 		}

@@ -188,7 +188,11 @@ func newConfig(client redis.UniversalClient, namespace string, opts []Option) (c
 		renewal: true, pubSub: true, handoffMax: defaultHandoffMax, handoffFor: defaultHandoffFor,
 		owner: defaultOwner(),
 	}
-	for _, opt := range opts {
+	for i, opt := range opts {
+		if opt == nil {
+			cfg.errs = append(cfg.errs, fmt.Errorf("%w: option %d is nil", ErrInvalidOption, i+1))
+			continue
+		}
 		opt(&cfg)
 	}
 	errs, optionsValid := cfg.errs, len(cfg.errs) == 0

@@ -215,13 +215,21 @@ func TestAForeignValueWithoutExpiryShowsAsHeldByAnUnknownOwnerForever(t *testing
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
-	require.NoError(t, client.Set(ctx, r.Obtain("k").keys().Lock(), "someone", 0).Err())
-	info, err := r.Inspect(ctx, "k")
-	require.NoError(t, err)
-	require.True(t, info.Held)
-	require.Equal(t, "someone", info.OwnerID)
-	require.Empty(t, info.Owner)
-	require.Equal(t, NoExpiry, info.TTL, "no expiry, not 0s")
+	for _, value := range []string{"someone", ""} { // an empty value blocks the key as well
+		require.NoError(t, client.Set(ctx, r.Obtain("k").keys().Lock(), value, 0).Err())
+		info, err := r.Inspect(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, info.Held, "%q", value)
+		require.Equal(t, value, info.OwnerID)
+		require.Empty(t, info.Owner)
+		require.Equal(t, NoExpiry, info.TTL, "no expiry, not 0s")
+		var listed []string
+		for info, err := range r.Locks(ctx) {
+			require.NoError(t, err)
+			listed = append(listed, info.Key)
+		}
+		require.Equal(t, []string{"k"}, listed, "Locks lists it")
+	}
 }
 
 // refusal is an error reply from Redis, as go-redis types them: a call it

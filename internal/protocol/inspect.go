@@ -14,7 +14,10 @@ import (
 
 // LockState is what Redis keeps of one lock, read for operators.
 type LockState struct {
-	OwnerID string // the lock key's value: the holder's client id, or "" if free
+	// Held says that the lock key exists; OwnerID is its value: the
+	// holder's client id (a value no registry set may be anything, "" too).
+	Held    bool
+	OwnerID string
 	// TTL is what is left of the lease; NoExpiry says that the lock key
 	// has none (a value no registry set: registries always set a lease).
 	TTL      time.Duration
@@ -52,12 +55,12 @@ func ReadLocks(ctx context.Context, client redis.UniversalClient, keys []Keys) (
 	nowMs := float64(now.Val().UnixMilli())
 	states := make([]LockState, len(keys))
 	for i, rd := range all {
-		s := LockState{OwnerID: rd.owner.Val()}
+		s := LockState{OwnerID: rd.owner.Val(), Held: rd.owner.Err() == nil}
 		// PTTL answers -1 for a key without expiry, -2 for none.
 		switch ms := rd.ttl.Val(); {
 		case ms >= 0:
 			s.TTL = time.Duration(ms) * time.Millisecond
-		case ms == -1 && s.OwnerID != "":
+		case ms == -1 && s.Held:
 			s.NoExpiry = true
 		}
 		s.Token, _ = strconv.ParseInt(rd.fence.Val(), 10, 64)

@@ -52,19 +52,22 @@ func TestReadLocksReportsTheOwnerTTLTokenAndLiveWaitersInQueueOrder(t *testing.T
 	require.Positive(t, s.TTL)
 	require.LessOrEqual(t, s.TTL, testLease)
 	s.TTL = 0
-	require.Equal(t, LockState{OwnerID: holder.ClientID(), Token: token, Waiting: []string{first.ClientID(), second.ClientID()}}, s)
+	require.Equal(t, LockState{Held: true, OwnerID: holder.ClientID(), Token: token, Waiting: []string{first.ClientID(), second.ClientID()}}, s)
 	require.Equal(t, LockState{}, states[1], "a free key")
 }
 
-// Registries always set a lease: a key without one was set by hand.
+// Registries always set a lease: a key without one was set by hand, with
+// any value, an empty one too, which blocks the key as well.
 func TestReadLocksReportsAValueWithoutTTLAsNoExpiry(t *testing.T) {
 	e := newEnv(t)
 	k := LockKeys(e.namespace, "k")
-	require.NoError(t, e.client.Set(e.ctx, k.Lock(), "by hand", 0).Err())
 	t.Cleanup(func() { e.client.Del(e.ctx, k.Lock()) })
-	states, err := ReadLocks(e.ctx, e.client, []Keys{k})
-	require.NoError(t, err)
-	require.Equal(t, []LockState{{OwnerID: "by hand", NoExpiry: true}}, states)
+	for _, value := range []string{"by hand", ""} {
+		require.NoError(t, e.client.Set(e.ctx, k.Lock(), value, 0).Err())
+		states, err := ReadLocks(e.ctx, e.client, []Keys{k})
+		require.NoError(t, err)
+		require.Equal(t, []LockState{{Held: true, OwnerID: value, NoExpiry: true}}, states)
+	}
 }
 
 func TestScanFindsTheNamespacesLockKeys(t *testing.T) {
