@@ -60,8 +60,10 @@ var (
 	// while its holder still works under it. Set maxmemory-policy to
 	// noeviction (CONFIG SET maxmemory-policy noeviction, or the managed
 	// service's parameter group), or keep the locks on a server of their
-	// own that does not evict; to accept the risk, pass WithEvictionAllowed,
-	// which reports each eviction of a held key as a loss (LossEvicted).
+	// own that does not evict (the registry looks again every 30 s, and
+	// uses a fixed server from then on); to accept the risk, pass
+	// WithEvictionAllowed, which reports each eviction of a held key as a
+	// loss (LossEvicted).
 	ErrServerEvicts = errors.New("lockreg: the server may evict lock keys")
 )
 

@@ -18,7 +18,10 @@ import (
 // registry reads every primary's policy (INFO memory) in the background
 // from New on, and refuses such a server (ErrServerEvicts) unless
 // WithEvictionAllowed: its first acquisition waits for that first look,
-// which is done by then as a rule.
+// which is done by then as a rule. It looks again every policyRecheck, as
+// a policy can change (CONFIG SET, a failover to a server configured
+// otherwise, a primary added to a Cluster): a server that now may evict is
+// refused from then on, and one fixed is used again.
 
 // serverCheck is what a registry learned of its servers' eviction policy.
 type serverCheck struct {
@@ -39,37 +42,53 @@ type serverCheck struct {
 
 func (s *serverCheck) init() { s.looked = make(chan struct{}) }
 
+// policyRecheck is how often a registry looks at its servers' eviction
+// policy again once it knows it; a variable, which tests shorten.
+var policyRecheck = 30 * time.Second
+
 // checkServers reads the eviction policy of every primary, again every
-// retry interval while Redis does not answer, until it knows.
+// retry interval while Redis does not answer, until it knows; then every
+// policyRecheck, until Close.
 func (r *Registry) checkServers(stop context.Context) {
 	defer func() {
 		if !isClosed(r.servers.looked) {
 			close(r.servers.looked)
 		}
 	}()
+	known, warned := false, false
 	for {
 		err := r.readEvictionPolicies(stop)
-		if err == nil || protocol.Permanent(err) {
-			if err != nil {
+		switch {
+		case err == nil:
+			known = true
+		case protocol.Permanent(err):
+			known = true
+			if !warned {
+				warned = true
 				r.cfg.logger.Warn("lockreg: cannot read the servers' eviction policy (INFO memory); lock keys may be evicted unseen", "error", err)
 			}
-			return
 		}
 		if !isClosed(r.servers.looked) {
 			close(r.servers.looked) // acquisitions meanwhile report Redis's errors themselves
 		}
+		pause := policyRecheck
+		if !known {
+			pause = r.cfg.retryInterval
+		}
 		select {
 		case <-stop.Done():
 			return
-		case <-time.After(r.cfg.retryInterval):
+		case <-time.After(pause):
 		}
 	}
 }
 
 // readEvictionPolicies reads and judges every primary's policy, and
-// whether every one renews natively.
+// whether every one renews natively. A look that failed changes no
+// judgement but the last: renew.lua, which every server runs.
 func (r *Registry) readEvictionPolicies(ctx context.Context) error {
-	native := true
+	native, evicts := true, false
+	var refused error
 	err := r.forEachPrimary(ctx, func(ctx context.Context, addr string, node redis.Cmdable) error {
 		info, err := node.Info(ctx, "memory", "server").Result()
 		if err != nil {
@@ -81,10 +100,12 @@ func (r *Registry) readEvictionPolicies(ctx context.Context) error {
 			return err
 		}
 		if !r.cfg.evictionAllowed {
-			err := fmt.Errorf("%w: %s has maxmemory %d and maxmemory-policy %s", ErrServerEvicts, addr, e.MaxBytes, e.Policy)
-			r.servers.refused.Store(&err)
+			if refused == nil {
+				refused = fmt.Errorf("%w: %s has maxmemory %d and maxmemory-policy %s", ErrServerEvicts, addr, e.MaxBytes, e.Policy)
+			}
 			return nil
 		}
+		evicts = true
 		if !r.servers.evicts.Swap(true) {
 			r.cfg.logger.Warn("lockreg: the server may evict lock keys; WithEvictionAllowed accepts it, and each eviction is reported as a loss", "server", addr, "maxmemory_policy", e.Policy)
 		}
@@ -92,7 +113,16 @@ func (r *Registry) readEvictionPolicies(ctx context.Context) error {
 		return nil
 	})
 	r.servers.native.Store(err == nil && native)
-	return err
+	if err != nil {
+		return err
+	}
+	r.servers.evicts.Store(evicts)
+	if refused != nil {
+		r.servers.refused.Store(&refused)
+	} else {
+		r.servers.refused.Store(nil)
+	}
+	return nil
 }
 
 // forEachPrimary calls fn for every primary of the registry's client, one

@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -61,4 +62,26 @@ func TestAServerThatHidesItsPolicyIsUsedWithAWarning(t *testing.T) {
 	r := newRegistry(t, client, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	require.NoError(t, r.Do(ctx, "k", func(context.Context) error { return nil }))
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "cannot read the servers' eviction policy") }, 5*time.Second, 10*time.Millisecond)
+}
+
+// A policy can change while a registry runs (CONFIG SET, a failover to a
+// server configured otherwise): a server that now may evict is refused,
+// and used again once fixed, as ErrServerEvicts advises.
+func TestAServersPolicyIsLookedAtAgain(t *testing.T) {
+	ctx := context.Background()
+	recheck := policyRecheck
+	policyRecheck = 50 * time.Millisecond
+	t.Cleanup(func() { policyRecheck = recheck }) // after the registry's Close
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	r := newRegistry(t, srv.Client(t))
+	do := func() error { return r.Do(ctx, "k", func(context.Context) error { return nil }) }
+	require.NoError(t, do())
+
+	require.NoError(t, admin.ConfigSet(ctx, "maxmemory", "20mb").Err())
+	require.NoError(t, admin.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
+	require.Eventually(t, func() bool { return errors.Is(do(), ErrServerEvicts) }, 5*time.Second, 10*time.Millisecond, "refused once it may evict")
+
+	require.NoError(t, admin.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	require.Eventually(t, func() bool { return do() == nil }, 5*time.Second, 10*time.Millisecond, "used again once fixed")
 }
