@@ -12,13 +12,16 @@ import (
 // LockInfo is what Redis says of one lock, for operators: Inspect and
 // Locks return it, and lockctl shows it.
 type LockInfo struct {
-	Key   string // the lock's key, as passed to Obtain (unescaped)
-	Held  bool   // some registry holds the key
+	Key string // the lock's key, as passed to Obtain (unescaped)
+	// Held says that the lock's Redis key exists: some registry holds it,
+	// or a value no registry set blocks it.
+	Held  bool
 	Owner string // the holding registry's owner name (WithOwner); "" if unknown: it died, or predates owner names
 	// TTL is what is left of the lease, or NoExpiry for a key without
 	// one: a value that no registry set, which nothing will free.
 	TTL time.Duration
-	// OwnerID is the holding registry's client id, the Redis key's value.
+	// OwnerID is the Redis key's value: the holding registry's client id,
+	// or a foreign value (which may be "").
 	OwnerID string
 	// Token is the key's last fencing token, 0 if none is stored.
 	Token int64

@@ -173,9 +173,11 @@ type silence struct{ pinged bool }
 // connection is dead; it sends the PING after a first silence.
 func (s *silence) dead(sub *redis.PubSub, stop context.Context, received any, err error) bool {
 	switch {
-	case received != nil:
-		s.pinged = false
 	case !isTimeout(err):
+		// Something came: a message, a reply (an error reply too, as
+		// BUSY during a long script), or an error that makes go-redis
+		// reconnect.
+		s.pinged = false
 	case s.pinged:
 		return true
 	default:

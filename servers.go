@@ -109,7 +109,7 @@ func (r *Registry) readEvictionPolicies(ctx context.Context) error {
 		if !r.servers.evicts.Swap(true) {
 			r.cfg.logger.Warn("lockreg: the server may evict lock keys; WithEvictionAllowed accepts it, and each eviction is reported as a loss", "server", addr, "maxmemory_policy", e.Policy)
 		}
-		r.evictedSince(ctx, addr, node)
+		r.countEvictionsFrom(ctx, addr, node)
 		return nil
 	})
 	r.servers.native.Store(err == nil && native)
@@ -158,6 +158,19 @@ func (r *Registry) serversLooked(ctx context.Context) error {
 		return *err
 	}
 	return nil
+}
+
+// countEvictionsFrom reads the server's evicted_keys once, as the count
+// the tracker's first look compares with. Later looks are the tracker's
+// alone: one between an eviction and the tracker's read of the key would
+// hide it (the key would read as deleted).
+func (r *Registry) countEvictionsFrom(ctx context.Context, addr string, node redis.Cmdable) {
+	r.servers.mu.Lock()
+	_, seen := r.servers.evicted[addr]
+	r.servers.mu.Unlock()
+	if !seen {
+		r.evictedSince(ctx, addr, node)
+	}
 }
 
 // evictedSince reports whether the server at addr evicted keys since the

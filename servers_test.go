@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
@@ -84,4 +85,21 @@ func TestAServersPolicyIsLookedAtAgain(t *testing.T) {
 
 	require.NoError(t, admin.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
 	require.Eventually(t, func() bool { return do() == nil }, 5*time.Second, 10*time.Millisecond, "used again once fixed")
+}
+
+// The count of evicted keys that tells an eviction from a deletion is
+// read once by the looks at the policy, then by the tracker alone: a look
+// between an eviction and the tracker's read of the key would hide it.
+func TestALookAtThePolicyHidesNoEviction(t *testing.T) {
+	ctx := context.Background()
+	srv := evictingServer(t)
+	client := srv.Client(t)
+	r := newRegistry(t, client, WithEvictionAllowed())
+	value := strings.Repeat("x", 64<<10)
+	for i := 0; protocol.EvictedKeys(client.Info(ctx, "stats").Val()) == 0; i++ {
+		require.Less(t, i, 10000, "the server never evicted")
+		require.NoError(t, client.Set(ctx, "filler-"+strconv.Itoa(i), value, 0).Err())
+	}
+	require.NoError(t, r.readEvictionPolicies(ctx)) // a look at the policy, after the eviction
+	require.True(t, r.evictedSince(ctx, srv.Addr(), client), "the tracker still finds the eviction")
 }

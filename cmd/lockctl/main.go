@@ -381,9 +381,14 @@ func (c commandRun) unlock(key string, yes, terminal bool, stdin io.Reader, stde
 	}
 	ctx, cancel := c.again()
 	defer cancel()
-	// Only the hold the operator was shown is forced open: one that took
-	// the key since (its holder released it meanwhile) is left alone.
-	found, err := c.registry.ForceUnlockHeldBy(ctx, key, info.OwnerID)
+	// The key is forced open only while the registry the operator was
+	// shown holds it: one that took the key since is left alone. An empty
+	// value, which no registry sets, names none: it is forced whatever.
+	force := func() (bool, error) { return c.registry.ForceUnlockHeldBy(ctx, key, info.OwnerID) }
+	if info.OwnerID == "" {
+		force = func() (bool, error) { return c.registry.ForceUnlock(ctx, key) }
+	}
+	found, err := force()
 	if err != nil || found {
 		if err == nil {
 			err = c.p.unlocked(info)

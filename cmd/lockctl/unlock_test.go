@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg"
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
@@ -81,4 +82,18 @@ func TestUnlockForcesOpenOnlyWhileTheRegistryItShowedHoldsTheKey(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, info.Held)
 	require.NoError(t, hb.Release(ctx))
+}
+
+// A lock key set by hand to an empty value blocks the key; Inspect shows
+// it held by an unknown owner, and unlock forces it open (no registry
+// sets such a value, so none is named).
+func TestUnlockForcesOpenAnEmptyForeignValue(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	lockKey := protocol.LockKeys("orders", "o-1").Lock()
+	require.NoError(t, srv.Client(t).Set(ctx, lockKey, "", 0).Err())
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"-redis", srv.Addr(), "-namespace", "orders", "-yes", "unlock", "o-1"}, nil, &stdout, &stderr, false)
+	require.Equal(t, exitOK, code, "stdout: %s\nstderr: %s", &stdout, &stderr)
+	require.Zero(t, srv.Client(t).Exists(ctx, lockKey).Val(), "forced open")
 }
