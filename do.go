@@ -12,10 +12,10 @@ import (
 // Do holds the lock of key while fn runs, and returns fn's error.
 //
 // It acquires the key as Lock.Acquire does (on failure it returns that
-// error, matching ErrNotObtained or ErrClosed, and does not run fn), then
-// runs fn with a context derived from ctx that is also cancelled, with a
-// context.Cause matching ErrLockLost, as soon as the hold is lost: stop
-// the work then. When fn returns, or panics, Do releases the key, even if
+// error, matching ErrNotObtained, ErrClosed or ErrServerEvicts, and does
+// not run fn), then runs fn with a context derived from ctx that is also
+// cancelled, with a context.Cause matching ErrLockLost, as soon as the
+// hold is lost: stop the work then. When fn returns, or panics, Do releases the key, even if
 // ctx has ended (the release runs bounded by the lease instead); after a
 // panic it panics again. It returns fn's error joined with ErrLockLost if
 // the hold was lost while fn ran (even if fn returned nil), and with the

@@ -1,4 +1,5 @@
--- A library, put before the scripts that use it (see scripts.go).
+-- A library, put before the scripts that use it (see internal/protocol's
+-- NewScripts).
 -- drawToken draws a key's next fencing token: the larger of the last one + 1
 -- and the server clock in microseconds (now, from TIME), and above floor (a
 -- token already handed out, or 0). The stored last token keeps tokens

@@ -359,8 +359,9 @@ func ExampleRegistry_ForceUnlock() {
 		panic(err)
 	}
 	// A holder hears of a forced unlock at once through Redis's CLIENT
-	// TRACKING, which its registry turns on in the background as it first
-	// acquires; a long-running worker has it on long before.
+	// TRACKING, which its registry turns on in the background from New
+	// (on Cluster, as it first acquires on each node); a long-running
+	// worker has it on long before.
 	for range 500 {
 		if worker.Stats().Tracking {
 			break

@@ -21,9 +21,10 @@ const forcedFenceTTL = 2 * time.Second
 // handed out, those a holder hands off locally without Redis included
 // (WithLocalHandoff bounds a run of them), so that the next holder's
 // token is above the old holder's. It wakes the key's waiters, as a
-// release does. It tells the holder's registry, which, with pub/sub on,
-// signals the hold lost within about a second (else at its next renewal);
-// the holder's release then returns ErrLockLost and leaves the next
+// release does. It tells the holder's registry, which signals the hold
+// lost at once where it tracks its keys (the default), else by pub/sub
+// within about a second, or at its next renewal with pub/sub off; the
+// holder's release then returns ErrLockLost and leaves the next
 // owner's key alone. It logs a warning naming the key and the previous
 // owner.
 //

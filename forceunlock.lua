@@ -1,13 +1,13 @@
 -- Unlocks the lock whoever holds it (Registry.ForceUnlock), atomically:
 -- raises the fence, deletes the key, tells the holder and wakes waiters.
--- scripts.go builds the arguments below, by name (forceUnlockArgs).
+-- Peer.ForceUnlock (internal/protocol) builds the arguments below.
 local lockKey, fenceKey = KEYS[1], KEYS[2]
--- channel: the registryKey's release channel; key: the lock's key in its
+-- channel: the namespace's release channel; key: the lock's key in its
 -- registry; margin: how far past the last token and the clock the fence
 -- goes (microseconds), above any token the holder's registry may still
 -- hand off locally; fenceMs: the least time to live of the raised fence,
 -- longer than the clock takes to pass it; forced: the prefix of the
--- holder's forced-unlock channel, '<registryKey>:forced:'.
+-- holder's forced-unlock channel, '<namespace>:forced:'.
 -- only: the client id of the only holder to force open, or '' for any.
 local channel, key, margin, fenceMs, forced, only =
   ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], ARGV[6]

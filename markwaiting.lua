@@ -1,4 +1,5 @@
--- A library, put before the scripts that use it (see scripts.go).
+-- A library, put before the scripts that use it (see internal/protocol's
+-- NewScripts).
 -- markWaiting marks a registry as waiting for a key: member, in the key's
 -- waiting marker (a sorted set scored by when its marks lapse), lapsing ms
 -- milliseconds after nowMs, and in its queue (scored by when each

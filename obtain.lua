@@ -1,8 +1,8 @@
 -- Takes or refreshes the lock, atomically. (An acquisition's first attempt
--- on a key that looks free is a plain SET NX PX instead: see tryObtain.)
--- Uses drawToken (drawtoken.lua) and markWaiting (markwaiting.lua), which
--- scripts.go puts before it; scripts.go builds the arguments below, by
--- name (obtainArgs), and reads the reply (obtainReply).
+-- on a key that looks free is a plain SET NX PX instead: see
+-- Peer.SetIfFree.) Uses drawToken (drawtoken.lua) and markWaiting
+-- (markwaiting.lua), which internal/protocol puts before it; Peer.Obtain
+-- builds the arguments below, and ReadObtain reads the reply.
 local lockKey, fenceKey, markerKey, queueKey = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 -- clientID: the registry's; leaseMs: the lease; markMs: how long a failed
 -- attempt marks this registry as waiting for the key, or '0' for an

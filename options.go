@@ -87,7 +87,7 @@ func WithLogger(l *slog.Logger) Option {
 
 // WithRenewal turns the lease watchdog on (the default) or off. While on,
 // the registry extends the lease of every key it holds each expireAfter/3,
-// in batched, owner-checked script calls, so work may outlast the lease.
+// in batched, owner-checked calls, so work may outlast the lease.
 // Off, the lease is fixed: a hold that outlasts it is lost (see Lock.Lost).
 func WithRenewal(on bool) Option {
 	return func(c *config) { c.renewal = on }

@@ -1,8 +1,8 @@
 -- Releases the lock if this registry owns it, atomically: grants it to the
 -- registry that has waited longest, or deletes it.
 -- Uses drawToken (drawtoken.lua) and markWaiting (markwaiting.lua), which
--- scripts.go puts before it; scripts.go builds the arguments below, by
--- name (releaseArgs), and reads the reply (releaseReply).
+-- internal/protocol puts before it; Peer.Release builds the arguments
+-- below, and ReadRelease reads the reply.
 -- Returns 0 when the key had expired or has another owner (which is left
 -- untouched), 1 when deleted, 2 when deleted while another registry waits
 -- (its mark, set by a failed attempt, has not lapsed), 3 when granted to a

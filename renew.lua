@@ -1,7 +1,6 @@
 -- Extends the lease of every key this registry still owns, atomically.
--- KEYS: lock keys (one slot on Redis Cluster); scripts.go builds the
--- arguments (renewArgs): the registry's client id and the lease in
--- milliseconds.
+-- KEYS: lock keys (one slot on Redis Cluster); Peer.Renew builds the
+-- arguments: the registry's client id and the lease in milliseconds.
 local clientID, leaseMs = ARGV[1], ARGV[2]
 -- Returns, per key, 1 if renewed, 0 if it expired or has another owner
 -- (which is left untouched).

@@ -26,7 +26,7 @@
 // Exit codes: 0 done; 1 an error (Redis unreachable or too slow, a command
 // the ACL forbids, an unlock declined, or refused as the key changed
 // hands); 2 bad usage (a flag, command or
-// URL); 3 not found (no such lock held, or no lock held in the namespace).
+// URL, or unlock without -yes and no terminal to ask on); 3 not found (no such lock held, or no lock held in the namespace).
 // lockctl -h lists them too.
 package main
 

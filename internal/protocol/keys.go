@@ -129,7 +129,7 @@ func Slot(key string) int {
 }
 
 // OwnerKey is a registry's owner hash, of its name and since when it
-// lives (see OwnerFields).
+// lives (see owner.go).
 func OwnerKey(namespace, clientID string) string { return namespace + ownerInfix + clientID }
 
 // OwnerPattern matches, for SCAN, the owner hashes of every namespace;
