@@ -1,6 +1,7 @@
 package lockreg
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,7 +16,9 @@ var (
 	// ErrNotObtained: an acquisition was abandoned because its context ended
 	// (the error also matches the context's error) while another owner
 	// held the key or Redis did not answer. Retry later, or allow a longer
-	// deadline.
+	// deadline. It also ends at once when Redis refuses the attempt for
+	// good (WRONGTYPE, NOPERM, a closed client): the error then matches
+	// ErrRedis too, and retrying will not help.
 	ErrNotObtained = errors.New("lockreg: lock not obtained")
 	// ErrNotHeld: a release of what is not held: an Unlock by a goroutine
 	// that does not hold the lock, or a second Release of a Hold. Unlock
@@ -81,3 +84,9 @@ func (k printedKey) String() string { return keytext.Short(string(k)) }
 
 // LogValue prints the key as String does, for slog's handlers.
 func (k printedKey) LogValue() slog.Value { return slog.StringValue(k.String()) }
+
+// refused says that err ended an acquisition because Redis refused it
+// for good (see notAcquired), not because its context ended.
+func refused(err error) bool {
+	return errors.Is(err, ErrRedis) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}

@@ -143,8 +143,8 @@ func (l *Lock) withdrawMark() {
 	finish := r.startPending(l.key)
 	if !r.goBackground(func(ctx context.Context) {
 		defer finish()
-		r.countCalls(OpWithdraw, 1)
 		calls := r.peer.Withdraw(l.keys())
+		r.countCalls(OpWithdraw, len(calls))
 		protocol.RunPipeline(ctx, r.client, calls)
 		for _, c := range calls {
 			if err := c.Cmd.Err(); err != nil {

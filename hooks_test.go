@@ -254,3 +254,37 @@ func TestHooksHearOfALossTheReleaseFinds(t *testing.T) {
 	require.False(t, released[0].WasLost)
 	require.Equal(t, LossDeleted, released[0].FoundLost)
 }
+
+// An acquisition Redis refuses for good is an error to the hooks, not a
+// context that ended, though its error matches ErrNotObtained too; and a
+// withdrawal counts each of its calls.
+func TestHooksTellARefusalFromAWaitThatEnded(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithRetryInterval(10*time.Millisecond))
+	rec := &recorder{}
+	r.AddHooks(rec.hooks())
+
+	listed := r.Obtain("listed")
+	require.NoError(t, client.LPush(ctx, listed.keys().Lock(), "x").Err())
+	_, err := listed.Acquire(ctx)
+	require.ErrorIs(t, err, ErrRedis)
+
+	held, err := newRegistry(t, client).Obtain("held").Acquire(ctx)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, held.Release(ctx)) }()
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err = r.Obtain("held").Acquire(short)
+	require.ErrorIs(t, err, ErrNotObtained)
+
+	require.Eventually(t, func() bool {
+		_, _, _, _, calls := rec.snapshot()
+		return calls[OpWithdraw] > 0
+	}, 5*time.Second, time.Millisecond, "the abandoned wait withdraws its mark")
+	_, acquired, _, _, calls := rec.snapshot()
+	require.Len(t, acquired, 2)
+	require.Equal(t, OutcomeError, acquired[0].Outcome, "a refusal")
+	require.Equal(t, OutcomeNotObtained, acquired[1].Outcome, "a wait that ended")
+	require.Equal(t, len(r.peer.Withdraw(r.Obtain("held").keys())), calls[OpWithdraw], "each of the withdrawal's calls")
+}
