@@ -13,21 +13,19 @@ import (
 // event a few nanoseconds, a synchronous instrument of the SDK a hundred
 // or more.
 
-// liveHolds counts the holds live now, for lockreg.holds: in all, or by
-// key with WithLockKeys.
+// liveHolds counts the holds live now by key, for lockreg.holds with
+// WithLockKeys.
 type liveHolds struct {
-	all   atomic.Int64
 	mu    sync.Mutex
-	byKey map[string]int64 // with WithLockKeys, else nil; keys held no more are dropped, and their series with them
+	byKey map[string]int64 // keys held no more are dropped, and their series with them
 }
 
 func (l *liveHolds) add(key string, n int64) {
-	if l.byKey == nil {
-		l.all.Add(n)
-		return
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if n < 0 && l.byKey[key] <= 0 {
+		return // the release of a hold taken before the registry was instrumented
+	}
 	if l.byKey[key] += n; l.byKey[key] == 0 {
 		delete(l.byKey, key)
 	}

@@ -27,7 +27,10 @@ func InstrumentMetrics(reg *lockreg.Registry, opts ...Option) error {
 	if reg == nil {
 		return ErrNoRegistry
 	}
-	hooks, err := metricsHooks(reg.Key(), opts)
+	// lockreg.holds counts as Stats does, the holds taken before too: the
+	// hooks see only the acquisitions that begin from now on, and would
+	// count the releases of the earlier holds below zero.
+	hooks, err := metricsHooks(reg.Key(), func() int64 { return reg.Stats().Held }, opts)
 	if err != nil {
 		return err
 	}
@@ -36,10 +39,10 @@ func InstrumentMetrics(reg *lockreg.Registry, opts ...Option) error {
 }
 
 // metricsHooks are the hooks that InstrumentMetrics adds to a registry of
-// namespace.
-func metricsHooks(namespace string, opts []Option) (lockreg.Hooks, error) {
+// namespace, whose holds held counts (Stats().Held).
+func metricsHooks(namespace string, held func() int64, opts []Option) (lockreg.Hooks, error) {
 	c := newConfig(namespace, opts)
-	m, err := newMetrics(&c)
+	m, err := newMetrics(&c, held)
 	if err != nil {
 		return lockreg.Hooks{}, err
 	}
@@ -56,9 +59,10 @@ func metricsHooks(namespace string, opts []Option) (lockreg.Hooks, error) {
 type metrics struct {
 	acquireDuration, holdDuration metric.Float64Histogram
 	lost                          metric.Int64Counter
-	holds                         metric.Int64ObservableUpDownCounter // observes live
+	holds                         metric.Int64ObservableUpDownCounter // observes held, or live
 	redisCalls                    metric.Int64ObservableCounter       // observes calls
-	live                          liveHolds
+	held                          func() int64                        // the registry's holds, without WithLockKeys
+	live                          liveHolds                           // with WithLockKeys
 	calls                         callCounts
 
 	base []attribute.KeyValue // every measurement's
@@ -76,10 +80,10 @@ type acquireKind struct {
 	path    lockreg.Path
 }
 
-func newMetrics(c *config) (*metrics, error) {
+func newMetrics(c *config, held func() int64) (*metrics, error) {
 	meter := c.mp.Meter(scope)
 	var errs [6]error
-	m := &metrics{base: c.baseAttributes(), keys: c.keys}
+	m := &metrics{base: c.baseAttributes(), keys: c.keys, held: held}
 	m.acquireDuration, errs[0] = meter.Float64Histogram("lockreg.acquire.duration", metric.WithUnit("s"),
 		metric.WithDescription("How long acquisitions took, waiting included."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))
@@ -144,7 +148,7 @@ func (m *metrics) acquireDone(ctx context.Context, e lockreg.AcquireEvent) {
 		opts = recordWith(m.attrs(e.Key, kind.attributes()...)...)
 	}
 	m.acquireDuration.Record(ctx, e.Wait.Seconds(), opts...)
-	if e.Outcome == lockreg.OutcomeAcquired {
+	if m.keys && e.Outcome == lockreg.OutcomeAcquired {
 		m.live.add(e.Key, 1)
 	}
 }
@@ -153,7 +157,9 @@ func (m *metrics) releaseDone(ctx context.Context, e lockreg.ReleaseEvent) {
 	if errors.Is(e.Err, lockreg.ErrNotHeld) {
 		return // released before: this release ended no hold
 	}
-	m.live.add(e.Key, -1)
+	if m.keys {
+		m.live.add(e.Key, -1)
+	}
 	switch {
 	case e.WasLost: // its loss was measured
 	case e.FoundLost != 0:
@@ -184,7 +190,7 @@ func (m *metrics) observe(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(m.redisCalls, n, metric.WithAttributes(m.with(operationAttr.String(string(op)))...))
 	})
 	if !m.keys {
-		o.ObserveInt64(m.holds, m.live.all.Load(), metric.WithAttributes(m.base...))
+		o.ObserveInt64(m.holds, m.held(), metric.WithAttributes(m.base...))
 		return nil
 	}
 	for key, n := range m.live.perKey() {

@@ -2,6 +2,7 @@ package lockregotel_test
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strings"
 	"testing"
@@ -298,4 +299,34 @@ func TestMetricsWithLockKeysAndAttributes(t *testing.T) {
 	}
 	require.Empty(t, points["lockreg.holds"], "a key held no more has no series")
 	require.Positive(t, total(t, points["lockreg.redis.calls"], "deployment", "blue").value)
+}
+
+// TestMetricsOfAHoldTakenBeforeInstrumenting: a registry instrumented
+// while it holds a key reports what it does from then on: the release of
+// the earlier hold does not take lockreg.holds below zero, with or
+// without WithLockKeys.
+func TestMetricsOfAHoldTakenBeforeInstrumenting(t *testing.T) {
+	for _, keys := range []bool{false, true} {
+		t.Run(fmt.Sprint("keys=", keys), func(t *testing.T) {
+			ctx := context.Background()
+			r, namespace := newRegistry(t, redistest.Shared(t).Client(t))
+			h, err := r.Obtain("k").Acquire(ctx)
+			require.NoError(t, err)
+			m := newMeters(t, namespace)
+			m.keys = keys
+			var opts []lockregotel.Option
+			if keys {
+				opts = append(opts, lockregotel.WithLockKeys())
+			}
+			m.instrument(t, r, opts...)
+			require.NoError(t, h.Release(ctx))
+			require.NoError(t, r.Do(ctx, "k", func(context.Context) error {
+				require.EqualValues(t, 1, total(t, m.collect(t)["lockreg.holds"]).value)
+				return nil
+			}))
+			for _, p := range m.collect(t)["lockreg.holds"] {
+				require.Zero(t, p.value, "%v", p.attrs)
+			}
+		})
+	}
 }

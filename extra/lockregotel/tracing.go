@@ -47,6 +47,11 @@ type tracing struct {
 	keys   bool                    // WithLockKeys
 }
 
+// spanKey keys a tracing's span in the context of the acquisition or
+// release it frames: another hook may start a span of its own after it,
+// which then is ctx's current span.
+type spanKey struct{ t *tracing }
+
 // begin starts the span name for key, a child of ctx's span, and returns
 // its context: the hooks that follow find the span there, and so do the
 // spans of the Redis calls made meanwhile.
@@ -55,8 +60,17 @@ func (t *tracing) begin(ctx context.Context, name, key string) context.Context {
 	if t.keys {
 		opts = append(opts[:len(opts):len(opts)], trace.WithAttributes(keyAttr.String(key)))
 	}
-	ctx, _ = t.tracer.Start(ctx, name, opts...)
-	return ctx
+	ctx, span := t.tracer.Start(ctx, name, opts...)
+	return context.WithValue(ctx, spanKey{t}, span)
+}
+
+// span returns the span that begin put in ctx, or a span that records
+// nothing.
+func (t *tracing) span(ctx context.Context) trace.Span {
+	if span, ok := ctx.Value(spanKey{t}).(trace.Span); ok {
+		return span
+	}
+	return trace.SpanFromContext(context.Background())
 }
 
 func (t *tracing) acquireStart(ctx context.Context, key string) context.Context {
@@ -70,11 +84,11 @@ func (t *tracing) releaseStart(ctx context.Context, key string) context.Context 
 // attempt, acquireDone and releaseDone find their span in ctx, where
 // acquireStart or releaseStart put it.
 func (t *tracing) attempt(ctx context.Context, _ string) {
-	trace.SpanFromContext(ctx).AddEvent("lockreg.attempt")
+	t.span(ctx).AddEvent("lockreg.attempt")
 }
 
 func (t *tracing) acquireDone(ctx context.Context, e lockreg.AcquireEvent) {
-	span := trace.SpanFromContext(ctx)
+	span := t.span(ctx)
 	span.SetAttributes(outcomeAttr.String(string(e.Outcome)))
 	if e.Outcome == lockreg.OutcomeAcquired {
 		span.SetAttributes(pathAttr.String(string(e.Path)))
@@ -88,7 +102,7 @@ func (t *tracing) acquireDone(ctx context.Context, e lockreg.AcquireEvent) {
 }
 
 func (t *tracing) releaseDone(ctx context.Context, e lockreg.ReleaseEvent) {
-	span := trace.SpanFromContext(ctx)
+	span := t.span(ctx)
 	if e.Err != nil {
 		t.fail(span, e.Key, e.Err)
 	}

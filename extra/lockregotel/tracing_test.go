@@ -45,6 +45,20 @@ func (s *spans) parent(ctx context.Context) (context.Context, trace.Span) {
 	return s.provider.Tracer("test").Start(ctx, "request")
 }
 
+// cycle acquires and releases k on r, under the caller's span, and
+// returns lockregotel's two spans.
+func (s *spans) cycle(t *testing.T, r *lockreg.Registry) []sdktrace.ReadOnlySpan {
+	t.Helper()
+	ctx, parent := s.parent(context.Background())
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, h.Release(ctx))
+	parent.End()
+	ended := s.ended()
+	require.Len(t, ended, 2)
+	return ended
+}
+
 // ended returns the spans ended so far, the callers' left out.
 func (s *spans) ended() []sdktrace.ReadOnlySpan {
 	var ended []sdktrace.ReadOnlySpan
@@ -147,20 +161,13 @@ func TestRedisCallsAreChildrenOfTheSpans(t *testing.T) {
 	r, _ := newRegistry(t, redistest.Shared(t).Client(t, calls.hook()))
 	s := newSpans(t)
 	s.instrument(t, r)
-	ctx, parent := s.parent(context.Background())
-	h, err := r.Obtain("k").Acquire(ctx)
-	require.NoError(t, err)
-	require.NoError(t, h.Release(ctx))
-	parent.End()
-
-	ended := s.ended()
-	require.Len(t, ended, 2)
+	ended := s.cycle(t, r)
 	calls.mu.Lock()
 	defer calls.mu.Unlock()
 	for _, span := range ended {
 		require.Contains(t, calls.ids, span.SpanContext().SpanID(), span.Name())
 	}
-	require.NotContains(t, calls.ids, parent.SpanContext().SpanID())
+	require.NotContains(t, calls.ids, ended[0].Parent().SpanID(), "the caller's span")
 }
 
 // TestSpansOfAGrant: an acquisition that waited for another registry,
@@ -246,4 +253,32 @@ func TestSpansWithLockKeysAndAttributes(t *testing.T) {
 		"lockreg.registry": namespace, "lockreg.key": "order-42", "deployment": "blue", "lockreg.outcome": "not_obtained",
 	}, attrsOf(ended[0]))
 	require.Equal(t, `lockreg: lock not obtained: key "order-42": context deadline exceeded`, ended[0].Status().Description)
+}
+
+// TestSpansBesideAnotherHooksSpan: a hook of the user's own that starts a
+// span of its own, after lockregotel's, leaves lockregotel's spans whole.
+func TestSpansBesideAnotherHooksSpan(t *testing.T) {
+	r, namespace := newRegistry(t, redistest.Shared(t).Client(t))
+	s := newSpans(t)
+	s.instrument(t, r)
+	tracer := s.provider.Tracer("mine")
+	r.AddHooks(lockreg.Hooks{
+		AcquireStart: func(ctx context.Context, _ string) context.Context {
+			ctx, _ = tracer.Start(ctx, "mine.acquire")
+			return ctx
+		},
+		ReleaseStart: func(ctx context.Context, _ string) context.Context {
+			ctx, _ = tracer.Start(ctx, "mine.release")
+			return ctx
+		},
+	})
+	ended := s.cycle(t, r)
+	require.Equal(t, "lockreg.acquire", ended[0].Name())
+	require.Equal(t, map[string]string{"lockreg.registry": namespace, "lockreg.outcome": "acquired", "lockreg.path": "redis"}, attrsOf(ended[0]))
+	require.Equal(t, "lockreg.release", ended[1].Name())
+	for _, span := range s.recorder.Ended() {
+		if span.InstrumentationScope().Name == "mine" {
+			require.Empty(t, attrsOf(span), "lockregotel wrote on %s", span.Name())
+		}
+	}
 }
