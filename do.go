@@ -13,10 +13,11 @@ import (
 //
 // It acquires the key as Lock.Acquire does (on failure it returns that
 // error, matching ErrNotObtained, ErrClosed or ErrServerEvicts, and does
-// not run fn), then runs fn with a context derived from ctx that is also
-// cancelled, with a context.Cause matching ErrLockLost, as soon as the
-// hold is lost: stop the work then. When fn returns, or panics, Do releases the key, even if
-// ctx has ended (the release runs bounded by the lease instead); after a
+// not run fn; so too, with ErrNotObtained, if the hold is lost already),
+// then runs fn with a context derived from ctx that is also cancelled,
+// with a context.Cause matching ErrLockLost, as soon as the hold is lost:
+// stop the work then. When fn returns, or panics, Do releases the key,
+// even if ctx has ended (the release runs bounded by the lease instead); after a
 // panic it panics again. It returns fn's error joined with ErrLockLost if
 // the hold was lost while fn ran (even if fn returned nil), and with the
 // release's error, if any: errors.Is tells "not obtained" from "lost while
@@ -45,6 +46,9 @@ func (r *Registry) Do(ctx context.Context, key string, fn func(ctx context.Conte
 	if err != nil {
 		return err
 	}
+	if err := r.lostAlready(ctx, []*Hold{h}); err != nil {
+		return err
+	}
 	return r.runHolding(ctx, outer, []*Hold{h}, fn)
 }
 
@@ -52,10 +56,12 @@ func (r *Registry) Do(ctx context.Context, key string, fn func(ctx context.Conte
 // takes them one by one in one canonical order, by their Redis keys, with
 // duplicates collapsed, so that DoAll calls over overlapping keys, in any
 // order and in any process, never deadlock. It is all or nothing: if an
-// acquisition fails, it releases the keys it took and returns an error
+// acquisition fails, or a key it took was lost before it took the last
+// (WithMaxHold, say), it releases the keys it took and returns an error
 // matching ErrNotObtained (and the failure's cause: the context's error,
-// ErrClosed), without running fn. fn's context ends as soon as any of the
-// holds is lost. Keys may lie in different Redis Cluster slots.
+// ErrClosed; never ErrLockLost), without running fn. fn's context ends as
+// soon as any of the holds is lost. Keys may lie in different Redis
+// Cluster slots.
 //
 // Keys that an outer Do or DoAll of this registry holds, through ctx, are
 // not acquired again (see Do); the others are, after them in the order,
@@ -99,11 +105,62 @@ func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context
 		h, err := l.Acquire(ctx)
 		if err != nil {
 			err = fmt.Errorf("%w: %d of %d keys taken, released again: %w", ErrNotObtained, len(holds), len(locks), err)
-			return errors.Join(err, r.releaseAll(ctx, holds))
+			return errors.Join(err, withoutLoss(r.releaseAll(ctx, holds)))
 		}
 		holds = append(holds, h)
 	}
-	return r.runHolding(ctx, outer, holds, fn)
+	if err := r.lostAlready(ctx, holds); err != nil {
+		return err
+	}
+	err := r.runHolding(ctx, outer, holds, fn)
+	if len(nestedIn) > 0 {
+		// The keys the outer calls hold are DoAll's keys too: their loss
+		// while fn ran is DoAll's, as it is runNested's.
+		err = withOuterLoss(ctx, err)
+	}
+	return err
+}
+
+// lostAlready releases holds and returns an ErrNotObtained error if one
+// of them is lost before fn could run: its reply came a lease late, or
+// DoAll waited for its other keys past its lease (WithMaxHold, say). fn
+// would run unprotected.
+func (r *Registry) lostAlready(ctx context.Context, holds []*Hold) error {
+	i := slices.IndexFunc(holds, func(h *Hold) bool { return h.isLost() || h.leaseOver() })
+	if i < 0 {
+		return nil
+	}
+	err := fmt.Errorf("%w: key %q was lost before fn could run; released again", ErrNotObtained, printedKey(holds[i].Key()))
+	return errors.Join(err, withoutLoss(r.releaseAll(ctx, holds)))
+}
+
+// withoutLoss is err, the error of releasing holds under which no fn ran,
+// without the losses it reports: they harmed no work, and would make an
+// error that says "not obtained" say "lost while working" too.
+func withoutLoss(err error) error {
+	if err == nil || !errors.Is(err, ErrLockLost) {
+		return err
+	}
+	parts := unjoin(err)
+	if len(parts) == 1 {
+		return nil // a loss, and nothing else
+	}
+	var kept []error
+	for _, e := range parts {
+		if e = withoutLoss(e); e != nil {
+			kept = append(kept, e)
+		}
+	}
+	return errors.Join(kept...)
+}
+
+// withOuterLoss joins to err, the error of a call nested in outer calls,
+// the loss of an outer hold that ended ctx, if err does not carry it.
+func withOuterLoss(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrLockLost) && !errors.Is(err, cause) {
+		err = errors.Join(err, cause)
+	}
+	return err
 }
 
 // HoldFor returns the hold under which a Do or DoAll of this registry
@@ -199,11 +256,7 @@ func runNested(ctx context.Context, scopes []*scope, fn func(ctx context.Context
 		// unprotected, or for nobody.
 		return errors.Join(fmt.Errorf("%w: the outer call's context ended", ErrNotObtained), context.Cause(ctx))
 	}
-	err := fn(ctx)
-	if cause := context.Cause(ctx); errors.Is(cause, ErrLockLost) && !errors.Is(err, cause) {
-		err = errors.Join(err, cause)
-	}
-	return err
+	return withOuterLoss(ctx, fn(ctx))
 }
 
 // runHolding runs fn under holds, in a scope nested in outer, and then

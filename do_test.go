@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -338,5 +339,105 @@ func TestDoKeepsCountersRight(t *testing.T) {
 	}
 	require.Zero(t, r.Stats().Held)
 	require.Equal(t, int64(10), r.Stats().Acquisitions)
+	requireNoLocalState(t, r)
+}
+
+// TestANestedDoAllReportsTheLossOfAnOuterKey: a DoAll nested in a Do,
+// whose keys include the outer Do's, holds them all while its fn runs: a
+// loss of the outer key meanwhile is a loss of one of its keys, which it
+// reports as ErrLockLost, as a DoAll whose keys are all nested does.
+func TestANestedDoAllReportsTheLossOfAnOuterKey(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithExpireAfter(300*time.Millisecond), WithRetryInterval(20*time.Millisecond))
+	var inner error
+	_ = r.Do(ctx, "a", func(ctx context.Context) error {
+		inner = r.DoAll(ctx, []string{"a", "b"}, func(ctx context.Context) error {
+			require.NoError(t, client.Del(ctx, r.Obtain("a").keys().Lock()).Err())
+			requireFires(t, ctx.Done(), 5*time.Second, "a's loss ends the nested fn's context")
+			return nil
+		})
+		return nil
+	})
+	require.ErrorIs(t, inner, ErrLockLost, "the nested DoAll lost key a while its fn ran: %v", inner)
+}
+
+// TestADoAllThatRanNothingReportsNoLoss: a DoAll that could not take a key
+// ran nothing: its error says ErrNotObtained, never ErrLockLost, even if a
+// key it had taken was lost while it waited for the next.
+func TestADoAllThatRanNothingReportsNoLoss(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithExpireAfter(300*time.Millisecond), WithRetryInterval(20*time.Millisecond))
+	other := newRegistry(t, client)
+	h, err := other.Obtain("b").Acquire(ctx)
+	require.NoError(t, err)
+	defer h.Release(ctx)
+	short, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
+	defer cancel()
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		client.Del(ctx, r.Obtain("a").keys().Lock())
+	}()
+	ran := false
+	err = r.DoAll(short, []string{"a", "b"}, func(context.Context) error { ran = true; return nil })
+	require.False(t, ran)
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.NotErrorIs(t, err, ErrLockLost, "fn never ran: %v", err)
+}
+
+// TestADoAllRunsNothingWithoutAllItsKeys: a key DoAll took is lost
+// (WithMaxHold) while it waits for the next: fn must not run.
+func TestADoAllRunsNothingWithoutAllItsKeys(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithExpireAfter(300*time.Millisecond), WithMaxHold(100*time.Millisecond), WithRetryInterval(20*time.Millisecond))
+	other := newRegistry(t, client)
+	h, err := other.Obtain("b").Acquire(ctx)
+	require.NoError(t, err)
+	released := make(chan error, 1)
+	go func() {
+		time.Sleep(time.Second) // past a's WithMaxHold and lease
+		released <- h.Release(ctx)
+	}()
+	ran := false
+	err = r.DoAll(ctx, []string{"a", "b"}, func(ctx context.Context) error {
+		ran = true
+		return nil
+	})
+	require.NoError(t, <-released)
+	require.False(t, ran, "fn ran while a was not held: %v", err)
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.NotErrorIs(t, err, ErrLockLost, "%v", err)
+	for _, key := range []string{"a", "b"} {
+		requireReleased(t, client, r.Obtain(key).keys().Lock(), key)
+	}
+	requireNoLocalState(t, r)
+}
+
+// TestADoRunsNothingUnderAHoldLostAlready: the reply that took the key
+// came after a lease: the hold is lost from the start, and fn must not
+// run unprotected.
+func TestADoRunsNothingUnderAHoldLostAlready(t *testing.T) {
+	ctx := context.Background()
+	var slow atomic.Bool // delays the reply of the SET that takes the key
+	client := redistest.Shared(t).Client(t, redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
+			if slow.Load() && cmd.Name() == "set" {
+				time.Sleep(400 * time.Millisecond)
+			}
+			return err
+		}
+	}})
+	r := newRegistry(t, client, WithExpireAfter(300*time.Millisecond))
+	slow.Store(true)
+	ran := false
+	err := r.Do(ctx, "a", func(context.Context) error { ran = true; return nil })
+	slow.Store(false)
+	require.False(t, ran, "fn ran under a hold lost before it began: %v", err)
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.NotErrorIs(t, err, ErrLockLost, "%v", err)
+	requireReleased(t, client, r.Obtain("a").keys().Lock(), "a")
 	requireNoLocalState(t, r)
 }
