@@ -227,6 +227,10 @@ func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (protoco
 	if _, err := l.releaseRedis(ctx, protocol.Release{}); err != nil {
 		return protocol.ObtainReply{}, err
 	}
+	if waitErr != nil {
+		// WAIT itself failed: an ACL without it is permanent, and says so.
+		waitErr = fmt.Errorf("%w: wait: %w", ErrRedis, waitErr)
+	}
 	return protocol.ObtainReply{}, errors.Join(fmt.Errorf("%w: %d of %d replicas acknowledged %q within %v", ErrNotReplicated, acked, r.cfg.waitReplicas, printedKey(l.key), r.cfg.waitTimeout), waitErr)
 }
 

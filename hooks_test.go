@@ -288,3 +288,25 @@ func TestHooksTellARefusalFromAWaitThatEnded(t *testing.T) {
 	require.Equal(t, OutcomeNotObtained, acquired[1].Outcome, "a wait that ended")
 	require.Equal(t, len(r.peer.Withdraw(r.Obtain("held").keys())), calls[OpWithdraw], "each of the withdrawal's calls")
 }
+
+// A TryLock that finds the key held tells AcquireDone why with an error
+// that, like every error lockreg hands out, wraps a sentinel.
+func TestATryLockThatFindsTheKeyHeldReportsASentinel(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	other := newRegistry(t, client)
+	var got []AcquireEvent
+	r.AddHooks(Hooks{AcquireDone: func(_ context.Context, e AcquireEvent) { got = append(got, e) }})
+	other.Obtain("k").Lock()
+	defer other.Obtain("k").Unlock()
+	require.False(t, r.Obtain("k").TryLock(), "held in Redis")
+	inGoroutine(func() {
+		r.Obtain("local").Lock()
+	})
+	require.False(t, r.Obtain("local").TryLock(), "held here")
+	require.Len(t, got, 3)
+	for _, e := range []AcquireEvent{got[0], got[2]} {
+		require.Equal(t, OutcomeNotObtained, e.Outcome)
+		require.ErrorIs(t, e.Err, ErrNotObtained)
+	}
+}

@@ -2,7 +2,7 @@ package lockreg
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -12,8 +12,9 @@ import (
 )
 
 // errBusy is TryLock's answer when the lock is held: by another hold of
-// this registry, or another registry.
-var errBusy = errors.New("lockreg: lock held")
+// this registry, or another registry. Hooks see it (AcquireEvent.Err), so
+// it wraps ErrNotObtained, as every error lockreg hands out wraps a sentinel.
+var errBusy = fmt.Errorf("%w: held", ErrNotObtained)
 
 // localLock is the in-process side of one key: a mutex owned by a hold,
 // which waiters can abandon when their context ends. Only the owner talks

@@ -124,24 +124,31 @@ func TestRegistryWorksOverRESP2(t *testing.T) {
 	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
 }
 
+// minimalACL gives the user "locker" the README's ACL for prefix, with
+// more rules after it, and returns a maker of its clients: the registry's
+// keys and channel, and the commands its scripts, its subscription,
+// tracking, the look at the eviction policy and go-redis's handshake run.
+func minimalACL(t *testing.T, admin *redis.Client, srv *redistest.Server, prefix string, more ...string) func() *redis.Client {
+	t.Helper()
+	args := []any{"ACL", "SETUSER", "locker", "reset", "on", ">secret", "resetkeys", "resetchannels",
+		"~" + prefix + ":*", "&" + prefix + ":*", "&__redis__:invalidate", "-@all",
+		"+evalsha", "+eval", "+get", "+mget", "+set", "+pexpire", "+del", "+exists", "+time",
+		"+zadd", "+zrem", "+zscore", "+zrangebyscore", "+zpopmin", "+pttl", "+publish", "+subscribe", "+ping", "+hello", "+hset",
+		"+client|id", "+client|tracking", "+info"}
+	require.NoError(t, admin.Do(context.Background(), append(args, anySlice(more)...)...).Err())
+	return func() *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "locker", Password: "secret"})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+}
+
 func TestRegistryWorksWithAMinimalACL(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	const prefix = "orders"
-	// The ACL the README documents: the registry's keys and channel, and the
-	// commands its scripts, its subscription and go-redis's handshake run.
-	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "on", ">secret", "resetkeys", "resetchannels",
-		"~"+prefix+":*", "&"+prefix+":*", "-@all",
-		"+evalsha", "+eval", "+get", "+mget", "+set", "+pexpire", "+del", "+exists", "+time",
-		"+zadd", "+zrem", "+zscore", "+zrangebyscore", "+zpopmin", "+pttl", "+publish", "+subscribe", "+ping", "+hello", "+hset",
-		// Tracking, and the look at the eviction policy.
-		"&__redis__:invalidate", "+client|id", "+client|tracking", "+info").Err())
-	restricted := func() *redis.Client {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "locker", Password: "secret"})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
+	restricted := minimalACL(t, admin, srv, prefix)
 	var logs syncBuffer
 	logger := WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	holder, err := New(restricted(), prefix, logger)
@@ -449,4 +456,43 @@ func TestCloseRightAfterNewReturnsAtOnce(t *testing.T) {
 		}()
 		requireFires(t, closed, 2*time.Second, "Close returned; it waited for a blocked read before")
 	}
+}
+
+// The README: "add +wait for WithWaitReplicas". On a server that has not
+// cached obtain.lua (a fresh or restarted one), an acquisition must work
+// under that ACL.
+func TestWaitReplicasWorksWithTheDocumentedACL(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	redistest.StartReplica(t, srv)
+	admin := srv.Client(t)
+	require.NoError(t, admin.ScriptFlush(ctx).Err())
+	r, err := New(minimalACL(t, admin, srv, "orders", "+wait")(), "orders", WithWaitReplicas(1, 2*time.Second))
+	require.NoError(t, err)
+	defer r.Close()
+	tctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	require.NoError(t, r.Do(tctx, "o-1", func(context.Context) error { return nil }))
+}
+
+// An ACL that forbids WAIT is a permanent error: the acquisition ends at
+// once, wrapping ErrRedis, with the server's message, and leaves the key
+// free.
+func TestWaitReplicasUnderAnACLWithoutWaitEndsWithErrRedis(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	r, err := New(minimalACL(t, admin, srv, "orders", "+script|load")(), "orders", WithWaitReplicas(1, 100*time.Millisecond))
+	require.NoError(t, err)
+	defer r.Close()
+	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = r.Do(tctx, "o-1", func(context.Context) error { return nil })
+	require.Less(t, time.Since(start), time.Second, "it ended at once")
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, ErrRedis)
+	require.ErrorContains(t, err, "NOPERM")
+	require.NotContains(t, err.Error(), "%!")
+	require.Zero(t, admin.Exists(ctx, "orders:{o-1}").Val(), "the key is free")
 }

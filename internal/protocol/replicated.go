@@ -23,20 +23,18 @@ func ObtainReplicated(ctx context.Context, client redis.UniversalClient, obtain 
 		node = primary
 	}
 	var acks *redis.Cmd
-	run := func() {
+	run := func(eval func(*redis.Script, context.Context, redis.Scripter, []string, ...any) *redis.Cmd) {
 		// Each command's own error is read below; Pipelined's is the first.
 		_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
-			obtain.Cmd = obtain.Script.EvalSha(ctx, p, obtain.Keys, obtain.Args...)
+			obtain.Cmd = eval(obtain.Script.Script, ctx, p, obtain.Keys, obtain.Args...)
 			acks = p.Do(ctx, "WAIT", replicas, timeout.Milliseconds())
 			return nil
 		})
 	}
-	run()
+	run((*redis.Script).EvalSha)
 	if redis.HasErrorPrefix(obtain.Cmd.Err(), "NOSCRIPT") {
-		if err := obtain.Script.Load(ctx, node).Err(); err != nil {
-			return ObtainReply{}, 0, nil, err
-		}
-		run()
+		// EVAL loads the script, as Run does: the ACL needs no SCRIPT LOAD.
+		run((*redis.Script).Eval)
 	}
 	if found, err = ReadObtain(obtain.Cmd); err != nil {
 		if cluster != nil && StaleSlotMap(err) {

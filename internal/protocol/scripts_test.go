@@ -311,8 +311,8 @@ func TestRunPipelineRunsScriptsRedisDoesNotHaveYet(t *testing.T) {
 	require.Equal(t, []bool{true, true}, loaded)
 }
 
-// ObtainReplicated sends obtain.lua by EVALSHA in its pipeline, so it
-// loads a script Redis lost before it sends it again.
+// ObtainReplicated sends obtain.lua by EVALSHA in its pipeline, and again
+// by EVAL if Redis lost it: no SCRIPT LOAD, which the README's ACL lacks.
 func TestObtainReplicatedRunsAScriptRedisDoesNotHaveYet(t *testing.T) {
 	e := newEnv(t)
 	p := e.peer()
