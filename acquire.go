@@ -53,7 +53,7 @@ func (l *Lock) acquireHold(ctx context.Context, wait bool) (*Hold, error) {
 			e.Path = h.via.path()
 		case errors.Is(err, ErrClosed):
 			e.Outcome = OutcomeClosed
-		case errors.Is(err, ErrNotObtained) && !refused(err) || err == errBusy:
+		case errors.Is(err, ErrNotObtained) && !refused(err): // errBusy too
 			e.Outcome = OutcomeNotObtained
 		default:
 			e.Outcome = OutcomeError

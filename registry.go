@@ -79,6 +79,12 @@ func New(client redis.UniversalClient, namespace string, opts ...Option) (*Regis
 // of its locks in Redis.
 func (r *Registry) Key() string { return r.namespace }
 
+// OwnerID returns the registry's client id: the value of every Redis key
+// it holds, which Inspect reports as LockInfo.OwnerID, so that a caller
+// can tell its own holds from others' (and free one of them only while
+// it is its own, with ForceUnlockHeldBy).
+func (r *Registry) OwnerID() string { return r.clientID }
+
 // endsCallsAtDeadline reports whether client ends its calls at their
 // context's deadline, as go-redis's clients do with ContextTimeoutEnabled.
 // Other implementations of UniversalClient are not assumed to.

@@ -50,6 +50,30 @@ func TestLoseFailsTheTestUnlessTheRegistryHoldsTheKey(t *testing.T) {
 	})
 }
 
+// TestLoseLeavesAnotherRegistrysHold: a registry whose hold was forced
+// open unnoticed (pub/sub off, no tracking on the embedded server), and
+// whose key another registry took since, under owner names of the user's:
+// Lose fails the test, and leaves the other registry's hold alone.
+func TestLoseLeavesAnotherRegistrysHold(t *testing.T) {
+	ctx := context.Background()
+	a := lockregtest.New(t, lockreg.WithOwner("worker-a"), lockreg.WithPubSub(false))
+	b := lockregtest.Another(t, a, lockreg.WithOwner("worker-b"))
+	_, err := a.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	forced, err := b.ForceUnlock(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, forced)
+	taken, err := b.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.Equal(t, `lockregtest.Lose: `+t.Name()+`#1 holds "k", but in Redis it is held by worker-b: its hold is lost already, and it has not noticed yet`,
+		fatalOf(t, func(t testing.TB) { lockregtest.Lose(t, a, "k") }))
+	select {
+	case <-taken.Lost():
+		t.Fatal("Lose forced worker-b's hold open")
+	default:
+	}
+}
+
 // TestOnlyTheKitsRegistries: Lose and Another refuse a registry the kit
 // did not make, which it knows nothing of.
 func TestOnlyTheKitsRegistries(t *testing.T) {

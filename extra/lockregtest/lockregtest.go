@@ -123,7 +123,7 @@ func Lose(t testing.TB, r *lockreg.Registry, key string) {
 	if !s.holds(key) {
 		t.Fatalf("lockregtest.Lose: %s does not hold %q (%s)", s.owner, key, holder(info))
 	}
-	if !info.Held || (info.Owner != s.owner && s.srv.named(info.Owner)) {
+	if !info.Held || info.OwnerID != r.OwnerID() {
 		t.Fatalf("lockregtest.Lose: %s holds %q, but in Redis %s: its hold is lost already, and it has not noticed yet", s.owner, key, holder(info))
 	}
 	// r hears of a forced unlock by pub/sub, once it has subscribed (in
@@ -131,12 +131,13 @@ func Lose(t testing.TB, r *lockreg.Registry, key string) {
 	// which has no CLIENT TRACKING, by nothing else until its next renewal.
 	s.awaitSubscription(ctx, r.Key(), info.OwnerID)
 	lost := s.expectLoss(key)
-	forced, err := r.ForceUnlock(ctx, key)
+	// Only while r holds it: another registry may take it meanwhile.
+	forced, err := r.ForceUnlockHeldBy(ctx, key, r.OwnerID())
 	switch {
 	case err != nil:
 		t.Fatalf("lockregtest.Lose: %v", err)
 	case !forced:
-		t.Fatalf("lockregtest.Lose: %q was released while Lose forced it open", key)
+		t.Fatalf("lockregtest.Lose: %q was released, or changed hands, while Lose forced it open", key)
 	}
 	select {
 	case <-lost:
@@ -158,18 +159,10 @@ func holder(info lockreg.LockInfo) string {
 
 // redisServer is a server the kit makes registries on.
 type redisServer struct {
-	options  redis.Options   // how to connect to it
-	embedded bool            // miniredis, which the kit started
-	mu       sync.Mutex      // guards what follows
-	made     int             // registries made on it, which numbers their names
-	owners   map[string]bool // the names it gave them
-}
-
-// named reports whether the kit gave owner as a name to a registry on s.
-func (s *redisServer) named(owner string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.owners[owner]
+	options  redis.Options // how to connect to it
+	embedded bool          // miniredis, which the kit started
+	mu       sync.Mutex    // guards made
+	made     int           // registries made on it, which numbers their names
 }
 
 // newRegistry makes a registry of namespace on s, and its client, both
@@ -179,10 +172,6 @@ func (s *redisServer) newRegistry(t testing.TB, namespace string, opts []lockreg
 	s.mu.Lock()
 	s.made++
 	owner := fmt.Sprintf("%s#%d", t.Name(), s.made)
-	if s.owners == nil {
-		s.owners = map[string]bool{}
-	}
-	s.owners[owner] = true
 	s.mu.Unlock()
 
 	options := s.options
