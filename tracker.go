@@ -28,6 +28,9 @@ type tracker struct {
 	subMu   sync.Mutex
 	pubsub  *redis.PubSub
 	stopped bool
+	// moving says that moveTarget closed the target's subscription, for
+	// run to make a new one.
+	moving atomic.Bool
 	// refused says that the server refused tracking.
 	refused atomic.Bool
 
@@ -58,6 +61,7 @@ func (t *tracker) run(stop context.Context) {
 	cause := LossDeleted
 	for pause := t.r.cfg.retryInterval; ; pause = min(2*pause, subscribeTimeout) {
 		channels := t.r.peer.TrackingChannels()
+		t.moving.Store(false)
 		sub := t.sub.Subscribe(stop, channels...)
 		if !t.keep(sub) {
 			return
@@ -151,6 +155,8 @@ func (t *tracker) route(stop context.Context, sub *redis.PubSub) (dead bool) {
 			// The tracking connection was silent too: a dead one answers no
 			// PING (silence has pinged the target).
 			t.ask(lossNone, true)
+		case t.moving.Load():
+			return true // moveTarget closed it: a new one takes over
 		default:
 			select {
 			case <-stop.Done():
@@ -159,6 +165,23 @@ func (t *tracker) route(stop context.Context, sub *redis.PubSub) (dead bool) {
 			}
 		}
 	}
+}
+
+// moveTarget closes the target's subscription, for run to make a new one,
+// which dials the server anew: a tracking connection found no target of
+// its id where it connected (TargetGone). The two connections dial on their
+// own and may reach different servers, as after a failover, when the
+// target resubscribed on the old primary (back as a replica, say) while
+// the tracking connection reached the new one; left there, the target would
+// never be found, and holders would hear of changes at their renewals.
+func (t *tracker) moveTarget() {
+	t.subMu.Lock()
+	defer t.subMu.Unlock()
+	if t.stopped || t.pubsub == nil {
+		return
+	}
+	t.moving.Store(true)
+	_ = t.pubsub.Close()
 }
 
 // refuse ends the tracker for good: the server refused tracking. Its holds
@@ -350,24 +373,4 @@ func (t *tracker) dueNow(now time.Time) (due []armRequest, next time.Time) {
 	clear(t.queue[len(waiting):])
 	t.queue, t.timerSet = waiting, !next.IsZero()
 	return due, next
-}
-
-// connect makes a new tracking connection, redirecting to the target,
-// and has every held key checked on it for cause: the keys a former one
-// read are tracked no more. It returns nil if it cannot.
-func (t *tracker) connect(ctx context.Context, cause LossCause) *redis.Conn {
-	conn := t.client.EphemeralConn()
-	err := conn.Do(ctx, protocol.TrackingArgs(t.subID.Load())...).Err()
-	switch {
-	case err == nil:
-		t.r.tracking.on.Store(true)
-		t.r.verifyHolds(cause)
-		return conn
-	case protocol.Permanent(err) && !protocol.TargetGone(err):
-		t.refuse(err)
-	default:
-		t.r.cfg.logger.Debug("lockreg: could not turn tracking on; holders hear of changes at their renewals", "error", err)
-	}
-	_ = conn.Close()
-	return nil
 }

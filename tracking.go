@@ -197,6 +197,46 @@ func (r *Registry) trackingRefused(err error) {
 	}
 }
 
+// errTargetElsewhere: a new tracking connection reached another server
+// than its target.
+var errTargetElsewhere = errors.New("the tracking connection reached another server than its target")
+
+// connect makes a new tracking connection, redirecting to the target,
+// and has every held key checked on it for cause: the keys a former one
+// read are tracked no more. It returns nil if it cannot.
+func (t *tracker) connect(ctx context.Context, cause LossCause) *redis.Conn {
+	conn := t.client.EphemeralConn()
+	err := conn.Do(ctx, protocol.TrackingArgs(t.subID.Load())...).Err()
+	if err == nil {
+		// A connection id is the target's on the target's server alone:
+		// elsewhere it may be any client's, which Redis then sends the
+		// invalidations to. The target is on this server if it hears the
+		// probe (a server that refuses PUBLISH cannot tell).
+		heard, perr := conn.Do(ctx, t.r.peer.TargetProbe()...).Int64()
+		switch {
+		case perr == nil && heard == 0:
+			err = errTargetElsewhere
+		case perr != nil && !protocol.IsReply(perr):
+			err = perr
+		}
+	}
+	switch {
+	case errors.Is(err, errTargetElsewhere) || protocol.TargetGone(err):
+		t.r.cfg.logger.Debug("lockreg: the tracking connection and its target are on different servers, or the target is reconnecting; moving the target", "error", err)
+		t.moveTarget()
+	case err == nil:
+		t.r.tracking.on.Store(true)
+		t.r.verifyHolds(cause)
+		return conn
+	case protocol.Permanent(err) && !protocol.TargetGone(err):
+		t.refuse(err)
+	default:
+		t.r.cfg.logger.Debug("lockreg: could not turn tracking on; holders hear of changes at their renewals", "error", err)
+	}
+	_ = conn.Close()
+	return nil
+}
+
 // armBatch reads the keys of batch on the tracking connection and ends the
 // holds whose keys are not this registry's any more. It reports false if
 // the connection broke.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -370,4 +372,49 @@ func TestAHandOffThatALossOvertookTakesTheKeyInRedis(t *testing.T) {
 	require.Equal(t, r.clientID, client.Get(ctx, h.redisKey()).Val())
 	require.NoError(t, h.Release(ctx))
 	requireNoLocalState(t, r)
+}
+
+// A tracker's target and its tracking connection dial on their own, and
+// may reach different servers: after a failover, the target may resubscribe
+// on the old primary (back as a replica, or named by a Sentinel that has
+// not heard of the promotion yet) while the tracking connection reaches
+// the new one, where CLIENT TRACKING ... REDIRECT finds no such target, or
+// finds another client of the same id (ids are small numbers per server),
+// which then gets the invalidations. The tracker then moves its target,
+// and a holder still learns at once that its key changed.
+func TestATrackerWhoseTargetIsOnAnotherServerMovesIt(t *testing.T) {
+	ctx := context.Background()
+	oldServer, newServer := redistest.Start(t), redistest.Start(t)
+	admin := newServer.Client(t)
+	var addr atomic.Value // where the client's dialer goes: the current primary, as a Sentinel names it
+	addr.Store(oldServer.Addr())
+	client := redis.NewClient(&redis.Options{Addr: "primary", Dialer: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, addr.Load().(string))
+	}})
+	t.Cleanup(func() { _ = client.Close() })
+	r := newRegistry(t, client, WithPubSub(false))
+	requireTracking(t, r)
+	reads := trackingReads(r)
+
+	// The primary changes; the old server drops its ordinary connections
+	// (the tracking connection among them), not the target's subscription.
+	addr.Store(newServer.Addr())
+	require.NoError(t, oldServer.Client(t).Do(ctx, "client", "kill", "type", "normal").Err())
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.Equal(t, r.clientID, admin.Get(ctx, h.redisKey()).Val(), "held on the new primary")
+	require.Eventually(t, func() bool {
+		subs, err := admin.PubSubNumSub(ctx, protocol.InvalidationChannel).Result()
+		return err == nil && subs[protocol.InvalidationChannel] == 1
+	}, 10*time.Second, 10*time.Millisecond, "the target moves to the new primary")
+	// The new tracking connection tracks the held key: a change that
+	// leaves it the holder's is read again (as in holdAndChange).
+	armed := reads.Load()
+	require.Eventually(t, func() bool {
+		require.NoError(t, admin.PExpire(ctx, h.redisKey(), time.Minute).Err())
+		return reads.Load() >= armed+2
+	}, 10*time.Second, 10*time.Millisecond, "the key is tracked again")
+	requireOpen(t, h.Lost(), "the key is still held")
+	require.NoError(t, admin.Del(ctx, h.redisKey()).Err())
+	requireFires(t, h.Lost(), blindLimit, "the holder learns at once that its key was deleted")
 }

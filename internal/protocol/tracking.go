@@ -43,6 +43,16 @@ func TargetGone(err error) bool {
 	return replyStarts(err, "ERR The client ID you want redirect to does not exist")
 }
 
+// TargetProbe is published by a new tracking connection on the registry's
+// forced-unlock channel, which only its targets subscribe to: its reply,
+// the number of subscribers that heard it on that server, is 0 if the
+// target is on another server, where the id redirected to is not the
+// target's. Its payload, "p", is a note of no kind a registry knows, and
+// so ignored.
+func (p *Peer) TargetProbe() []any {
+	return []any{"publish", ForcedChannel(p.namespace, p.clientID), "p"}
+}
+
 // Arm reads lockKey on the tracking connection, so that Redis tracks it
 // from now on: read its reply with ReadOwner.
 func (p *Peer) Arm(lockKey string) *Call { return p.CheckOwner(lockKey) }
