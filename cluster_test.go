@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -518,4 +519,41 @@ func TestNoTokenIsDrawnWhileTheKeysSlotMigrates(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, second, first)
 	require.NoError(t, h.Release(ctx))
+}
+
+// One stalled Cluster node must not cost the holds of the other nodes
+// their leases: their own nodes answer.
+func TestAStalledNodeDoesNotLoseTheHoldsOfTheOthers(t *testing.T) {
+	ctx := context.Background()
+	c, stop, err := redistest.LaunchCluster(3, 0)
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	client := clusterClient(t, c.Addrs())
+	const lease = 900 * time.Millisecond
+	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(50*time.Millisecond))
+	// A hold on node a, whose round will hang, and one on another node.
+	var onB *Hold
+	var a *redistest.Server
+	for i := 0; onB == nil; i++ {
+		h, err := r.Obtain(fmt.Sprint("k", i)).Acquire(ctx)
+		require.NoError(t, err)
+		primary, _, err := c.Shard(protocol.Slot(h.redisKey()))
+		require.NoError(t, err)
+		switch {
+		case a == nil:
+			a = primary
+		case primary != a:
+			onB = h
+		default:
+			require.NoError(t, h.Release(ctx))
+		}
+	}
+	a.Pause(t)
+	defer a.Resume(t)
+	// The cluster marks the node failed after its node timeout, 2 s: until
+	// then the other nodes serve their slots.
+	for end := time.Now().Add(1600 * time.Millisecond); time.Now().Before(end); time.Sleep(lease / 10) {
+		require.Positive(t, client.PTTL(ctx, onB.redisKey()).Val(), "its key expired")
+		require.NoError(t, onB.Err(), "a hold whose key its node renews was signalled lost")
+	}
 }

@@ -3,6 +3,7 @@ package lockreg
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
@@ -529,4 +530,46 @@ func TestARenewalThatFindsTheKeyGoneTellsTheHoldHandedOffMeanwhile(t *testing.T)
 	handedOff.mu.Lock()
 	defer handedOff.mu.Unlock()
 	require.Equal(t, LossDeleted, handedOff.cause, "by the renewal, which found the key gone")
+}
+
+// A held key that someone made a hash is lost, as overwritten: at once
+// where tracking tells (its verify's GET fails with WRONGTYPE), at its
+// renewal where it cannot (an ACL without CLIENT TRACKING). And it does not
+// stop the renewal of the registry's other keys, which share its
+// renew.lua call.
+func TestAKeyOfAnotherTypeIsLostAloneAsOverwritten(t *testing.T) {
+	for _, tracked := range []bool{true, false} {
+		t.Run(fmt.Sprint("tracked=", tracked), func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.Start(t)
+			admin := srv.Client(t)
+			client := admin
+			if !tracked {
+				client = minimalACL(t, admin, srv, "lockreg-test", "-client|tracking")()
+			}
+			const lease = 600 * time.Millisecond
+			r := newRegistry(t, client, WithExpireAfter(lease))
+			if tracked {
+				requireTracking(t, r)
+			}
+			spoiled, err := r.Obtain("spoiled").Acquire(ctx)
+			require.NoError(t, err)
+			kept, err := r.Obtain("kept").Acquire(ctx)
+			require.NoError(t, err)
+			require.NoError(t, admin.Del(ctx, spoiled.redisKey()).Err())
+			require.NoError(t, admin.HSet(ctx, spoiled.redisKey(), "not", "a lock").Err())
+			told := lease / 2 // a renewal, lease/3 away at most
+			if tracked {
+				told = blindLimit
+			}
+			requireFires(t, spoiled.Lost(), told, "the hold of a key made a hash")
+			requireCause(t, spoiled, LossOverwritten)
+			for end := time.Now().Add(3 * lease); time.Now().Before(end); time.Sleep(lease / 10) {
+				require.NoError(t, kept.Err(), "a hold whose key Redis still has was signalled lost")
+				require.Positive(t, admin.PTTL(ctx, kept.redisKey()).Val(), "its key expired, unrenewed")
+			}
+			require.NoError(t, kept.Release(ctx))
+			require.ErrorIs(t, spoiled.Release(ctx), ErrLockLost)
+		})
+	}
 }

@@ -18,16 +18,17 @@ const renewBatch = 100
 
 // watch is the registry's one watchdog goroutine: every expireAfter/3 it
 // renews the leases of all held keys and signals the holds whose leases
-// ran out. A renewal round runs in a goroutine of its own, one at a time,
-// so that a round that Redis keeps waiting (a silent network, go-redis'
-// timeouts and retries) holds no signal back: the leases it would have
-// carried on run out as counted, and Lost fires on the next tick.
+// ran out. A renewal round runs in a goroutine of its own, one at a time
+// per Redis node, so that a round that a node keeps waiting (a silent
+// network, go-redis' timeouts and retries) holds no signal back: the
+// leases it would have carried on run out as counted, and Lost fires on
+// the next tick; the holds of the other nodes are renewed meanwhile.
 func (r *Registry) watch(ctx context.Context) {
 	ticker := time.NewTicker(r.cfg.expireAfter / 3)
 	defer ticker.Stop()
 	var round sync.WaitGroup
 	defer round.Wait()
-	var renewing atomic.Bool
+	renewing := make(map[string]*atomic.Bool) // by node
 	for {
 		select {
 		case <-ctx.Done():
@@ -35,16 +36,58 @@ func (r *Registry) watch(ctx context.Context) {
 		case <-ticker.C:
 		}
 		r.contention.forgetLapsed()
-		if due := r.dueForRenewal(); len(due) > 0 && renewing.CompareAndSwap(false, true) {
+		groups := r.byNode(ctx, r.dueForRenewal())
+		// The owner key's refresh goes in the pipeline of its node's round
+		// (any round's if that node holds no key), as a round trip's.
+		ownerNode := r.nodeOf(ctx, protocol.OwnerKey(r.namespace, r.clientID))
+		if _, ok := groups[ownerNode]; !ok {
+			for node := range groups {
+				ownerNode = node
+				break
+			}
+		}
+		for node, due := range groups {
+			busy := renewing[node]
+			if busy == nil {
+				busy = new(atomic.Bool)
+				renewing[node] = busy
+			}
+			if !busy.CompareAndSwap(false, true) {
+				continue
+			}
+			var refresh []*protocol.Call
+			if node == ownerNode {
+				refresh = r.peer.RefreshOwner()
+			}
 			round.Add(1)
 			go func() {
 				defer round.Done()
-				defer renewing.Store(false)
-				r.renew(ctx, r.renewalBatches(due), r.peer.RefreshOwner()...)
+				defer busy.Store(false)
+				r.renew(ctx, r.renewalBatches(due), refresh...)
 			}()
 		}
 		r.loseLapsed()
 	}
+}
+
+// byNode groups holds by the Redis node that serves their keys (nodeOf).
+func (r *Registry) byNode(ctx context.Context, holds []*Hold) map[string][]*Hold {
+	groups := make(map[string][]*Hold)
+	for _, h := range holds {
+		node := r.nodeOf(ctx, h.redisKey())
+		groups[node] = append(groups[node], h)
+	}
+	return groups
+}
+
+// nodeOf names the Redis node that serves key: "" but on Redis Cluster.
+func (r *Registry) nodeOf(ctx context.Context, key string) string {
+	if cluster, ok := r.client.(*redis.ClusterClient); ok {
+		if node, err := cluster.MasterForKey(ctx, key); err == nil {
+			return node.Options().Addr
+		}
+	}
+	return ""
 }
 
 // loseLapsed signals the holds whose leases ran out unrenewed (renewal
@@ -112,7 +155,8 @@ func (r *Registry) renewalBatches(holds []*Hold) [][]*Hold {
 // one pipeline: one round trip per node. Errors are logged and the batch
 // is tried again on the next tick; a key found gone or taken is lost.
 // While a slot moves between Redis Cluster nodes, its keys may be split
-// between them: a batch Redis refuses for that is renewed key by key.
+// between them: a batch Redis refuses for that is renewed key by key, as
+// is one that a key of another type fails.
 // refresh, if any, are calls the round sends in the same pipeline: the
 // owner key's refresh (owner.go).
 func (r *Registry) renew(ctx context.Context, batches [][]*Hold, refresh ...*protocol.Call) {
@@ -137,13 +181,19 @@ func (r *Registry) renew(ctx context.Context, batches [][]*Hold, refresh ...*pro
 	sent := r.sendRenewals(ctx, calls, refresh)
 	var oneByOne [][]*Hold
 	for i, batch := range batches {
-		if len(batch) > 1 && protocol.SlotMigrating(calls[i].Cmd.Err()) {
+		// A key of another type fails the whole call: its batch goes key
+		// by key, as the native renewal does, so that the others are
+		// renewed, and that key, no registry's, is lost.
+		switch err := calls[i].Cmd.Err(); {
+		case len(batch) > 1 && (protocol.SlotMigrating(err) || protocol.WrongType(err)):
 			for _, h := range batch {
 				oneByOne = append(oneByOne, []*Hold{h})
 			}
-			continue
+		case protocol.WrongType(err):
+			batch[0].endLease(LossOverwritten)
+		default:
+			r.applyRenewal(ctx, batch, calls[i].Cmd, sent)
 		}
-		r.applyRenewal(ctx, batch, calls[i].Cmd, sent)
 	}
 	r.renew(ctx, oneByOne)
 }

@@ -46,6 +46,11 @@ var transientReplies = []string{
 	"ERR max number of clients reached",
 }
 
+// WrongType reports whether err is the server's refusal of a command on
+// a key of another type: a lock key that someone made a hash or a list,
+// which is no registry's.
+func WrongType(err error) bool { return replyStarts(err, "WRONGTYPE") }
+
 // IsReply reports whether err is the server's own error reply, rather than
 // a failure to reach it or to read its answer.
 func IsReply(err error) bool {

@@ -129,7 +129,7 @@ type OwnerState uint8
 const (
 	Ours  OwnerState = iota // this registry's client id
 	Gone                    // no value: deleted, expired, evicted or flushed
-	Other                   // another value: another registry's, or anyone's
+	Other                   // another value (of any type): another registry's, or anyone's
 )
 
 // ReadOwner reads CheckOwner's (or Arm's) reply.
@@ -142,6 +142,8 @@ func (p *Peer) ReadOwner(c *Call) (OwnerState, error) {
 		return Other, nil
 	case errors.Is(err, redis.Nil):
 		return Gone, nil
+	case WrongType(err):
+		return Other, nil // a hash, a list: overwritten
 	}
 	return Gone, err
 }

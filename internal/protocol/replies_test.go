@@ -104,6 +104,7 @@ func TestReadOwner(t *testing.T) {
 		{name: "ours", cmd: reply("ours", nil), want: Ours},
 		{name: "another's", cmd: reply("theirs", nil), want: Other},
 		{name: "gone, no error", cmd: reply(nil, redis.Nil), want: Gone},
+		{name: "a hash or a list: another's", cmd: reply(nil, serverReply("WRONGTYPE Operation against a key holding the wrong kind of value")), want: Other},
 		{name: "a real error", cmd: reply(nil, errConn), wantErr: true},
 	})
 }
