@@ -63,6 +63,8 @@ func (l *Lock) Acquire(ctx context.Context) (*Hold, error) {
 // Lock waits as long as it takes for the calling goroutine to hold the
 // lock: it is the sync.Locker adapter; prefer Registry.Do or LockContext,
 // which report errors. Redis errors while waiting are logged and retried.
+// A goroutine that holds the lock locks again, even if its hold is lost:
+// Lost and the outer Unlock tell it.
 //
 // If the registry is closed, or closes while Lock waits (Close, Shutdown),
 // Lock can neither hold the lock nor report it: it logs an error and
@@ -82,6 +84,14 @@ func (l *Lock) Lock() {
 		case errors.Is(err, ErrInvalidKey):
 			panic(err)
 		}
+		if local := l.r.locals.ownedBy(l.key, goroutineID()); local != nil && errors.Is(err, ErrLockLost) {
+			// The goroutine holds the lock already, and its hold is lost:
+			// its outer section runs unprotected as it is (Lost has told
+			// it, its Unlock will), and blocking it for ever would turn a
+			// lost lock into a hang. Lock cannot report, so it locks again.
+			local.depth++
+			return
+		}
 		// Redis refused the attempt for good (an ACL, a key of another
 		// type): Lock cannot say so, but it can keep trying, and telling.
 		l.r.cfg.logger.Error("lockreg: Lock cannot take the key; retrying", "key", printedKey(l.key), "error", err)
@@ -95,7 +105,8 @@ func parkForever() { select {} }
 // TryLock makes one attempt, without waiting, and reports whether the
 // calling goroutine now holds the lock. It fails if another goroutine or
 // Hold of this registry holds or is acquiring the lock, another owner
-// holds the Redis key, Redis fails (logged), or the registry is closed.
+// holds the Redis key, Redis fails (logged), the registry is closed, or
+// the calling goroutine holds the lock already but its hold is lost.
 func (l *Lock) TryLock() bool {
 	return l.acquire(context.Background(), false) == nil
 }
@@ -104,7 +115,9 @@ func (l *Lock) TryLock() bool {
 // Redis every retry interval, and returns nil; or, when ctx ends first, an
 // error matching both ErrNotObtained and ctx.Err() (joined with the last
 // Redis error, if any). It fails with ErrClosed if the registry is or gets
-// closed.
+// closed; and, at once, with an error matching both ErrNotObtained and
+// ErrLockLost if the calling goroutine holds the lock already but its hold
+// is lost (as a nested Do does).
 //
 // It returns when ctx ends even while Redis hangs. For that, with a ctx
 // that can end, its Redis calls run in a goroutine of their own, which
@@ -158,6 +171,10 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 func (l *Lock) acquire(ctx context.Context, wait bool) error {
 	gid := goroutineID()
 	if local := l.r.locals.ownedBy(l.key, gid); local != nil && ctx != nil && l.r.life.stopCtx.Err() == nil {
+		if lost := local.hold.Load().lossError(); lost != nil {
+			// As a nested Do refuses: the section would run unprotected.
+			return errors.Join(fmt.Errorf("%w: key %q: the goroutine's hold is lost", ErrNotObtained, printedKey(l.key)), lost)
+		}
 		local.depth++
 		return nil
 	}

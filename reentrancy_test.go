@@ -124,3 +124,30 @@ func TestUnlockByNonOwner(t *testing.T) {
 	require.True(t, lock.TryLock(), "the owner still holds it (reentrantly)")
 	lock.Unlock()
 }
+
+// A goroutine whose hold is lost, with another registry holding the key
+// since, does not lock it again as if it held it: LockContext fails at
+// once, matching ErrNotObtained and ErrLockLost, and TryLock fails, as a
+// nested Do does. Lock, which cannot report, locks again rather than
+// hang; the outer Unlock reports the loss.
+func TestALostHoldIsNotLockedAgain(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	require.NoError(t, lock.LockContext(ctx))
+	require.NoError(t, client.Del(ctx, lock.keys().Lock()).Err())
+	requireFires(t, lock.Lost(), blindLimit, "the key was deleted")
+	taken, err := newRegistry(t, client).Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, taken.Release(ctx)) }()
+
+	err = lock.LockContext(ctx)
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, ErrLockLost)
+	require.False(t, lock.TryLock())
+	lock.Lock()
+	lock.Unlock()
+	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost, "the outer Unlock, the last")
+	requireOpen(t, taken.Lost(), "the other registry's hold is untouched")
+}
