@@ -228,6 +228,11 @@ func (l *localLock) unlock(next handoff) (handedOff bool) {
 	defer l.mu.Unlock()
 	if len(l.queue) > 0 {
 		passed := l.queue[0]
+		if next.hold != nil {
+			// The hold handed off is current from now on: no instant
+			// without one, in which a grant would seem to be for a waiter.
+			l.hold.Store(next.hold)
+		}
 		l.queue[0] = nil
 		l.queue = l.queue[1:]
 		passed <- copyOf(next)

@@ -382,3 +382,65 @@ func TestTheMarkOfAnAttemptWhoseReplyWasLostIsWithdrawn(t *testing.T) {
 		return errors.Is(admin.ZScore(ctx, r.Obtain("k").keys().Marker(), markOf(r)).Err(), redis.Nil)
 	}, time.Second, 10*time.Millisecond, "the mark is withdrawn, not left to lapse")
 }
+
+// TestAGrantDuringALocalHandoffLosesTheHold: a grant of a key whose hold
+// is being handed off locally (the key went through another registry
+// behind the hold's back, whose release granted it back) lands in the
+// instant between the two holds, when the key's local state has no
+// current hold. Kept as if for a waiter, it hides the ABA from the hold
+// that receives the hand-off, as it would from a holder (see
+// TestAHoldThatPredatesAGrantOfItsKeyIsLost): that hold must learn that it
+// is lost.
+func TestAGrantDuringALocalHandoffLosesTheHold(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := aclClient(t, srv, "+@all", "-client") // no tracking: nothing else tells
+	r := newRegistry(t, client, WithRetryInterval(time.Second), WithLocalHandoff(16, time.Minute))
+	lock := r.Obtain("g")
+	hits := 0
+	for i := 0; i < 20 && hits < 3; i++ {
+		h1, err := lock.Acquire(ctx)
+		require.NoError(t, err)
+		token := int64(1_000_000 + i)
+		// The key as another owner's release granting it back left it.
+		require.NoError(t, client.Set(ctx, h1.redisKey(), r.clientID, r.grants.lease).Err())
+		require.NoError(t, client.Set(ctx, lock.keys().Fence(), strconv.FormatInt(token, 10), time.Minute).Err())
+		next := make(chan *Hold, 1)
+		go func() {
+			h, err := lock.Acquire(ctx)
+			require.NoError(t, err)
+			next <- h
+		}()
+		require.Eventually(t, func() bool { return waitersOf(r, "g") == 1 }, time.Second, time.Millisecond)
+		local, _ := r.locals.m.Load("g")
+		inWindow := make(chan bool, 1)
+		go func() {
+			for local.hold.Load() == h1 {
+			}
+			// The grant's note lands now.
+			window := local.hold.Load() == nil
+			r.receiveGrant("g", token)
+			inWindow <- window
+		}()
+		require.NoError(t, h1.Release(ctx))
+		h2 := <-next
+		if <-inWindow {
+			hits++
+		}
+		select {
+		case <-h2.Lost():
+		case <-time.After(200 * time.Millisecond):
+		}
+		err = h2.Release(ctx)
+		require.ErrorIs(t, err, ErrLockLost, "round %d: the hold handed off is told that its key went through another owner", i)
+		requireNoLocalState(t, r)
+		requireSettledGiveBacks(t, r)
+	}
+	t.Logf("grants in the window: %d", hits)
+}
+
+// requireSettledGiveBacks waits until r gave back every grant nobody took.
+func requireSettledGiveBacks(t *testing.T, r *Registry) {
+	t.Helper()
+	require.Eventually(t, func() bool { return r.grants.pending.Size() == 0 }, 5*time.Second, time.Millisecond)
+}

@@ -60,7 +60,11 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	loss := releaseLoss{cause: h.cause, signalled: h.cause != lossNone}
 	h.mu.Unlock()
 
-	local.hold.Store(nil)
+	// The key's local state keeps a current hold until the key is handed
+	// off or goes back to Redis: a grant that lands in between finds the
+	// key held here (receiveGrant), rather than leave its token to a
+	// waiter that never takes it, which would hide from the next hold that
+	// its key went through another owner.
 	// The hold counts as held until its release is done, in Redis too: a
 	// Shutdown that returned before that would let its caller close the
 	// client under the release, and leave the key locked for its lease.
@@ -74,6 +78,7 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	}()
 	if keyReleased {
 		// Shutdown's release of the key ends the tenure (shutdown.go).
+		local.hold.Store(nil)
 		l.unlockLocal(local)
 		return loss, lostErr
 	}
@@ -94,6 +99,7 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 			return h.confirmed(r.confirmHandoff(t, h, next, c))
 		}
 	}
+	local.hold.Store(nil)
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = r.releaseContext(ctx)
