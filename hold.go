@@ -195,10 +195,11 @@ func (h *Hold) ended() {
 //
 // ctx bounds the Redis call as far as the client honours it (go-redis
 // applies its deadline with ContextTimeoutEnabled set, and otherwise its
-// ReadTimeout and WriteTimeout). A ctx that has ended already does not
-// stop the release: it then runs bounded by the lease, after which the key
-// would have expired anyway, so a cancelled request context never leaves
-// a key held.
+// ReadTimeout and WriteTimeout), and a local hand-off's wait for the read
+// that confirms it (an ErrRedis error if ctx ends first). A ctx that has
+// ended already does not stop the release: it then runs bounded by the
+// lease, after which the key would have expired anyway, so a cancelled
+// request context never leaves a key held.
 func (h *Hold) Release(ctx context.Context) error {
 	switch {
 	case ctx == nil:

@@ -417,3 +417,74 @@ func TestDoneClosesOnceErrSaysWhatTheReleaseFound(t *testing.T) {
 	requireFires(t, h.Done(), time.Second, "the release is done")
 	require.ErrorIs(t, h.Err(), ErrLockLost, "as Release said")
 }
+
+// A release that hands its key off locally waits for a read that confirms
+// the key (tenure.go). With Redis down that read never comes: the wait
+// must end with the release's ctx, as the release's own call would, not
+// hold the caller for a lease.
+func TestAHandOffsReleaseEndsWithItsContextWhileRedisIsDown(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	const lease = 3 * time.Second
+	r := newRegistry(t, srv.Client(t), WithLocalHandoff(16, time.Hour), WithExpireAfter(lease))
+	first, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	requireTracking(t, r)
+	next := make(chan *Hold, 1)
+	go func() {
+		h, _ := r.Obtain("k").Acquire(ctx)
+		next <- h
+	}()
+	require.Eventually(t, func() bool { return waitersOf(r, "k") == 1 }, 5*time.Second, time.Millisecond)
+	srv.Stop(t)
+
+	releaseCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = first.Release(releaseCtx)
+	took := time.Since(start)
+	require.Less(t, took, time.Second, "Release returned %v after %v, past its ctx", err, took)
+	require.ErrorIs(t, err, ErrRedis, "no read confirmed the key")
+	h := <-next
+	require.NotNil(t, h, "the waiter got the key")
+	require.Equal(t, viaHandoff, h.via)
+}
+
+// Do documents ErrClosed as "fn did not run". A Do whose fn ran and whose
+// release handed the key off locally must not say ErrClosed when Close
+// comes while that release waits for the read that confirms the key (here
+// Redis is down, so the read never comes): a caller would run fn again.
+func TestADoWhoseHandOffCloseCutShortDoesNotSayClosed(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	r := newRegistry(t, srv.Client(t), WithLocalHandoff(16, time.Hour), WithExpireAfter(3*time.Second))
+	require.NoError(t, r.Do(ctx, "first", func(context.Context) error { return nil }))
+	requireTracking(t, r)
+	waiter := make(chan *Hold, 1)
+	ran := false
+	doErr := make(chan error, 1)
+	go func() {
+		doErr <- r.Do(ctx, "k", func(context.Context) error {
+			ran = true
+			go func() {
+				h, _ := r.Obtain("k").Acquire(ctx)
+				waiter <- h
+			}()
+			assert.Eventually(t, func() bool { return waitersOf(r, "k") == 1 }, 5*time.Second, time.Millisecond)
+			srv.Stop(t)
+			return nil
+		})
+	}()
+	select {
+	case err := <-doErr:
+		t.Fatalf("Do returned %v before its hand-off was confirmed", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, r.Close())
+	err := <-doErr
+	require.True(t, ran)
+	require.NotErrorIs(t, err, ErrClosed, "fn ran: %v", err)
+	next := <-waiter
+	require.NotNil(t, next, "the waiter got the key")
+	require.ErrorIs(t, next.Release(ctx), ErrLockLost, "Close lost the hold handed off")
+}

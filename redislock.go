@@ -67,30 +67,33 @@ func (l *Lock) Acquire(ctx context.Context) (*Hold, error) {
 // Lost and the outer Unlock tell it.
 //
 // If the registry is closed, or closes while Lock waits (Close, Shutdown),
-// Lock can neither hold the lock nor report it: it logs an error and
-// blocks the calling goroutine for good, so that no critical section runs
-// unlocked and a shutdown is not turned into a crash by a panic. A
+// Lock, unless its goroutine holds the lock already (as above), can
+// neither hold the lock nor report it: it logs an error and blocks the
+// calling goroutine for good, so that no critical section runs unlocked
+// and a shutdown is not turned into a crash by a panic. A
 // process that waits for such a goroutine before it exits would wait for
 // ever: goroutines that a shutdown waits for should use LockContext or Do.
 func (l *Lock) Lock() {
 	for {
 		err := l.LockContext(context.Background())
-		switch {
-		case err == nil:
+		if err == nil {
 			return
+		}
+		if local := l.r.locals.ownedBy(l.key, goroutineID()); local != nil && (errors.Is(err, ErrLockLost) || errors.Is(err, ErrClosed)) {
+			// The goroutine holds the lock already, and its hold is lost
+			// (Close loses every hold): its outer section runs unprotected
+			// as it is (Lost has told it, its Unlock will), and blocking it
+			// for ever would turn a lost lock into a hang. Lock cannot
+			// report, so it locks again.
+			local.depth++
+			return
+		}
+		switch {
 		case errors.Is(err, ErrClosed):
 			l.r.cfg.logger.Error("lockreg: Lock blocks for good: the registry is closed", "key", printedKey(l.key))
 			parkForever()
 		case errors.Is(err, ErrInvalidKey):
 			panic(err)
-		}
-		if local := l.r.locals.ownedBy(l.key, goroutineID()); local != nil && errors.Is(err, ErrLockLost) {
-			// The goroutine holds the lock already, and its hold is lost:
-			// its outer section runs unprotected as it is (Lost has told
-			// it, its Unlock will), and blocking it for ever would turn a
-			// lost lock into a hang. Lock cannot report, so it locks again.
-			local.depth++
-			return
 		}
 		// Redis refused the attempt for good (an ACL, a key of another
 		// type): Lock cannot say so, but it can keep trying, and telling.

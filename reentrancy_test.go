@@ -151,3 +151,32 @@ func TestALostHoldIsNotLockedAgain(t *testing.T) {
 	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost, "the outer Unlock, the last")
 	requireOpen(t, taken.Lost(), "the other registry's hold is untouched")
 }
+
+// Lock's doc: a goroutine that holds the lock locks again, even if its
+// hold is lost. Close loses every hold; a reentrant Lock after it must not
+// park the goroutine for good while it holds the key, whose outer Unlock
+// would then never come and which would stay locked in Redis for its lease.
+func TestAHoldersLockAfterCloseLocksAgainAndItsUnlockReleases(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	done := make(chan error, 1)
+	go func() {
+		lock.Lock()
+		if err := r.Close(); err != nil {
+			done <- err
+			return
+		}
+		lock.Lock() // reentrant, under a hold Close lost
+		lock.Unlock()
+		done <- lock.UnlockContext(ctx)
+	}()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrLockLost, "the outer Unlock reports the loss")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the holder's Lock parked for good after Close")
+	}
+	require.Zero(t, client.Exists(ctx, lock.keys().Lock()).Val(), "the outer Unlock released the key")
+}

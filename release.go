@@ -96,7 +96,13 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 			if c == nil {
 				return loss, nil // no tracking: the renewals tell, as before it
 			}
-			return h.confirmed(r.confirmHandoff(t, h, next, c))
+			// ctx bounds the wait for the confirmation, as it would the
+			// release's own call; one that has ended already does not (the
+			// wait is bounded by the lease then).
+			if ctx.Err() != nil {
+				ctx = context.WithoutCancel(ctx)
+			}
+			return h.confirmed(r.confirmHandoff(ctx, t, h, next, c))
 		}
 	}
 	local.hold.Store(nil)

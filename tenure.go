@@ -1,6 +1,7 @@
 package lockreg
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -71,11 +72,12 @@ func (t *tenure) confirmations() *confirmations {
 // confirmHandoff waits until a read of h's key sent after h was handed off
 // to next, in c, says whether the key was still the registry's, and returns
 // nil if it was, else an error wrapping ErrLockLost and the loss's cause.
-// It waits until Close, and at most for a lease: the registry's lease from
-// now, or longer while the tenure's lease, which renewals and a grant's
-// extension move on, lasts longer. Then (Redis unreachable, the tracking
-// connection down) it returns ErrRedis.
-func (r *Registry) confirmHandoff(t *tracker, h, next *Hold, c *confirmations) verdict {
+// It waits until Close or ctx's end, and at most for a lease: the
+// registry's lease from now, or longer while the tenure's lease, which
+// renewals and a grant's extension move on, lasts longer. Then (Redis
+// unreachable, the tracking connection down, the registry closed) it
+// returns ErrRedis.
+func (r *Registry) confirmHandoff(ctx context.Context, t *tracker, h, next *Hold, c *confirmations) verdict {
 	answer := make(chan verdict, 1)
 	c.mu.Lock()
 	if c.ended {
@@ -115,8 +117,18 @@ func (r *Registry) confirmHandoff(t *tracker, h, next *Hold, c *confirmations) v
 			default:
 			}
 			return verdict{err: fmt.Errorf("%w: release %q: no read confirmed the key after its local hand-off", ErrRedis, printedKey(h.lock.key))}
+		case <-ctx.Done():
+			select {
+			case v := <-answer: // came as ctx ended
+				return v
+			default:
+			}
+			return verdict{err: fmt.Errorf("%w: release %q: no read confirmed the key after its local hand-off before ctx ended: %w", ErrRedis, printedKey(h.lock.key), ctx.Err())}
 		case <-r.life.stopCtx.Done():
-			return verdict{err: fmt.Errorf("%w: release %q: closed before a read confirmed the key after its local hand-off", ErrClosed, printedKey(h.lock.key))}
+			// Not ErrClosed, which says that nothing was held (Do: fn did
+			// not run): the hold was, and ended; only its confirmation is
+			// missing, as when no read comes in time.
+			return verdict{err: fmt.Errorf("%w: release %q: the registry closed before a read confirmed the key after its local hand-off", ErrRedis, printedKey(h.lock.key))}
 		}
 	}
 }
