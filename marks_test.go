@@ -402,8 +402,11 @@ func TestAGrantDuringALocalHandoffLosesTheHold(t *testing.T) {
 		h1, err := lock.Acquire(ctx)
 		require.NoError(t, err)
 		token := int64(1_000_000 + i)
-		// The key as another owner's release granting it back left it.
-		require.NoError(t, client.Set(ctx, h1.redisKey(), r.clientID, r.grants.lease).Err())
+		// The key as another owner's release granting it back left it
+		// (with a longer time to live than a grant's, which a loaded
+		// machine could outlast before the hand-off: the give-back then
+		// spares the key, and the hold is lost all the same).
+		require.NoError(t, client.Set(ctx, h1.redisKey(), r.clientID, time.Minute).Err())
 		require.NoError(t, client.Set(ctx, lock.keys().Fence(), strconv.FormatInt(token, 10), time.Minute).Err())
 		next := make(chan *Hold, 1)
 		go func() {
