@@ -248,13 +248,20 @@ func (r *Registry) giveBack(ctx context.Context, key string, token int64, receiv
 	if !ok {
 		return
 	}
-	if h := local.hold.Load(); h != nil && h.redisTaken.time().Before(received) {
-		last := r.peer.LastToken(l.keys())
-		protocol.Run(ctx, r.client, last)
-		if n, err := protocol.ReadToken(last.Cmd); err == nil && n == token {
-			h.endLease(LossOverwritten)
-		}
+	if h := local.hold.Load(); h != nil && h.redisTaken.time().Before(received) && r.grantIsLast(ctx, l, token) {
+		h.endLease(LossOverwritten)
 	}
+}
+
+// grantIsLast reports whether l's key's last fencing token is still token,
+// a grant's: nothing has drawn one since, as an attempt of this registry
+// that found the key its own would have (so a grant's note that came late
+// does not count).
+func (r *Registry) grantIsLast(ctx context.Context, l *Lock, token int64) bool {
+	last := r.peer.LastToken(l.keys())
+	protocol.Run(ctx, r.client, last)
+	n, err := protocol.ReadToken(last.Cmd)
+	return err == nil && n == token
 }
 
 // pendingCalls counts a key's pending calls (see grants.pending); done

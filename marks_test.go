@@ -3,6 +3,7 @@ package lockreg
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"slices"
@@ -446,4 +447,80 @@ func TestAGrantDuringALocalHandoffLosesTheHold(t *testing.T) {
 func requireSettledGiveBacks(t *testing.T, r *Registry) {
 	t.Helper()
 	require.Eventually(t, func() bool { return r.grants.pending.Size() == 0 }, 5*time.Second, time.Millisecond)
+}
+
+// TestAGrantDuringItsHoldsReleaseLosesTheHold: the key went through
+// another registry behind the hold's back (here, as that registry's
+// release left it: the key this registry's again, with the grant lease and
+// the grant's token), and the grant's note lands while the hold's own
+// release is on its way to Redis. That release finds the key the
+// registry's and deletes it; tracking reads back the registry's own client
+// id. Only the grant tells that the key had another owner meanwhile: the
+// release must report the hold lost, not nil. A grant's note that came
+// late, whose grant an attempt of this registry took (which drew a newer
+// token), tells nothing of the sort.
+func TestAGrantDuringItsHoldsReleaseLosesTheHold(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		t.Run(fmt.Sprint("late=", late), func(t *testing.T) { grantDuringRelease(t, late) })
+	}
+}
+
+func grantDuringRelease(t *testing.T, late bool) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	var (
+		r     *Registry
+		armed atomic.Bool
+		token = int64(1_000_000)
+	)
+	isRelease := func(cmd redis.Cmder) bool {
+		name := cmd.Name()
+		return (name == "evalsha" || name == "eval") && armed.Load()
+	}
+	grantFirst := func(cmds ...redis.Cmder) {
+		for _, cmd := range cmds {
+			if isRelease(cmd) && armed.CompareAndSwap(true, false) {
+				r.receiveGrant("g", token) // the grant's note lands now
+				return
+			}
+		}
+	}
+	client := srv.Client(t, redistest.Hook{
+		Process: func(next redis.ProcessHook) redis.ProcessHook {
+			return func(ctx context.Context, cmd redis.Cmder) error {
+				grantFirst(cmd)
+				return next(ctx, cmd)
+			}
+		},
+		ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+			return func(ctx context.Context, cmds []redis.Cmder) error {
+				grantFirst(cmds...)
+				return next(ctx, cmds)
+			}
+		},
+	})
+	r = newRegistry(t, client, WithRetryInterval(time.Second))
+	lock := r.Obtain("g")
+	h, err := lock.Acquire(ctx)
+	require.NoError(t, err)
+	// The key as another owner's release granting it back left it (with
+	// a minute to live, which no loaded machine outlasts before the
+	// release).
+	raw := srv.Client(t)
+	require.NoError(t, raw.Set(ctx, h.redisKey(), r.clientID, time.Minute).Err())
+	last := token
+	if late {
+		last++ // the attempt that took the granted key drew a newer token
+	}
+	require.NoError(t, raw.Set(ctx, lock.keys().Fence(), strconv.FormatInt(last, 10), time.Minute).Err())
+	armed.Store(true)
+	err = h.Release(ctx)
+	require.False(t, armed.Load(), "the release's script call was not seen")
+	if late {
+		require.NoError(t, err, "a late note of a grant this registry took")
+	} else {
+		require.ErrorIs(t, err, ErrLockLost, "the hold is told that its key went through another owner")
+	}
+	requireNoLocalState(t, r)
+	requireSettledGiveBacks(t, r)
 }

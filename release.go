@@ -105,6 +105,13 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 			return h.confirmed(r.confirmHandoff(ctx, t, h, next, c))
 		}
 	}
+	// A grant that lands from now until the release's reply finds no
+	// current hold and is kept as if for a waiter (receiveGrant). One that
+	// the release's own mark does not explain (below) was given before the
+	// release ran: the key went through another owner behind the hold's
+	// back and came back by that grant, which tracking cannot tell (it
+	// reads back the registry's own client id).
+	grantBefore := local.grantedToken.Load()
 	local.hold.Store(nil)
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
@@ -130,6 +137,12 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		c.releaseBegins()
 	}
 	found, err := l.releaseRedis(ctx, protocol.Release{HandedOut: h.handedOut(token), MarkNext: markNext})
+	// A grant that answers the mark this release set has a token above
+	// the mark's; any other grant that landed during the release came
+	// before it ran, if its token is still the key's last (a note that
+	// came late, of a grant an attempt of this registry took, is not).
+	g := local.grantedToken.Load()
+	grantedBehind := err == nil && g != 0 && g != grantBefore && (found.MarkToken == 0 || g <= found.MarkToken) && r.grantIsLast(ctx, l, g)
 	var mark waitMark
 	if found.MarkToken != 0 {
 		mark = waitMark{sent: sent, token: found.MarkToken}
@@ -156,6 +169,9 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	case err == nil && found.Outcome == protocol.NotOurs:
 		loss.cause = LossDeleted
 		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(l.key), lossUnknown)
+	case grantedBehind:
+		loss.cause = LossOverwritten
+		lostErr = lossError(l.key, loss.cause)
 	}
 	if !loss.signalled && loss.cause != lossNone {
 		h.foundLost(loss.cause, lostErr)
