@@ -177,10 +177,13 @@ func (r *Registry) receiveGrant(key string, token int64) {
 	// back): left in a key's state that was dropped, it would block the
 	// key for the grant lease.
 	var waiter *localLock
+	var holder *Hold
 	r.locals.m.Compute(key, func(local *localLock, loaded bool) (*localLock, bool) {
-		if loaded && local.hold.Load() == nil {
-			local.grantedToken.Store(token)
-			waiter = local
+		if loaded {
+			if holder = local.hold.Load(); holder == nil {
+				local.grantedToken.Store(token)
+				waiter = local
+			}
 		}
 		return local, !loaded
 	})
@@ -189,19 +192,21 @@ func (r *Registry) receiveGrant(key string, token int64) {
 		waiter.wakeUp()
 		return
 	}
-	r.giveBackLater(key, token, finish)
+	r.giveBackLater(key, token, holder, finish)
 }
 
-// giveBackLater gives a grant of key back in the background; finish, if
-// not nil, records the give-back done (see startPending).
-func (r *Registry) giveBackLater(key string, token int64, finish func()) {
+// giveBackLater gives a grant of key back in the background; holder, if
+// not nil, is the hold that was current as the grant landed (its release
+// waits for the give-back); finish, if not nil, records the give-back done
+// (see startPending).
+func (r *Registry) giveBackLater(key string, token int64, holder *Hold, finish func()) {
 	received := time.Now()
 	if finish == nil {
 		finish = r.startPending(key)
 	}
 	if !r.goBackground(func(ctx context.Context) {
 		defer finish()
-		r.giveBack(ctx, key, token, received)
+		r.giveBack(ctx, key, token, holder, received)
 	}) {
 		finish()
 	}
@@ -211,7 +216,7 @@ func (r *Registry) giveBackLater(key string, token int64, finish func()) {
 // that came for a waiter that is gone.
 func (r *Registry) leave(key string) {
 	if token := r.locals.leave(key); token != 0 {
-		r.giveBackLater(key, token, nil)
+		r.giveBackLater(key, token, nil, nil)
 	}
 	r.tellShutdown()
 }
@@ -232,7 +237,11 @@ func (r *Registry) leave(key string) {
 // renewal extended the grant's lease before the give-back, the TTL check
 // spares the key; the key's last token, still the grant's, then tells,
 // and the hold is lost.
-func (r *Registry) giveBack(ctx context.Context, key string, token int64, received time.Time) {
+//
+// The hold judged is holder, the one current as the grant landed, if any:
+// its release, which may have cleared the key's current hold meanwhile,
+// waits for the give-back and reads the tenure's loss.
+func (r *Registry) giveBack(ctx context.Context, key string, token int64, holder *Hold, received time.Time) {
 	l := r.Obtain(key)
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.expireAfter)
 	defer cancel()
@@ -244,11 +253,15 @@ func (r *Registry) giveBack(ctx context.Context, key string, token int64, receiv
 	if found.Outcome != protocol.NotOurs {
 		return
 	}
-	local, ok := r.locals.m.Load(key)
-	if !ok {
-		return
+	h := holder
+	if h == nil {
+		local, ok := r.locals.m.Load(key)
+		if !ok {
+			return
+		}
+		h = local.hold.Load()
 	}
-	if h := local.hold.Load(); h != nil && h.redisTaken.time().Before(received) && r.grantIsLast(ctx, l, token) {
+	if h != nil && h.redisTaken.time().Before(received) && r.grantIsLast(ctx, l, token) {
 		h.endLease(LossOverwritten)
 	}
 }

@@ -426,7 +426,11 @@ func TestAGrantDuringALocalHandoffLosesTheHold(t *testing.T) {
 			r.receiveGrant("g", token)
 			inWindow <- window
 		}()
-		require.NoError(t, h1.Release(ctx))
+		// h1 may learn of the loss too (it shares h2's tenure), if the
+		// grant's give-back judges it first; h2 must.
+		if err := h1.Release(ctx); err != nil {
+			require.ErrorIs(t, err, ErrLockLost)
+		}
 		h2 := <-next
 		if <-inWindow {
 			hits++
@@ -523,4 +527,58 @@ func grantDuringRelease(t *testing.T, late bool) {
 	}
 	requireNoLocalState(t, r)
 	requireSettledGiveBacks(t, r)
+}
+
+// TestAGrantWhoseGiveBackTrailsItsHoldsReleaseLosesTheHold: the grant's
+// note lands while the hold is current (the key went through another
+// registry behind the hold's back and came back by that grant), so it is
+// given back in the background; the hold's release reaches Redis before
+// that give-back, finds the key the registry's and deletes it. The give-
+// back then finds the key gone and no current hold: the release must
+// still report the hold lost, not nil.
+func TestAGrantWhoseGiveBackTrailsItsHoldsReleaseLosesTheHold(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	var (
+		armed   atomic.Bool
+		blocked = make(chan struct{})
+		gate    = make(chan struct{})
+		token   = int64(1_000_000)
+	)
+	client := srv.Client(t, redistest.Hook{
+		Process: func(next redis.ProcessHook) redis.ProcessHook {
+			return func(ctx context.Context, cmd redis.Cmder) error {
+				if n := cmd.Name(); (n == "evalsha" || n == "eval") && armed.CompareAndSwap(true, false) {
+					close(blocked) // the give-back's call, held back
+					<-gate
+				}
+				return next(ctx, cmd)
+			}
+		},
+	})
+	r := newRegistry(t, client, WithRetryInterval(time.Second))
+	lock := r.Obtain("g")
+	h, err := lock.Acquire(ctx)
+	require.NoError(t, err)
+	raw := srv.Client(t)
+	require.NoError(t, raw.Set(ctx, h.redisKey(), r.clientID, time.Minute).Err())
+	require.NoError(t, raw.Set(ctx, lock.keys().Fence(), strconv.FormatInt(token, 10), time.Minute).Err())
+	armed.Store(true)
+	r.receiveGrant("g", token) // lands while the hold is current
+	<-blocked
+	released := make(chan error, 1)
+	go func() { released <- h.Release(ctx) }()
+	// The release does not wait for the give-back to be let through: it
+	// either returns before it (on HEAD, nil) or once it is.
+	var rerr error
+	select {
+	case rerr = <-released:
+		close(gate)
+	case <-time.After(2 * time.Second):
+		close(gate)
+		rerr = <-released
+	}
+	require.ErrorIs(t, rerr, ErrLockLost, "the hold is told that its key went through another owner")
+	requireSettledGiveBacks(t, r)
+	requireNoLocalState(t, r)
 }

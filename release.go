@@ -118,6 +118,12 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		ctx, cancel = r.releaseContext(ctx)
 		defer cancel()
 	}
+	// A grant that landed while the hold was current is being given back,
+	// and judges the hold (giveBack): the release waits for that verdict,
+	// which strikes the tenure, before it tells the key's fate. Only a
+	// key with calls pending waits; it sends nothing.
+	_ = l.awaitPending(ctx)
+	struck := h.tenure.loss()
 	// If a goroutine of this registry waits for the key and the release
 	// passes it to another registry, the release marks this one as waiting
 	// too, in the same call, for that goroutine: it then waits for its
@@ -163,6 +169,9 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	r.leave(l.key)
 	switch {
 	case lostErr != nil:
+	case struck != lossNone:
+		loss.cause = struck
+		lostErr = lossError(l.key, loss.cause)
 	case leaseRanOut:
 		loss.cause = r.lapseCause(h)
 		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(l.key), loss.cause.explain())
