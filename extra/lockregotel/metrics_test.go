@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +35,22 @@ func subscribed(t *testing.T, client *redis.Client, namespace string) {
 	require.Eventually(t, func() bool {
 		return client.PubSubNumSub(context.Background(), channel).Val()[channel] > 0
 	}, 5*time.Second, time.Millisecond)
+}
+
+// trackedKeys is how many keys the server tracks for its clients.
+func trackedKeys(t *testing.T, client *redis.Client) int64 {
+	t.Helper()
+	info, err := client.Info(context.Background(), "stats").Result()
+	require.NoError(t, err)
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "tracking_total_keys:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			require.NoError(t, err)
+			return n
+		}
+	}
+	t.Fatal("INFO stats has no tracking_total_keys")
+	return 0
 }
 
 // waitsLocally waits until a goroutine waits for a local mutex, in line
@@ -148,6 +165,7 @@ func TestMetricsOfLosses(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
+	var trackedBefore int64 // the server's tracked keys before the hold
 	for _, tc := range []struct {
 		name, cause string
 		opts        []lockreg.Option
@@ -167,6 +185,9 @@ func TestMetricsOfLosses(t *testing.T) {
 		name: "forced", cause: "forced", opts: []lockreg.Option{lockreg.WithExpireAfter(time.Minute)},
 		lose: func(t *testing.T, namespace string) {
 			subscribed(t, client, namespace)
+			// Tracking has read the key: a read after the DEL would find
+			// it gone before the forced-unlock note came, and say deleted.
+			require.Eventually(t, func() bool { return trackedKeys(t, client) > trackedBefore }, 5*time.Second, time.Millisecond)
 			found, err := openRegistry(t, client, namespace).ForceUnlock(ctx, "k")
 			require.NoError(t, err)
 			require.True(t, found)
@@ -191,6 +212,7 @@ func TestMetricsOfLosses(t *testing.T) {
 			r, namespace := newRegistry(t, client, opts...)
 			m := newMeters(t, namespace)
 			m.instrument(t, r)
+			trackedBefore = trackedKeys(t, client)
 			h, err := r.Obtain("k").Acquire(ctx)
 			require.NoError(t, err)
 			tc.lose(t, namespace)
