@@ -395,8 +395,8 @@ func TestTheMarkOfAnAttemptWhoseReplyWasLostIsWithdrawn(t *testing.T) {
 func TestAGrantDuringALocalHandoffLosesTheHold(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
-	client := aclClient(t, srv, "+@all", "-client") // no tracking: nothing else tells
-	r := newRegistry(t, client, WithRetryInterval(time.Second), WithLocalHandoff(16, time.Minute))
+	client := aclClient(t, srv, "+@all", "-client")                                                 // no tracking: nothing else tells
+	r := newRegistry(t, client, WithRetryInterval(time.Second), WithLocalHandoff(100, time.Minute)) // every round hands off
 	lock := r.Obtain("g")
 	hits := 0
 	for i := 0; i < 20 && hits < 3; i++ {
@@ -432,6 +432,7 @@ func TestAGrantDuringALocalHandoffLosesTheHold(t *testing.T) {
 			require.ErrorIs(t, err, ErrLockLost)
 		}
 		h2 := <-next
+		require.Equal(t, viaHandoff, h2.via, "round %d: handed off", i)
 		if <-inWindow {
 			hits++
 		}
