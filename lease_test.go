@@ -547,7 +547,7 @@ func TestAKeyOfAnotherTypeIsLostAloneAsOverwritten(t *testing.T) {
 			if !tracked {
 				client = minimalACL(t, admin, srv, "lockreg-test", "-client|tracking")()
 			}
-			const lease = 600 * time.Millisecond
+			const lease = 1200 * time.Millisecond
 			r := newRegistry(t, client, WithExpireAfter(lease))
 			if tracked {
 				requireTracking(t, r)
@@ -558,13 +558,13 @@ func TestAKeyOfAnotherTypeIsLostAloneAsOverwritten(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, admin.Del(ctx, spoiled.redisKey()).Err())
 			require.NoError(t, admin.HSet(ctx, spoiled.redisKey(), "not", "a lock").Err())
-			told := lease / 2 // a renewal, lease/3 away at most
+			told := 3 * lease / 4 // a renewal, lease/3 away at most; expired, at the lease's end
 			if tracked {
 				told = blindLimit
 			}
 			requireFires(t, spoiled.Lost(), told, "the hold of a key made a hash")
 			requireCause(t, spoiled, LossOverwritten)
-			for end := time.Now().Add(3 * lease); time.Now().Before(end); time.Sleep(lease / 10) {
+			for end := time.Now().Add(2 * lease); time.Now().Before(end); time.Sleep(lease / 10) {
 				require.NoError(t, kept.Err(), "a hold whose key Redis still has was signalled lost")
 				require.Positive(t, admin.PTTL(ctx, kept.redisKey()).Val(), "its key expired, unrenewed")
 			}
