@@ -403,7 +403,16 @@ func TestDoneClosesOnceErrSaysWhatTheReleaseFound(t *testing.T) {
 			return next(ctx, cmd)
 		}
 	}})
-	h, err := newRegistry(t, client, WithRenewal(false)).Obtain("k").Acquire(ctx)
+	r := newRegistry(t, client, WithRenewal(false))
+	// A first hold starts what checks held keys in the background (the
+	// subscription, the tracker, whose refusal checks them once): a DEL
+	// seen by one of those would not be the release's to find.
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	requireSettled(t, r)
+	require.Eventually(t, r.tracking.refused.Load, 5*time.Second, time.Millisecond, "tracking refused")
+	require.NoError(t, h.Release(ctx))
+	h, err = r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
 	require.NoError(t, srv.Client(t).Del(ctx, h.redisKey()).Err())
 	gate.Store(true)
