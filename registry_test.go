@@ -127,14 +127,15 @@ func TestRegistryWorksOverRESP2(t *testing.T) {
 // minimalACL gives the user "locker" the README's ACL for prefix, with
 // more rules after it, and returns a maker of its clients: the registry's
 // keys and channel, and the commands its scripts, its subscription,
-// tracking, the look at the eviction policy and go-redis's handshake run.
+// tracking, the look at the eviction policy, Inspect and Locks, and
+// go-redis's handshake run.
 func minimalACL(t *testing.T, admin *redis.Client, srv *redistest.Server, prefix string, more ...string) func() *redis.Client {
 	t.Helper()
 	args := []any{"ACL", "SETUSER", "locker", "reset", "on", ">secret", "resetkeys", "resetchannels",
 		"~" + prefix + ":*", "&" + prefix + ":*", "&__redis__:invalidate", "-@all",
 		"+evalsha", "+eval", "+get", "+mget", "+set", "+pexpire", "+del", "+exists", "+time",
 		"+zadd", "+zrem", "+zscore", "+zrangebyscore", "+zpopmin", "+pttl", "+publish", "+subscribe", "+ping", "+hello", "+hset",
-		"+client|id", "+client|tracking", "+info"}
+		"+client|id", "+client|tracking", "+info", "+zrange", "+hget", "+scan"}
 	require.NoError(t, admin.Do(context.Background(), append(args, anySlice(more)...)...).Err())
 	return func() *redis.Client {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "locker", Password: "secret"})
@@ -495,4 +496,38 @@ func TestWaitReplicasUnderAnACLWithoutWaitEndsWithErrRedis(t *testing.T) {
 	require.ErrorContains(t, err, "NOPERM")
 	require.NotContains(t, err.Error(), "%!")
 	require.Zero(t, admin.Exists(ctx, "orders:{o-1}").Val(), "the key is free")
+}
+
+// The README's minimal ACL is all a registry needs for every call it
+// makes, the operators' included: Inspect, Locks, ForceUnlock (whose
+// warning names the holder) and Token.
+func TestTheMinimalACLServesInspectLocksAndForceUnlock(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	const prefix = "orders"
+	restricted := minimalACL(t, srv.Client(t), srv, prefix)
+	var logs syncBuffer
+	r, err := New(restricted(), prefix, WithOwner("billing"), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	defer r.Close()
+	h, err := r.Obtain("o-1").Acquire(ctx)
+	require.NoError(t, err)
+	_, err = h.Token(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return r.owner.freshUntil.Load() > 0 }, 5*time.Second, time.Millisecond)
+
+	info, err := r.Inspect(ctx, "o-1")
+	require.NoError(t, err, "Inspect")
+	require.Equal(t, "billing", info.Owner)
+	var listed []string
+	for info, err := range r.Locks(ctx) {
+		require.NoError(t, err, "Locks")
+		listed = append(listed, info.Key)
+	}
+	require.Equal(t, []string{"o-1"}, listed)
+	forced, err := r.ForceUnlockHeldBy(ctx, "o-1", r.OwnerID())
+	require.NoError(t, err)
+	require.True(t, forced)
+	require.Contains(t, logs.String(), "owner=billing", "the warning names the holder")
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 }
