@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -47,8 +48,9 @@ func (s *serverCheck) init() { s.looked = make(chan struct{}) }
 var policyRecheck = 30 * time.Second
 
 // checkServers reads the eviction policy of every primary, again every
-// retry interval while Redis does not answer, until it knows; then every
-// policyRecheck, until Close.
+// retry interval while Redis does not answer, until it knows, or knows
+// that it cannot (the ACL forbids INFO, or its reply names no policy:
+// logged once); then every policyRecheck, until Close.
 func (r *Registry) checkServers(stop context.Context) {
 	defer func() {
 		if !isClosed(r.servers.looked) {
@@ -61,7 +63,7 @@ func (r *Registry) checkServers(stop context.Context) {
 		switch {
 		case err == nil:
 			known = true
-		case protocol.Permanent(err):
+		case protocol.Permanent(err) || errors.As(err, new(unreadPolicy)):
 			known = true
 			if !warned {
 				warned = true
@@ -96,8 +98,11 @@ func (r *Registry) readEvictionPolicies(ctx context.Context) error {
 		}
 		native = native && protocol.RenewsNatively(info)
 		e, err := protocol.ReadEviction(info)
-		if err != nil || !e.Evicts() {
-			return err
+		if err != nil {
+			return unreadPolicy{fmt.Errorf("%s: %w", addr, err)}
+		}
+		if !e.Evicts() {
+			return nil
 		}
 		if !r.cfg.evictionAllowed {
 			if refused == nil {
@@ -124,6 +129,12 @@ func (r *Registry) readEvictionPolicies(ctx context.Context) error {
 	}
 	return nil
 }
+
+// unreadPolicy is a server's INFO reply that names no eviction policy (a
+// proxy, a server of another kind): asking again would tell no more.
+type unreadPolicy struct{ error }
+
+func (u unreadPolicy) Unwrap() error { return u.error }
 
 // forEachPrimary calls fn for every primary of the registry's client, one
 // after the other, and returns the first error.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/protocol"
@@ -63,6 +64,31 @@ func TestAServerThatHidesItsPolicyIsUsedWithAWarning(t *testing.T) {
 	r := newRegistry(t, client, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	require.NoError(t, r.Do(ctx, "k", func(context.Context) error { return nil }))
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "cannot read the servers' eviction policy") }, 5*time.Second, 10*time.Millisecond)
+}
+
+// A server whose INFO names no eviction policy (a proxy, a Redis-like
+// server that keeps other fields) cannot be judged either: it is used with
+// one warning, as one whose INFO the ACL forbids, not asked again every
+// retry interval without a word.
+func TestAServerWhoseInfoNamesNoPolicyIsUsedWithAWarning(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Start(t).Client(t, redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
+			if info, ok := cmd.(*redis.StringCmd); ok && cmd.Name() == "info" && err == nil {
+				info.SetVal("# Server\r\nredis_version:7.0.0\r\n")
+			}
+			return err
+		}
+	}})
+	var logs syncBuffer
+	r := newRegistry(t, client, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, r.Do(ctx, "k", func(context.Context) error { return nil }))
+	warning := "cannot read the servers' eviction policy"
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), warning) }, 5*time.Second, 10*time.Millisecond)
+	require.Contains(t, logs.String(), "maxmemory_policy", "the warning says what is missing")
+	time.Sleep(300 * time.Millisecond) // three retry intervals
+	require.Equal(t, 1, strings.Count(logs.String(), warning), "one warning")
 }
 
 // A policy can change while a registry runs (CONFIG SET, a failover to a
