@@ -86,21 +86,32 @@ func (r *Registry) checkServers(stop context.Context) {
 }
 
 // readEvictionPolicies reads and judges every primary's policy, and
-// whether every one renews natively. A look that failed changes no
-// judgement but the last: renew.lua, which every server runs.
+// whether every one renews natively. A primary that will not tell (the
+// ACL forbids INFO, or its reply names no policy) is left out of the
+// judgement of the others, which is made all the same, and reported as
+// an unreadPolicy error; a look that failed otherwise changes no
+// judgement but to refuse a primary it found may evict, and the last:
+// renew.lua, which every server runs.
 func (r *Registry) readEvictionPolicies(ctx context.Context) error {
 	native, evicts := true, false
-	var refused error
+	var refused, hidden error
 	err := r.forEachPrimary(ctx, func(ctx context.Context, addr string, node redis.Cmdable) error {
 		info, err := node.Info(ctx, "memory", "server").Result()
+		if err != nil && !(protocol.IsReply(err) && protocol.Permanent(err)) {
+			return err // no answer: asked again
+		}
+		var e protocol.Eviction
+		if err == nil {
+			e, err = protocol.ReadEviction(info)
+		}
 		if err != nil {
-			return err
+			native = false
+			if hidden == nil {
+				hidden = unreadPolicy{fmt.Errorf("%s: %w", addr, err)}
+			}
+			return nil
 		}
 		native = native && protocol.RenewsNatively(info)
-		e, err := protocol.ReadEviction(info)
-		if err != nil {
-			return unreadPolicy{fmt.Errorf("%s: %w", addr, err)}
-		}
 		if !e.Evicts() {
 			return nil
 		}
@@ -118,16 +129,17 @@ func (r *Registry) readEvictionPolicies(ctx context.Context) error {
 		return nil
 	})
 	r.servers.native.Store(err == nil && native)
+	if refused != nil {
+		r.servers.refused.Store(&refused)
+	}
 	if err != nil {
 		return err
 	}
 	r.servers.evicts.Store(evicts)
-	if refused != nil {
-		r.servers.refused.Store(&refused)
-	} else {
+	if refused == nil {
 		r.servers.refused.Store(nil)
 	}
-	return nil
+	return hidden
 }
 
 // unreadPolicy is a server's INFO reply that names no eviction policy (a

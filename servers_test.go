@@ -129,3 +129,32 @@ func TestALookAtThePolicyHidesNoEviction(t *testing.T) {
 	require.NoError(t, r.readEvictionPolicies(ctx)) // a look at the policy, after the eviction
 	require.True(t, r.evictedSince(ctx, srv.Addr(), client), "the tracker still finds the eviction")
 }
+
+// On a Cluster, a primary whose policy cannot be read does not hide
+// another's that may evict: every primary is judged.
+func TestAnEvictingPrimaryIsRefusedBesideOneThatHidesItsPolicy(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	for i, addr := range addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		defer node.Close()
+		rules := []any{"ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all"}
+		if i == 0 {
+			rules = append(rules, "-info")
+		}
+		require.NoError(t, node.Do(ctx, rules...).Err())
+		if i == 1 {
+			require.NoError(t, node.ConfigSet(ctx, "maxmemory", "20mb").Err())
+			require.NoError(t, node.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
+		}
+	}
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: "locker", Password: "pw"})
+	t.Cleanup(func() { _ = client.Close() })
+	r := newRegistry(t, client)
+	err := r.Do(ctx, "k", func(context.Context) error {
+		t.Error("fn ran while a primary may evict lock keys")
+		return nil
+	})
+	require.ErrorIs(t, err, ErrServerEvicts)
+	require.ErrorContains(t, err, addrs[1])
+}
