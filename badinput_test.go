@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,32 @@ func TestANilOptionIsRefused(t *testing.T) {
 	require.Nil(t, r)
 	require.ErrorIs(t, err, ErrInvalidOption)
 	require.ErrorContains(t, err, "option 2 is nil")
+}
+
+// A lease too long for the registry to count in (math.MaxInt64, meant as
+// "for ever", say) is refused by New, not taken and then every hold
+// reported lost at once.
+func TestAnOverlongLeaseIsRefusedOrWorks(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	for _, lease := range []time.Duration{math.MaxInt64, 150 * 365 * 24 * time.Hour} {
+		r, err := New(client, "lockreg-test:"+t.Name(), WithExpireAfter(lease), WithOwner("long"))
+		if err != nil {
+			require.ErrorIs(t, err, ErrInvalidOption, "%v", lease)
+			require.ErrorContains(t, err, "WithExpireAfter")
+			continue
+		}
+		err = r.Do(ctx, "k", func(ctx context.Context) error {
+			require.NoError(t, ctx.Err(), "%v: the hold is not lost", lease)
+			require.Eventually(t, func() bool {
+				info, err := r.Inspect(ctx, "k")
+				return err == nil && info.Owner == "long"
+			}, 5*time.Second, 10*time.Millisecond, "%v: the owner is named", lease)
+			return nil
+		})
+		require.NoError(t, r.Close())
+		require.NoError(t, err, "%v", lease)
+	}
 }
 
 func TestAnEmptyKeyIsAnErrorForEveryCall(t *testing.T) {

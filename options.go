@@ -26,6 +26,9 @@ const (
 	pubSubYield = 2 * time.Millisecond
 	// minGrantLease is the shortest lease of a granted key (grantLease).
 	minGrantLease = 100 * time.Millisecond
+	// maxExpireAfter bounds the lease: a lease's end, and an owner name's
+	// (two leases), are counted in ns since 1970, which run out in 2262.
+	maxExpireAfter = 10 * 365 * 24 * time.Hour
 )
 
 // Option configures a Registry; pass options to New. An invalid option
@@ -52,11 +55,15 @@ type config struct {
 
 // WithExpireAfter sets the lease of a lock's Redis key: if the holder's
 // process dies, other processes can take the lock this long after its last
-// acquisition. Default 30s; at least 1ms, in whole milliseconds.
+// acquisition. Default 30s; at least 1ms, at most 10 years, in whole
+// milliseconds.
 func WithExpireAfter(d time.Duration) Option {
 	return func(c *config) {
-		if d < time.Millisecond {
+		switch {
+		case d < time.Millisecond:
 			c.errs = append(c.errs, fmt.Errorf("%w: WithExpireAfter(%v): below 1ms", ErrInvalidOption, d))
+		case d > maxExpireAfter:
+			c.errs = append(c.errs, fmt.Errorf("%w: WithExpireAfter(%v): above 10 years", ErrInvalidOption, d))
 		}
 		c.expireAfter = d.Truncate(time.Millisecond)
 	}
