@@ -257,6 +257,9 @@ func checkCommand(o options, args []string) error {
 	if o.namespace == "" {
 		return usageError("-namespace is required: the namespace the service passes to lockreg.New")
 	}
+	if o.timeout <= 0 {
+		return usageError("-timeout must be positive (given %v)", o.timeout)
+	}
 	return nil
 }
 

@@ -35,6 +35,8 @@ func TestLockctlRefusesBadInput(t *testing.T) {
 		{"unknown flag", []string{"-namespace", "ns", "list", "-v"}, `flag provided but not defined: -v (a key that begins with '-' goes after "--")`},
 		{"a key like a flag", []string{"-namespace", "ns", "show", "-k"}, `flag provided but not defined: -k (a key that begins with '-' goes after "--")`},
 		{"bad flag value", []string{"-namespace", "ns", "list", "-timeout", "soon"}, `invalid value "soon" for flag -timeout: parse error`},
+		{"a zero timeout", []string{"-namespace", "ns", "list", "-timeout", "0"}, "-timeout must be positive (given 0s)"},
+		{"a negative timeout", []string{"-namespace", "ns", "show", "k", "-timeout", "-1s"}, "-timeout must be positive (given -1s)"},
 		{"bad namespace", []string{"-namespace", "a{}b", "list"}, `"a{}b" starts a Cluster hash tag`},
 		{"bad URL", []string{"-redis", "htp:/foo", "-namespace", "ns", "list"}, `-redis "htp:/foo": "htp:" is not a scheme lockctl takes (redis://, rediss:// or unix://), and the rest is not HOST:PORT`},
 		{"bad URL after the command", []string{"list", "-namespace", "ns", "-redis", "http://x:y:z"}, `-redis "http://x:y:z": the scheme is "http"; lockctl takes redis://, rediss:// or unix://`},
