@@ -1,6 +1,7 @@
 package lockreg
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,7 +43,7 @@ func (l *Lock) acquireHold(ctx context.Context, wait bool) (*Hold, error) {
 	hooks := r.hooks.all()
 	for _, hk := range hooks {
 		if hk.AcquireStart != nil {
-			ctx = hk.AcquireStart(ctx, l.key)
+			ctx = cmp.Or(hk.AcquireStart(ctx, l.key), ctx) // nil keeps ctx
 		}
 	}
 	h, err := l.takeHold(ctx, wait, start)

@@ -18,7 +18,7 @@ type Hooks struct {
 	// reentrant one (a goroutine taking its own hold again, a Do nested in
 	// a Do of the key), which costs nothing and is not reported. The
 	// context it returns (a span's, say) is the acquisition's from then
-	// on, and AcquireAttempt's and AcquireDone's.
+	// on, and AcquireAttempt's and AcquireDone's; nil keeps ctx.
 	AcquireStart func(ctx context.Context, key string) context.Context
 	// AcquireAttempt is called for each attempt to take the key in Redis.
 	AcquireAttempt func(ctx context.Context, key string)

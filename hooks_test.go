@@ -310,3 +310,34 @@ func TestATryLockThatFindsTheKeyHeldReportsASentinel(t *testing.T) {
 		require.ErrorIs(t, e.Err, ErrNotObtained)
 	}
 }
+
+// A hook that returns no context leaves the acquisition's and the
+// release's as they were: it neither panics deep inside nor leaves the
+// key's local state behind.
+func TestAHookThatReturnsANilContextChangesNothing(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	var done sync.WaitGroup
+	done.Add(2)
+	r.AddHooks(Hooks{
+		AcquireStart: func(context.Context, string) context.Context { return nil },
+		ReleaseStart: func(context.Context, string) context.Context { return nil },
+		AcquireDone: func(ctx context.Context, _ AcquireEvent) {
+			assert.NotNil(t, ctx)
+			done.Done()
+		},
+		ReleaseDone: func(ctx context.Context, _ ReleaseEvent) {
+			assert.NotNil(t, ctx)
+			done.Done()
+		},
+	})
+	ran := false
+	require.NotPanics(t, func() {
+		require.NoError(t, r.Do(context.Background(), "k", func(context.Context) error {
+			ran = true
+			return nil
+		}))
+	})
+	require.True(t, ran)
+	done.Wait()
+	requireNoLocalState(t, r)
+}

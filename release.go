@@ -1,6 +1,7 @@
 package lockreg
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,7 +21,7 @@ func (h *Hold) release(ctx context.Context) error {
 	held := h.taken.since() // the release's own time is not the hold's
 	for _, hk := range hooks {
 		if hk.ReleaseStart != nil {
-			ctx = hk.ReleaseStart(ctx, h.lock.key)
+			ctx = cmp.Or(hk.ReleaseStart(ctx, h.lock.key), ctx) // nil keeps ctx
 		}
 	}
 	loss, err := h.releaseKey(ctx)
