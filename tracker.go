@@ -31,8 +31,11 @@ type tracker struct {
 	// moving says that moveTarget closed the target's subscription, for
 	// run to make a new one.
 	moving atomic.Bool
-	// refused says that the server refused tracking.
-	refused atomic.Bool
+	// refused says that the server refused tracking; up, that the
+	// target's subscription is confirmed and has not broken since;
+	// rehoming, that a watch of its holds runs while its server is down
+	// (rehome.go).
+	refused, up, rehoming atomic.Bool
 
 	mu sync.Mutex // guards what follows, which kick tells armLoop of
 	// queue holds the holds to arm or verify, with why (the cause a verify
@@ -74,6 +77,7 @@ func (t *tracker) run(stop context.Context) {
 		}
 		switch {
 		case err == nil:
+			t.up.Store(true)
 			t.ask(cause, false)
 			dead := t.route(stop, sub)
 			_ = sub.Close()
@@ -88,6 +92,7 @@ func (t *tracker) run(stop context.Context) {
 			return
 		}
 		_ = sub.Close()
+		t.serverDown()
 		select {
 		case <-stop.Done():
 			return
@@ -149,6 +154,9 @@ func (t *tracker) route(stop context.Context, sub *redis.PubSub) (dead bool) {
 		}
 		switch {
 		case err == nil:
+			if !t.up.Load() {
+				t.up.Store(true) // go-redis resubscribed
+			}
 		case protocol.FlushedAll(err):
 			r.verifyHolds(LossFlushed)
 		case isTimeout(err):
@@ -158,6 +166,9 @@ func (t *tracker) route(stop context.Context, sub *redis.PubSub) (dead bool) {
 		case t.moving.Load():
 			return true // moveTarget closed it: a new one takes over
 		default:
+			if !protocol.IsReply(err) {
+				t.serverDown()
+			}
 			select {
 			case <-stop.Done():
 				return false

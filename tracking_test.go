@@ -418,3 +418,41 @@ func TestATrackerWhoseTargetIsOnAnotherServerMovesIt(t *testing.T) {
 	require.NoError(t, admin.Del(ctx, h.redisKey()).Err())
 	requireFires(t, h.Lost(), blindLimit, "the holder learns at once that its key was deleted")
 }
+
+// A Cluster failover moves a held key to the replica that took its
+// primary's place: the holder must learn at once of a change there too,
+// not at its next renewal, though the crashed primary never comes back.
+func TestAHolderOnClusterStillLearnsAtOnceAfterAFailover(t *testing.T) {
+	ctx := context.Background()
+	c, stop, err := redistest.LaunchCluster(3, 1)
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	client := clusterClient(t, c.Addrs())
+	// A long lease: no renewal in the test's time finds the change instead.
+	r := newRegistry(t, client, WithExpireAfter(3*time.Minute))
+	reads := trackingReads(r)
+	h, err := r.Obtain("failover").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return reads.Load() >= 1 }, 5*time.Second, time.Millisecond, "the key is armed")
+
+	slot := protocol.Slot(h.redisKey())
+	primary, replica, err := c.Shard(slot)
+	require.NoError(t, err)
+	// The replica has the key before its primary crashes.
+	onReplica := redis.NewClient(&redis.Options{Addr: replica.Addr(), PoolSize: 1,
+		OnConnect: func(ctx context.Context, cn *redis.Conn) error { return cn.ReadOnly(ctx).Err() }})
+	t.Cleanup(func() { _ = onReplica.Close() })
+	require.Eventually(t, func() bool { return onReplica.Exists(ctx, h.redisKey()).Val() == 1 },
+		5*time.Second, 10*time.Millisecond, "the replica has the key")
+	primary.Crash()
+	require.NoError(t, c.AwaitFailover(slot, replica, 30*time.Second))
+	t.Logf("%s took slot %d over from %s", replica.Addr(), slot, primary.Addr())
+	requireOpen(t, h.Lost(), "the key survived the failover")
+
+	// The key lives on the new primary now; a change there is told within
+	// a round trip or two of the failover, as a change before the key was
+	// armed there is found by its arming.
+	require.NoError(t, replica.Client(t).Del(ctx, h.redisKey()).Err())
+	requireFires(t, h.Lost(), 10*time.Second, "the holder learns that its key was deleted after the failover")
+	require.ErrorIs(t, h.Err(), ErrLockLost)
+}

@@ -1,0 +1,89 @@
+package lockreg
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// On Redis Cluster a tracker serves one primary's address. When that
+// primary stops answering, its slots may pass to a replica by a failover:
+// the holds whose keys it served then live on another node, where nothing
+// read them, so no change there would be told (and a key the failover
+// lost would not be found) until their renewals; the crashed primary's
+// tracker, which a new connection would have check them, cannot connect.
+// So while a tracker's server is down, the holds it served are watched,
+// at a pause that doubles up to rehomePause: once the cluster client
+// names another primary for a hold's key, the hold is checked, and armed,
+// on that node's tracker, as after a restart. The watch ends when its
+// holds are all moved or ended, or the tracker's server answers again
+// (its new connection then checks every hold).
+
+// rehomePause is the longest pause of the watch: a failover is told to a
+// holder at most about that long after the cluster agreed on it.
+const rehomePause = time.Second
+
+// serverDown is called by run when the target's subscription broke or
+// could not be made: on Cluster it starts the watch of t's holds, unless
+// it runs already.
+func (t *tracker) serverDown() {
+	r := t.r
+	t.up.Store(false)
+	cluster, ok := r.client.(*redis.ClusterClient)
+	if !ok || !t.rehoming.CompareAndSwap(false, true) {
+		return
+	}
+	// The slot map still names t's server for its keys: a failover takes
+	// longer than the breaking of a connection.
+	var holds []*Hold
+	r.forEachHold(func(h *Hold) {
+		if !h.isLost() && r.nodeOf(r.life.stopCtx, h.redisKey()) == t.addr {
+			holds = append(holds, h)
+		}
+	})
+	if len(holds) == 0 || !r.goBackground(func(ctx context.Context) { t.rehome(ctx, cluster, holds) }) {
+		t.rehoming.Store(false)
+	}
+}
+
+// rehome moves holds, which t's server served, to the trackers of the
+// nodes that serve their keys once the cluster client names others.
+func (t *tracker) rehome(ctx context.Context, cluster *redis.ClusterClient, holds []*Hold) {
+	defer t.rehoming.Store(false)
+	r := t.r
+	pause := time.NewTimer(0)
+	defer pause.Stop()
+	for wait := min(r.cfg.retryInterval, resubscribePause); len(holds) > 0; wait = min(2*wait, rehomePause) {
+		select {
+		case <-pause.C:
+		case <-ctx.Done():
+			return
+		}
+		if t.up.Load() {
+			return // the server answers again: its new connection checks every hold
+		}
+		cluster.ReloadState(ctx) // seen by a later turn: the reload is lazy
+		holds = slices.DeleteFunc(holds, func(h *Hold) bool {
+			h = currentOf(h)
+			if h.Err() != nil {
+				return true // ended
+			}
+			node, err := cluster.MasterForKey(ctx, h.redisKey())
+			if err != nil || node.Options().Addr == t.addr {
+				return false // not moved yet
+			}
+			if nt := r.trackerFor(h.redisKey()); nt != nil {
+				// A change the failover made counts as unchecked until the
+				// read: no local hand-off meanwhile.
+				h.local.unchecked.Add(1)
+				nt.enqueue(armRequest{h: h, cause: LossRestart, invalidated: true})
+			} else {
+				r.verify(h, LossRestart)
+			}
+			return true
+		})
+		pause.Reset(wait)
+	}
+}
