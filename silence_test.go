@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -152,4 +153,48 @@ func TestATrackerWhoseTargetDiedSilentlyComesBack(t *testing.T) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	require.Contains(t, []LossCause{LossDeleted, LossRestart}, h.cause)
+}
+
+// A tracking connection that the server closed (CLIENT KILL here; its
+// idle timeout or maxmemory-clients alike) tells its target nothing, and
+// the keys it read are tracked no more: its PING finds it gone within
+// about trackingCheck, and a new one checks every held key. Unchecked, a
+// change would go untold until the next renewal (lease/3: 10s here).
+func TestAHolderWhoseTrackingConnectionWasClosedLearnsOfAChangeSoon(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	r := newRegistry(t, srv.Client(t))
+	reads := trackingReads(r)
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	tr := r.tracking.single.Load()
+	require.Eventually(t, func() bool {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		return reads.Load() >= 1 && len(tr.queue) == 0 && !tr.timerSet
+	}, 5*time.Second, time.Millisecond, "the key is armed, and the tracker idle: nothing but the check uses the connection")
+
+	var tracking []string
+	for _, line := range strings.Split(admin.ClientList(ctx).Val(), "\n") {
+		var id, flags string
+		for _, field := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(field, "id="); ok {
+				id = v
+			}
+			if v, ok := strings.CutPrefix(field, "flags="); ok {
+				flags = v
+			}
+		}
+		if strings.Contains(flags, "t") {
+			tracking = append(tracking, id)
+		}
+	}
+	require.Len(t, tracking, 1, "the registry's tracking connection")
+	require.NoError(t, admin.Do(ctx, "client", "kill", "id", tracking[0]).Err())
+	require.NoError(t, admin.Del(ctx, h.redisKey()).Err())
+	took := requireFires(t, h.Lost(), 3*trackingCheck, "the holder learns of the DEL once the closed connection is found")
+	h.mu.Lock()
+	t.Logf("told after %v, cause %v", took, h.cause)
+	h.mu.Unlock()
 }

@@ -264,8 +264,9 @@ func (t *tracker) armLoop(stop context.Context) {
 			conn = nil
 		}
 	}
-	wait := time.NewTimer(armDelay)
-	defer func() { drop(); _ = t.client.Close(); wait.Stop() }()
+	wait, check := time.NewTimer(armDelay), time.NewTicker(trackingCheck)
+	defer func() { drop(); _ = t.client.Close(); wait.Stop(); check.Stop() }()
+	var used time.Time // when conn last answered
 	// A new connection that could not be made is tried again, for the same
 	// cause, after a pause that doubles up to subscribeTimeout: go-redis
 	// fails dials for a while after failed ones, and the target may be
@@ -279,6 +280,7 @@ func (t *tracker) armLoop(stop context.Context) {
 			return
 		case <-t.kick:
 		case <-wait.C:
+		case <-check.C:
 		}
 		now := time.Now()
 		t.mu.Lock()
@@ -288,9 +290,14 @@ func (t *tracker) armLoop(stop context.Context) {
 		renewals := t.renewals
 		t.renewals = nil
 		t.mu.Unlock()
-		if ping && conn != nil && conn.Ping(stop).Err() != nil {
-			drop()
-			cause = LossRestart // the keys it read are tracked no more
+		// (Half a check: a tick comes a check after the last, whose use of
+		// the connection may have come a little after it.)
+		if conn != nil && (ping || now.Sub(used) >= trackingCheck/2) {
+			if conn.Ping(stop).Err() != nil {
+				drop()
+				cause = LossRestart // the keys it read are tracked no more
+			}
+			used = now
 		}
 		if cause == lossNone && retryCause != lossNone && !now.Before(retryAt) {
 			cause = retryCause
@@ -298,6 +305,7 @@ func (t *tracker) armLoop(stop context.Context) {
 		if cause != lossNone {
 			drop()
 			conn = t.connect(stop, cause)
+			used = now
 			retryCause = lossNone
 			if conn != nil {
 				// A key this turn reads first on the new connection and finds
@@ -324,6 +332,8 @@ func (t *tracker) armLoop(stop context.Context) {
 		case !t.armBatch(stop, conn, batch):
 			drop()
 			t.ask(LossRestart, false) // the connection broke: a new one checks every key
+		default:
+			used = now
 		}
 		// The invalidations of batch are checked, or given up on with their
 		// connection, whose successor checks every key: hand-offs go on.

@@ -73,6 +73,13 @@ type armRequest struct {
 // which reports ErrLockLost.
 const armDelay = 5 * time.Millisecond
 
+// trackingCheck is how long a tracking connection may go unused before a
+// PING checks it. Redis tells nobody when it closes one (CLIENT KILL, its
+// idle timeout, maxmemory-clients): the keys it read are tracked no more,
+// so a change to them would go untold until the next renewal. The PING
+// finds the connection gone, and its successor checks every held key.
+const trackingCheck = time.Second
+
 // arm has h's key tracked, in the background, armDelay after it was
 // taken: an acquisition calls it for a hold it took in Redis (an attempt
 // or a grant; a local hand-off keeps the key, and its arming). A key found
