@@ -141,10 +141,12 @@ func (r *Registry) trackerFor(redisKey string) *tracker {
 		r.tracking.trackers = make(map[string]*tracker)
 	}
 	t := r.newTracker(base)
-	if !r.goBackground(t.armLoop) {
+	if !r.goBackground(t.armLoop) { // closing: no goroutine closes them
+		_, _ = t.client.Close(), t.sub.Close()
 		return nil
 	}
 	if !r.goBackground(t.run) {
+		_ = t.sub.Close() // armLoop closes t.client as it ends
 		return nil
 	}
 	r.tracking.trackers[addr] = t
