@@ -232,6 +232,29 @@ func TestAForeignValueWithoutExpiryShowsAsHeldByAnUnknownOwnerForever(t *testing
 	}
 }
 
+// A lock key of another type (a hash someone wrote) blocks the lock as a
+// foreign value does: Inspect shows it so, and Locks lists it beside the
+// other locks rather than failing the listing.
+func TestALockKeyOfAnotherTypeShowsAsHeldAndLocksListsTheRest(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	h, err := r.Obtain("mine").Acquire(ctx)
+	require.NoError(t, err)
+	defer h.Release(ctx)
+	require.NoError(t, client.HSet(ctx, r.Obtain("hash").keys().Lock(), "field", "value").Err())
+	info, err := r.Inspect(ctx, "hash")
+	require.NoError(t, err)
+	require.True(t, info.Held)
+	require.Equal(t, NoExpiry, info.TTL)
+	var listed []string
+	for info, err := range r.Locks(ctx) {
+		require.NoError(t, err)
+		listed = append(listed, info.Key)
+	}
+	require.ElementsMatch(t, []string{"hash", "mine"}, listed)
+}
+
 // refusal is an error reply from Redis, as go-redis types them: a call it
 // refused without running.
 type refusal string

@@ -55,7 +55,9 @@ func ReadLocks(ctx context.Context, client redis.UniversalClient, keys []Keys) (
 	nowMs := float64(now.Val().UnixMilli())
 	states := make([]LockState, len(keys))
 	for i, rd := range all {
-		s := LockState{OwnerID: rd.owner.Val(), Held: rd.owner.Err() == nil}
+		// A key of another type than a string (WRONGTYPE) was made by hand,
+		// and blocks the lock as a foreign value does.
+		s := LockState{OwnerID: rd.owner.Val(), Held: rd.owner.Err() == nil || WrongType(rd.owner.Err())}
 		// PTTL answers -1 for a key without expiry, -2 for none.
 		switch ms := rd.ttl.Val(); {
 		case ms >= 0:
@@ -88,14 +90,16 @@ func markOwner(mark string) string {
 }
 
 // failed is the first error of a pipeline's commands that is not a missing
-// key's (Pipelined's own may be one, hiding a real one behind it).
+// key's, or a key's of another type (Pipelined's own may be one, hiding a
+// real one behind it): a lock's keys that someone else made read as what
+// they block, not as a failure of the whole listing.
 func failed(cmds []redis.Cmder, pipelined error) error {
 	for _, c := range cmds {
-		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) && !WrongType(err) {
 			return err
 		}
 	}
-	if errors.Is(pipelined, redis.Nil) {
+	if errors.Is(pipelined, redis.Nil) || WrongType(pipelined) {
 		return nil
 	}
 	return pipelined

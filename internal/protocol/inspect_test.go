@@ -70,6 +70,22 @@ func TestReadLocksReportsAValueWithoutTTLAsNoExpiry(t *testing.T) {
 	}
 }
 
+// A lock's keys of another type than the protocol's, made by hand, do not
+// fail the read of every lock: a lock key of another type blocks the lock
+// as a foreign value does; the others read as missing.
+func TestReadLocksReportsKeysOfAnotherTypeAsForeign(t *testing.T) {
+	e := newEnv(t)
+	k, free := LockKeys(e.namespace, "k"), LockKeys(e.namespace, "free")
+	t.Cleanup(func() { e.client.Del(e.ctx, k.Lock(), free.Fence(), free.Queue(), free.Marker()) })
+	require.NoError(t, e.client.HSet(e.ctx, k.Lock(), "field", "value").Err())
+	for _, key := range []string{free.Fence(), free.Queue(), free.Marker()} {
+		require.NoError(t, e.client.RPush(e.ctx, key, "by hand").Err())
+	}
+	states, err := ReadLocks(e.ctx, e.client, []Keys{k, free})
+	require.NoError(t, err)
+	require.Equal(t, []LockState{{Held: true, NoExpiry: true}, {}}, states)
+}
+
 func TestScanFindsTheNamespacesLockKeys(t *testing.T) {
 	e := newEnv(t)
 	holder, waiter := e.peer(), e.peer()
