@@ -443,3 +443,15 @@ func anySlice(s []string) []any {
 	}
 	return out
 }
+
+// listedKeys is the keys that r.Locks lists, in its order; it fails t on
+// an error.
+func listedKeys(t *testing.T, r *Registry) []string {
+	t.Helper()
+	var listed []string
+	for info, err := range r.Locks(context.Background()) {
+		require.NoError(t, err, "Locks")
+		listed = append(listed, info.Key)
+	}
+	return listed
+}

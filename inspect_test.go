@@ -186,11 +186,7 @@ func TestLocksAcrossClusterPrimaries(t *testing.T) {
 		primaries[node.String()] = true
 	}
 	require.Len(t, primaries, 3, "the locks live on all three primaries")
-	var listed []string
-	for info, err := range r.Locks(ctx) {
-		require.NoError(t, err)
-		listed = append(listed, info.Key)
-	}
+	listed := listedKeys(t, r)
 	slices.Sort(listed)
 	slices.Sort(held)
 	require.Equal(t, held, listed)

@@ -519,12 +519,7 @@ func TestTheMinimalACLServesInspectLocksAndForceUnlock(t *testing.T) {
 	info, err := r.Inspect(ctx, "o-1")
 	require.NoError(t, err, "Inspect")
 	require.Equal(t, "billing", info.Owner)
-	var listed []string
-	for info, err := range r.Locks(ctx) {
-		require.NoError(t, err, "Locks")
-		listed = append(listed, info.Key)
-	}
-	require.Equal(t, []string{"o-1"}, listed)
+	require.Equal(t, []string{"o-1"}, listedKeys(t, r))
 	forced, err := r.ForceUnlockHeldBy(ctx, "o-1", r.OwnerID())
 	require.NoError(t, err)
 	require.True(t, forced)
