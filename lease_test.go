@@ -259,6 +259,16 @@ func TestWaitReplicas(t *testing.T) {
 	require.ErrorContains(t, err, "WithWaitReplicas(0, …)")
 	_, err = New(client, "k", WithWaitReplicas(1, 0))
 	require.ErrorContains(t, err, "WithWaitReplicas(…, 0s): timeout below 1ms")
+	// A WAIT as long as the client's ReadTimeout would end every attempt in
+	// a timeout, after obtain.lua took the key.
+	short := redis.NewClient(&redis.Options{Addr: primary.Addr(), ReadTimeout: 500 * time.Millisecond})
+	defer short.Close()
+	_, err = New(short, "k", WithWaitReplicas(1, 500*time.Millisecond))
+	require.ErrorIs(t, err, ErrInvalidOption)
+	require.ErrorContains(t, err, "not below the client's ReadTimeout (500ms)")
+	r, err = New(short, "k", WithWaitReplicas(1, 400*time.Millisecond))
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
 }
 
 func TestLostForNonHolderIsClosed(t *testing.T) {

@@ -119,7 +119,9 @@ func WithMaxHold(d time.Duration) Option {
 // attempt as failed (ErrNotReplicated), retrying while the deadline allows.
 // This narrows, but does not close, the window in which a failover to a
 // replica loses a lock: WAIT does not make Redis strongly consistent. n
-// must be at least 1, and timeout at least 1ms (WAIT 0 blocks for ever).
+// must be at least 1, and timeout at least 1ms (WAIT 0 blocks for ever)
+// and below the client's ReadTimeout, within which go-redis reads WAIT's
+// reply.
 // A redis.Ring cannot wait for replicas.
 func WithWaitReplicas(n int, timeout time.Duration) Option {
 	return func(c *config) {
@@ -216,6 +218,12 @@ func newConfig(client redis.UniversalClient, namespace string, opts []Option) (c
 	if cfg.maxHold > 0 && !cfg.renewal {
 		errs = append(errs, fmt.Errorf("%w: WithMaxHold needs renewal, which WithRenewal(false) turned off", ErrInvalidOption))
 	}
+	// go-redis reads a pipeline's replies within the client's ReadTimeout,
+	// WAIT's too: a WAIT as long would end every replicated attempt in a
+	// timeout, after obtain.lua took the key, for as long as ctx allows.
+	if rt := readTimeout(client); cfg.waitReplicas > 0 && rt > 0 && cfg.waitTimeout >= rt {
+		errs = append(errs, fmt.Errorf("%w: WithWaitReplicas(…, %v): not below the client's ReadTimeout (%v)", ErrInvalidOption, cfg.waitTimeout, rt))
+	}
 	if ring, isRing := client.(*redis.Ring); isRing {
 		if cfg.waitReplicas > 0 {
 			errs = append(errs, fmt.Errorf("%w: WithWaitReplicas with a redis.Ring", ErrInvalidOption))
@@ -246,4 +254,19 @@ func (c *config) grantLease() time.Duration {
 		return 0 // no subscription to hear grants by; a grant is not acknowledged by replicas
 	}
 	return min(max(2*c.retryInterval, minGrantLease), c.expireAfter)
+}
+
+// readTimeout is client's ReadTimeout, as go-redis applies it (0: none).
+func readTimeout(client redis.UniversalClient) time.Duration {
+	switch c := client.(type) {
+	case *redis.Client:
+		if c != nil {
+			return c.Options().ReadTimeout
+		}
+	case *redis.ClusterClient:
+		if c != nil {
+			return c.Options().ReadTimeout
+		}
+	}
+	return 0
 }
