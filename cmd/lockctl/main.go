@@ -120,8 +120,8 @@ commands:
 Flags go before or after the command; a KEY that begins with '-' goes after
 "--". An owner is live if its registry refreshed its owner hash within the
 last two leases (a minute at the default 30s lease), gone if not: it died,
-or could not write the hash. Keys longer than 200 bytes are cut, as in
-lockreg's errors (-json prints them whole).
+or could not write the hash. Keys over 200 bytes are cut, as in lockreg's
+errors (-json prints keys whole; one not UTF-8 also as key_base64).
 
 flags:
 `

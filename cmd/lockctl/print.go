@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -21,9 +22,12 @@ type printer struct {
 }
 
 // lockJSON is a lock as -json prints it: its key whole, its TTL -1 for a
-// key without expiry (as PTTL says).
+// key without expiry (as PTTL says). A JSON string is UTF-8, so a key that
+// is not (arbitrary bytes) comes out with U+FFFD for its invalid bytes;
+// KeyBase64 then has its bytes, from which a script gets the key back.
 type lockJSON struct {
 	Key       string       `json:"key"`
+	KeyBase64 string       `json:"key_base64,omitempty"`
 	Held      bool         `json:"held"`
 	Owner     string       `json:"owner"`
 	OwnerID   string       `json:"owner_id"`
@@ -41,6 +45,9 @@ type waiterJSON struct {
 func toJSON(info lockreg.LockInfo) lockJSON {
 	j := lockJSON{Key: info.Key, Held: info.Held, Owner: info.Owner, OwnerID: info.OwnerID, OwnerLive: live(info),
 		TTLms: info.TTL.Milliseconds(), Token: info.Token, Waiting: []waiterJSON{}}
+	if !utf8.ValidString(info.Key) {
+		j.KeyBase64 = base64.StdEncoding.EncodeToString([]byte(info.Key))
+	}
 	if info.TTL == lockreg.NoExpiry {
 		j.TTLms = -1 // NoExpiry is -1ns, 0 in milliseconds
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -212,4 +213,42 @@ func requireLeftAligned(t *testing.T, lines []string, headings ...string) {
 			require.NotEqual(t, ' ', r[start], "%s begins at %d: %q", heading, start, line)
 		}
 	}
+}
+
+// TestLockctlJSONKeepsAKeyThatIsNotUTF8: JSON strings are UTF-8, so
+// encoding/json turns a key's invalid bytes into U+FFFD; -json adds the
+// key's bytes in base64, from which a script gets the key back.
+func TestLockctlJSONKeepsAKeyThatIsNotUTF8(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr()
+	const odd = "odd\x00\x1b[31m\xff\xfe"
+	service, err := lockreg.New(srv.Client(t), "orders", lockreg.WithOwner("billing/pod-7"))
+	require.NoError(t, err)
+	defer service.Close()
+	for _, key := range []string{odd, "plain-é"} {
+		_, err := service.Obtain(key).Acquire(ctx)
+		require.NoError(t, err)
+	}
+
+	res := runLockctl(t, nil, "-redis", url, "-namespace", "orders", "-json", "list")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	var listed []struct {
+		Key       string `json:"key"`
+		KeyBase64 string `json:"key_base64"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &listed))
+	require.Len(t, listed, 2)
+	keys := map[string]bool{}
+	for _, l := range listed {
+		key := l.Key
+		if l.KeyBase64 != "" {
+			raw, err := base64.StdEncoding.DecodeString(l.KeyBase64)
+			require.NoError(t, err)
+			key = string(raw)
+		}
+		keys[key] = true
+	}
+	require.Equal(t, map[string]bool{odd: true, "plain-é": true}, keys, res.stdout)
+	require.NotContains(t, res.stdout, `"plain-é","key_base64"`, "a UTF-8 key has no key_base64")
 }
