@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -74,7 +75,8 @@ func (r *Registry) Close() error {
 // ctx's end, as far as the client honours it (as Release); a key whose
 // release Redis did not answer by then expires after its lease, and Close
 // may wait longer on a Redis that does not answer (see Close). It returns
-// ctx's error if it had to release any key, else nil. Any number of Shutdowns may wait at once.
+// nil, or, if it had to release any key, an error matching ErrClosed and
+// ctx's error. Any number of Shutdowns may wait at once.
 // Close after Shutdown does nothing.
 func (r *Registry) Shutdown(ctx context.Context) error {
 	if ctx == nil {
@@ -86,7 +88,10 @@ func (r *Registry) Shutdown(ctx context.Context) error {
 		err = nil
 	}
 	_ = r.Close()
-	return err
+	if err != nil {
+		return fmt.Errorf("%w: Shutdown's context ended with keys held, released them: %w", ErrClosed, err)
+	}
+	return nil
 }
 
 // refuse makes the registry refuse acquisitions, and ends the waiting ones.

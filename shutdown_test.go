@@ -331,3 +331,19 @@ func TestAHolderCannotLockAgainOnceTheRegistryClosed(t *testing.T) {
 	require.ErrorIs(t, lock.LockContext(ctx), ErrClosed)
 	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
 }
+
+// TestShutdownsErrorWrapsASentinel: a Shutdown whose context ended while
+// keys were still held returns an error that matches ErrClosed, as every
+// error of the package matches a sentinel, and ctx's error.
+func TestShutdownsErrorWrapsASentinel(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	h, err := r.Obtain("left").Acquire(ctx)
+	require.NoError(t, err)
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	err = r.Shutdown(ended)
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+}

@@ -176,8 +176,7 @@ var (
 	impossible = []error{lockreg.ErrInvalidOption, lockreg.ErrInvalidKey, lockreg.ErrInvalidArgument, lockreg.ErrNotReplicated, lockreg.ErrServerEvicts}
 )
 
-// checkErr checks that err is nil or wraps a sentinel the run may meet; a
-// bare ctx error only Shutdown returns.
+// checkErr checks that err is nil or wraps a sentinel the run may meet.
 func (e *stressEnv) checkErr(op string, err error) {
 	if err == nil {
 		return
@@ -189,8 +188,6 @@ func (e *stressEnv) checkErr(op string, err error) {
 		e.chk.violation("%s returned an error this test cannot cause: %v", op, err)
 	case i >= 0:
 		e.count("error " + op + ": " + strings.TrimPrefix(sentinels[i].Error(), "lockreg: "))
-	case op == "Shutdown" && (is(context.DeadlineExceeded) || is(context.Canceled)):
-		e.count("error Shutdown: ctx")
 	default:
 		e.chk.violation("%s returned an error that wraps none of the package's sentinels: %v", op, err)
 	}
