@@ -89,7 +89,7 @@ func (r *Registry) Shutdown(ctx context.Context) error {
 	}
 	_ = r.Close()
 	if err != nil {
-		return fmt.Errorf("%w: Shutdown's context ended with keys held, released them: %w", ErrClosed, err)
+		return fmt.Errorf("%w: Shutdown released keys still held: %w", ErrClosed, err)
 	}
 	return nil
 }
