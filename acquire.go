@@ -59,11 +59,7 @@ func (l *Lock) acquireHold(ctx context.Context, wait bool) (*Hold, error) {
 		default:
 			e.Outcome = OutcomeError
 		}
-		for _, hk := range hooks {
-			if hk.AcquireDone != nil {
-				hk.AcquireDone(ctx, e)
-			}
-		}
+		tellAcquireDone(ctx, hooks, h, e)
 	}
 	return h, err
 }

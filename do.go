@@ -100,25 +100,44 @@ func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context
 		return err
 	}
 	defer exitAll(nestedIn)
-	holds := make([]*Hold, 0, len(locks))
-	for _, l := range locks {
-		h, err := l.Acquire(ctx)
-		if err != nil {
-			err = fmt.Errorf("%w: %d of %d keys taken, released again: %w", ErrNotObtained, len(holds), len(locks), err)
-			return errors.Join(err, withoutLoss(r.releaseAll(ctx, holds)))
-		}
-		holds = append(holds, h)
+	holds, err := r.acquireAll(ctx, locks)
+	if err != nil {
+		return err
 	}
 	if err := r.lostAlready(ctx, holds); err != nil {
 		return err
 	}
-	err := r.runHolding(ctx, outer, holds, fn)
+	err = r.runHolding(ctx, outer, holds, fn)
 	if len(nestedIn) > 0 {
 		// The keys the outer calls hold are DoAll's keys too: their loss
 		// while fn ran is DoAll's, as it is runNested's.
 		err = withOuterLoss(ctx, err)
 	}
 	return err
+}
+
+// acquireAll takes the keys of locks, in their order, or none: it
+// releases those it took if an acquisition fails, or if a hook panics
+// (the panic then goes on).
+func (r *Registry) acquireAll(ctx context.Context, locks []*Lock) ([]*Hold, error) {
+	holds := make([]*Hold, 0, len(locks))
+	done := false
+	defer func() {
+		if !done {
+			_ = r.releaseAll(ctx, holds)
+		}
+	}()
+	for _, l := range locks {
+		h, err := l.Acquire(ctx)
+		if err != nil {
+			done = true
+			err = fmt.Errorf("%w: %d of %d keys taken, released again: %w", ErrNotObtained, len(holds), len(locks), err)
+			return nil, errors.Join(err, withoutLoss(r.releaseAll(ctx, holds)))
+		}
+		holds = append(holds, h)
+	}
+	done = true
+	return holds, nil
 }
 
 // lostAlready releases holds and returns an ErrNotObtained error if one
@@ -303,7 +322,15 @@ func (r *Registry) releaseAll(ctx context.Context, holds []*Hold) error {
 	ctx, cancel := r.releaseContext(ctx)
 	defer cancel()
 	var errs []error
-	for i := len(holds) - 1; i >= 0; i-- {
+	i := len(holds) - 1
+	defer func() {
+		if i >= 0 {
+			// A hook panicked in the release of holds[i]: the holds before
+			// it are released all the same, and the panic goes on.
+			_ = r.releaseAll(ctx, holds[:i])
+		}
+	}()
+	for ; i >= 0; i-- {
 		if err := holds[i].Release(ctx); err != nil {
 			errs = append(errs, err)
 		}

@@ -441,3 +441,52 @@ func TestADoRunsNothingUnderAHoldLostAlready(t *testing.T) {
 	requireReleased(t, client, r.Obtain("a").keys().Lock(), "a")
 	requireNoLocalState(t, r)
 }
+
+// TestAHookThatPanicsLeavesNoKeyHeld: a hook that panics inside a DoAll,
+// as its second key is taken or as its keys are released, does not leave
+// the keys it took held, here or in Redis: the panic goes on, as fn's
+// does, once they are released.
+func TestAHookThatPanicsLeavesNoKeyHeld(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	for _, tc := range []struct {
+		name  string
+		hooks func(panicOn string) Hooks
+	}{
+		{"AcquireDone", func(key string) Hooks {
+			return Hooks{AcquireDone: func(_ context.Context, e AcquireEvent) {
+				if e.Key == key && e.Err == nil {
+					panic("hook")
+				}
+			}}
+		}},
+		{"ReleaseStart", func(key string) Hooks {
+			return Hooks{ReleaseStart: func(ctx context.Context, k string) context.Context {
+				if k == key {
+					panic("hook")
+				}
+				return ctx
+			}}
+		}},
+		{"ReleaseDone", func(key string) Hooks {
+			return Hooks{ReleaseDone: func(_ context.Context, e ReleaseEvent) {
+				if e.Key == key {
+					panic("hook")
+				}
+			}}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRegistry(t, client)
+			r.AddHooks(tc.hooks("b")) // the second key taken, the first released
+			require.PanicsWithValue(t, "hook", func() {
+				_ = r.DoAll(ctx, []string{"a", "b"}, func(context.Context) error { return nil })
+			})
+			for _, key := range []string{"a", "b"} {
+				require.Zero(t, client.Exists(ctx, r.Obtain(key).keys().Lock()).Val(), "%s released in Redis", key)
+			}
+			requireNoLocalState(t, r, "released here")
+			require.Zero(t, r.stats.held.Load(), "no hold left")
+		})
+	}
+}

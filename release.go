@@ -19,11 +19,20 @@ func (h *Hold) release(ctx context.Context) error {
 		return err
 	}
 	held := h.taken.since() // the release's own time is not the hold's
+	started, callerCtx := false, ctx
+	defer func() {
+		if !started {
+			// A ReleaseStart hook panicked: the hold is released all the
+			// same (ReleaseDone is not told), and the panic goes on.
+			_, _ = h.releaseKey(callerCtx)
+		}
+	}()
 	for _, hk := range hooks {
 		if hk.ReleaseStart != nil {
 			ctx = cmp.Or(hk.ReleaseStart(ctx, h.lock.key), ctx) // nil keeps ctx
 		}
 	}
+	started = true
 	loss, err := h.releaseKey(ctx)
 	e := ReleaseEvent{Key: h.lock.key, Held: held, WasLost: loss.signalled, Err: err}
 	if !loss.signalled {
