@@ -248,11 +248,23 @@ func (s *scope) enter() error {
 	return nil
 }
 
+// enterAll enters every scope of scopes, or none: not if one's fn has
+// returned, or one of its holds is lost (its lease ran out included,
+// which the watchdog would signal only at its next tick), as the call
+// would run unprotected.
 func enterAll(scopes []*scope) error {
 	for i, s := range scopes {
 		if err := s.enter(); err != nil {
 			exitAll(scopes[:i])
 			return err
+		}
+	}
+	for _, s := range scopes {
+		for _, h := range s.holds {
+			if lost := h.lossNow(); lost != nil {
+				exitAll(scopes)
+				return errors.Join(fmt.Errorf("%w: the outer call's hold of %q is lost", ErrNotObtained, printedKey(h.Key())), lost)
+			}
 		}
 	}
 	return nil

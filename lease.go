@@ -203,6 +203,18 @@ func (h *Hold) extendLease(sent time.Time, end int64) bool {
 // counts it.
 func (h *Hold) leaseOver() bool { return time.Now().UnixNano() >= h.tenure.leaseEnd.Load() }
 
+// lossNow is h's loss error, or nil while it lives. A lease that ran out
+// unrenewed, which the watchdog signals at its next tick, is signalled
+// now: a caller about to act under h must not wait for that.
+func (h *Hold) lossNow() error {
+	if cause := h.tenure.loss(); cause != lossNone {
+		h.lose(cause)
+	} else if h.leaseOver() {
+		h.lose(h.lock.r.lapseCause(h))
+	}
+	return h.lossError()
+}
+
 func (h *Hold) isLost() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -174,7 +174,7 @@ func (l *Lock) UnlockContext(ctx context.Context) error {
 func (l *Lock) acquire(ctx context.Context, wait bool) error {
 	gid := goroutineID()
 	if local := l.r.locals.ownedBy(l.key, gid); local != nil && ctx != nil && l.r.life.stopCtx.Err() == nil {
-		if lost := local.hold.Load().lossError(); lost != nil {
+		if lost := local.hold.Load().lossNow(); lost != nil {
 			// As a nested Do refuses: the section would run unprotected.
 			return errors.Join(fmt.Errorf("%w: key %q: the goroutine's hold is lost", ErrNotObtained, printedKey(l.key)), lost)
 		}

@@ -180,3 +180,43 @@ func TestAHoldersLockAfterCloseLocksAgainAndItsUnlockReleases(t *testing.T) {
 	}
 	require.Zero(t, client.Exists(ctx, lock.keys().Lock()).Val(), "the outer Unlock released the key")
 }
+
+// TestLockingAgainPastTheLeaseFails: once a hold's lease ran out
+// unrenewed, locking its key again through it (a reentrant LockContext or
+// TryLock, a nested Do or DoAll) fails with ErrLockLost, as a Do whose
+// acquisition came too late runs nothing: the section would run
+// unprotected. It does not wait for the watchdog's next tick to signal the
+// loss, which comes up to lease/3 later.
+func TestLockingAgainPastTheLeaseFails(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	const lease = 2 * time.Second
+	// Taken right after New, whose watchdog ticks every lease/3 from then:
+	// the tick after the leases end comes about lease/3 after them.
+	r := newRegistry(t, client, WithRenewal(false), WithExpireAfter(lease))
+	lock := r.Obtain("k")
+	require.NoError(t, lock.LockContext(ctx))
+	defer lock.Unlock()
+	h := r.locals.ownedBy("k", goroutineID()).hold.Load()
+	ran := false
+	err := r.Do(ctx, "j", func(ctx context.Context) error {
+		outer := r.HoldFor(ctx, "j")
+		require.Eventually(t, func() bool { return h.leaseOver() && outer.leaseOver() }, 2*lease, time.Millisecond)
+
+		err := lock.LockContext(ctx)
+		require.ErrorIs(t, err, ErrNotObtained, "a reentrant LockContext past the lease")
+		require.ErrorIs(t, err, ErrLockLost)
+		require.False(t, lock.TryLock(), "a reentrant TryLock past the lease")
+		err = r.Do(ctx, "j", func(context.Context) error { ran = true; return nil })
+		require.ErrorIs(t, err, ErrNotObtained, "a nested Do past the lease")
+		require.ErrorIs(t, err, ErrLockLost)
+		err = r.DoAll(ctx, []string{"j", "x"}, func(context.Context) error { ran = true; return nil })
+		require.ErrorIs(t, err, ErrNotObtained, "a nested DoAll past the lease")
+		require.ErrorIs(t, err, ErrLockLost)
+		require.Error(t, ctx.Err(), "the loss found is signalled: fn's context ends")
+		return nil
+	})
+	require.ErrorIs(t, err, ErrLockLost)
+	require.False(t, ran)
+	requireFires(t, h.Lost(), time.Second, "the loss found is signalled")
+}
