@@ -96,7 +96,7 @@ func (r *Registry) extendLater(local *localLock, h *Hold) bool {
 // next round may be a renewal interval away, far past the grant's lease,
 // and a Shutdown waits for the hold, renewing it meanwhile.
 func (r *Registry) extendAt(local *localLock, h *Hold) {
-	left := time.Until(time.Unix(0, h.tenure.leaseEnd.Load()))
+	left := time.Until(instant(h.tenure.leaseEnd.Load()).time())
 	if left < minExtensionWait {
 		return // too late to help: the grant's lease runs out
 	}

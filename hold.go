@@ -65,7 +65,7 @@ type Hold struct {
 func newHold(l *Lock, token int64, sent time.Time, lease time.Duration) *Hold {
 	h := &Hold{lock: l, via: viaRedis, token: token, taken: instantOf(sent), tenure: new(tenure)}
 	h.redisTaken = h.taken
-	h.tenure.leaseEnd.Store(sent.Add(lease).UnixNano())
+	h.tenure.leaseEnd.Store(int64(instantOf(sent.Add(lease))))
 	return h
 }
 

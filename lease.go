@@ -184,13 +184,13 @@ func currentOf(h *Hold) *Hold {
 	return h
 }
 
-// extendLease moves the lease's end to end (unix ns), unless that would
+// extendLease moves the lease's end to end (an instant), unless that would
 // shorten it, and reports true, if the lease was live at sent: a renewal
 // sent within the lease carries it on.
 func (h *Hold) extendLease(sent time.Time, end int64) bool {
 	for {
 		current := h.tenure.leaseEnd.Load()
-		if current <= sent.UnixNano() {
+		if current <= int64(instantOf(sent)) {
 			return false
 		}
 		if current >= end || h.tenure.leaseEnd.CompareAndSwap(current, end) {
@@ -201,7 +201,7 @@ func (h *Hold) extendLease(sent time.Time, end int64) bool {
 
 // leaseOver reports whether the lease ran out unrenewed, as the registry
 // counts it.
-func (h *Hold) leaseOver() bool { return time.Now().UnixNano() >= h.tenure.leaseEnd.Load() }
+func (h *Hold) leaseOver() bool { return int64(nowInstant()) >= h.tenure.leaseEnd.Load() }
 
 // lossNow is h's loss error, or nil while it lives. A lease that ran out
 // unrenewed, which the watchdog signals at its next tick, is signalled

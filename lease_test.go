@@ -313,7 +313,7 @@ func TestHoldAnsweredPastItsLeaseIsLostAtOnce(t *testing.T) {
 	waited := &localLock{queue: []chan *handoff{nil}}
 	live := newHold(r.Obtain("k"), 1, time.Now(), lease)
 	require.NotNil(t, r.nextLocalHold(live, 1, waited), "a live hold is handed on")
-	live.tenure.leaseEnd.Store(time.Now().UnixNano()) // within the run of hand-offs
+	live.tenure.leaseEnd.Store(int64(nowInstant())) // within the run of hand-offs
 	require.Nil(t, r.nextLocalHold(live, 1, waited))
 }
 
@@ -375,7 +375,7 @@ func holdPastItsLease(t *testing.T, client redis.UniversalClient, key string) (*
 	local := r.locals.ownedBy(key, goroutineID())
 	require.NotNil(t, local)
 	h := local.hold.Load()
-	h.tenure.leaseEnd.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	h.tenure.leaseEnd.Store(int64(instantOf(time.Now().Add(-time.Millisecond))))
 	return r, lock, h
 }
 
@@ -418,7 +418,7 @@ func TestARenewalSentAfterTheLeaseRanOutIsNotCredited(t *testing.T) {
 	}
 	require.Equal(t, before+calls, r.Stats().RenewCalls, "the renewal went out")
 	requireFires(t, lock.Lost(), time.Second, "but the hold is lost")
-	require.Less(t, h.tenure.leaseEnd.Load(), time.Now().UnixNano(), "and its lease not extended")
+	require.Less(t, h.tenure.leaseEnd.Load(), int64(nowInstant()), "and its lease not extended")
 	require.ErrorIs(t, lock.UnlockContext(ctx), ErrLockLost)
 }
 
@@ -446,11 +446,11 @@ func TestARenewalNeverShortensALease(t *testing.T) {
 	sent := time.Now()
 	h := newHold(nil, 0, sent, time.Minute)
 	later := h.tenure.leaseEnd.Load()
-	require.True(t, h.extendLease(sent, sent.Add(time.Second).UnixNano()), "the lease was live when it was sent")
+	require.True(t, h.extendLease(sent, int64(instantOf(sent.Add(time.Second)))), "the lease was live when it was sent")
 	require.Equal(t, later, h.tenure.leaseEnd.Load(), "not shortened")
 	require.True(t, h.extendLease(sent, later+1))
 	require.Equal(t, later+1, h.tenure.leaseEnd.Load(), "extended")
-	require.False(t, h.extendLease(time.Unix(0, later+1), later+2), "sent once the lease had run out")
+	require.False(t, h.extendLease(instant(later+1).time(), later+2), "sent once the lease had run out")
 	require.Equal(t, later+1, h.tenure.leaseEnd.Load())
 }
 

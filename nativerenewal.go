@@ -96,7 +96,7 @@ func (r *Registry) renewNatively(ctx context.Context, batches [][]*Hold, refresh
 		calls[i] = &c
 	}
 	sent := r.sendRenewals(ctx, calls, refresh)
-	leaseEnd := sent.Add(r.cfg.expireAfter).UnixNano()
+	leaseEnd := int64(instantOf(sent.Add(r.cfg.expireAfter)))
 	for i, h := range holds {
 		renewed, err := protocol.ReadRenewOne(calls[i].Cmd)
 		switch {
@@ -163,7 +163,7 @@ func (r *Registry) renewTurn(ctx context.Context, t *tracker, holds []*Hold) (le
 		return holds, true
 	}
 	r.countCalls(OpRenew, len(calls)) // the GETs too: they are the renewal's
-	leaseEnd := sent.Add(r.cfg.expireAfter).UnixNano()
+	leaseEnd := int64(instantOf(sent.Add(r.cfg.expireAfter)))
 	// A key found changed is lost for the cause a verify would name (an
 	// overwrite, an eviction), as the renewal may come before the verify
 	// that the key's invalidation asked for.

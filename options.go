@@ -26,8 +26,9 @@ const (
 	pubSubYield = 2 * time.Millisecond
 	// minGrantLease is the shortest lease of a granted key (grantLease).
 	minGrantLease = 100 * time.Millisecond
-	// maxExpireAfter bounds the lease: a lease's end, and an owner name's
-	// (two leases), are counted in ns since 1970, which run out in 2262.
+	// maxExpireAfter bounds the lease: an owner name's end (two leases) is
+	// counted in ns since 1970, which run out in 2262, and a lease's in ns
+	// since the process started, in an int64.
 	maxExpireAfter = 10 * 365 * 24 * time.Hour
 )
 

@@ -219,7 +219,7 @@ func (r *Registry) applyRenewal(ctx context.Context, batch []*Hold, cmd *redis.C
 		}
 		return
 	}
-	leaseEnd := sent.Add(r.cfg.expireAfter).UnixNano()
+	leaseEnd := int64(instantOf(sent.Add(r.cfg.expireAfter)))
 	for i, h := range batch {
 		r.extended(h, i < len(ok) && ok[i], sent, leaseEnd)
 	}

@@ -13,10 +13,12 @@ import (
 // that gives it back or the loss that ends it, over the holds handed off
 // locally in between, which share it.
 type tenure struct {
-	// leaseEnd (unix ns) is when the lease ends at the latest: measured
-	// from when the last successful acquisition or renewal was sent, so it
-	// never overestimates the real lease; once a loss struck the tenure,
-	// minus its cause (see strike), which every lease check reads as over.
+	// leaseEnd (an instant: on the monotonic clock, which a step of the
+	// wall clock does not move) is when the lease ends at the latest:
+	// measured from when the last successful acquisition or renewal was
+	// sent, so it never overestimates the real lease; once a loss struck
+	// the tenure, minus its cause (see strike), which every lease check
+	// reads as over.
 	leaseEnd atomic.Int64
 	// confirm is made at the tenure's first local hand-off, where tracking
 	// is on; see confirmations.
@@ -95,7 +97,7 @@ func (r *Registry) confirmHandoff(ctx context.Context, t *tracker, h, next *Hold
 	start := time.Now()
 	deadline := func() time.Time {
 		d := start.Add(r.cfg.expireAfter)
-		if end := time.Unix(0, h.tenure.leaseEnd.Load()); end.After(d) {
+		if end := instant(h.tenure.leaseEnd.Load()).time(); end.After(d) {
 			d = end
 		}
 		return d
