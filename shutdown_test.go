@@ -219,10 +219,44 @@ func TestShutdownReturnsOnceTheLastReleaseIsDoneInRedis(t *testing.T) {
 // the key would wait for its lease, 30 s by default.
 func TestShutdownWaitsForTheKeyAnEndedAcquisitionTook(t *testing.T) {
 	ctx := context.Background()
+	r, admin, redisKey, releaseGo := releasingAnEndedAcquisitionsKey(t)
+	shutDown := make(chan error, 1)
+	go func() { shutDown <- r.Shutdown(ctx) }()
+	select {
+	case err := <-shutDown:
+		t.Fatalf("Shutdown returned (%v) while the key was on its way back", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(releaseGo)
+	require.NoError(t, <-shutDown)
+	require.Zero(t, admin.Exists(ctx, redisKey).Val(), "the key was released in Redis when Shutdown returned")
+}
+
+// A Shutdown whose ctx ends before that release is done says so, as it
+// does for holds it had to release itself: the Close it ends with cuts
+// the release short, and the key waits for its lease.
+func TestShutdownWhoseContextEndsBeforeABackgroundReleaseSaysSo(t *testing.T) {
+	r, admin, redisKey, _ := releasingAnEndedAcquisitionsKey(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err := r.Shutdown(ctx)
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.EqualValues(t, 1, admin.Exists(context.Background(), redisKey).Val(), "the key waits for its lease")
+}
+
+// releasingAnEndedAcquisitionsKey has an acquisition take a key after its
+// ctx ended, and returns once the registry's background release of that
+// key is on its way, held back until releaseGo is closed or the
+// registry's Close cuts it short; redisKey is the key's.
+func releasingAnEndedAcquisitionsKey(t *testing.T) (r *Registry, admin *redis.Client, redisKey string, releaseGo chan struct{}) {
+	t.Helper()
+	ctx := context.Background()
 	srv := redistest.Shared(t)
 	var stage atomic.Int32 // 1: stall the acquisition's SET, 2: the release
 	setSent, setGo := make(chan struct{}), make(chan struct{})
-	releasing, releaseGo := make(chan struct{}), make(chan struct{})
+	releasing := make(chan struct{})
+	releaseGo = make(chan struct{})
 	client := srv.Client(t, redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
 		return func(ctx context.Context, cmd redis.Cmder) error {
 			switch {
@@ -241,7 +275,7 @@ func TestShutdownWaitsForTheKeyAnEndedAcquisitionTook(t *testing.T) {
 			return next(ctx, cmd)
 		}
 	}})
-	r := newRegistry(t, client)
+	r = newRegistry(t, client)
 	lock := r.Obtain("k")
 	stage.Store(1)
 	acquireCtx, cancel := context.WithCancel(ctx)
@@ -255,19 +289,10 @@ func TestShutdownWaitsForTheKeyAnEndedAcquisitionTook(t *testing.T) {
 	require.ErrorIs(t, <-acquired, ErrNotObtained)
 	close(setGo) // the SET takes the key for an acquisition that ended
 	<-releasing
-	admin := srv.Client(t)
-	require.EqualValues(t, 1, admin.Exists(ctx, lock.keys().Lock()).Val(), "the ended acquisition took the key")
-
-	shutDown := make(chan error, 1)
-	go func() { shutDown <- r.Shutdown(ctx) }()
-	select {
-	case err := <-shutDown:
-		t.Fatalf("Shutdown returned (%v) while the key was on its way back", err)
-	case <-time.After(100 * time.Millisecond):
-	}
-	close(releaseGo)
-	require.NoError(t, <-shutDown)
-	require.Zero(t, admin.Exists(ctx, lock.keys().Lock()).Val(), "the key was released in Redis when Shutdown returned")
+	admin = srv.Client(t)
+	redisKey = lock.keys().Lock()
+	require.EqualValues(t, 1, admin.Exists(ctx, redisKey).Val(), "the ended acquisition took the key")
+	return r, admin, redisKey, releaseGo
 }
 
 // Any number of Shutdowns may wait at once (a signal handler, a deferred
