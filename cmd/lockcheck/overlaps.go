@@ -26,14 +26,18 @@ import (
 // key. Any other overlap is a violation.
 func (a *analysis) overlaps() {
 	for key, idx := range a.byKey {
-		reach := -1 // the live hold whose interval reaches furthest so far
+		reach := -1      // the live hold whose interval reaches furthest so far
+		var active []int // the live holds whose interval may reach further on
 		for _, i := range idx {
 			if !a.isLive(i) {
 				continue
 			}
-			if reach >= 0 && a.h.holds[i].enter < a.live[reach] {
-				a.overlap(key, reach, i)
+			enter := a.h.holds[i].enter
+			active = slices.DeleteFunc(active, func(j int) bool { return a.live[j] <= enter })
+			if len(active) > 0 {
+				a.overlapWith(key, active, reach, i)
 			}
+			active = append(active, i)
 			if reach < 0 || a.live[i] > a.live[reach] {
 				reach = i
 			}
@@ -43,23 +47,67 @@ func (a *analysis) overlaps() {
 	a.atFailovers()
 }
 
-// overlap files the overlap of hold later with the live hold earlier.
-func (a *analysis) overlap(key string, earlier, later int) {
-	r, e, l := a.res, &a.h.holds[earlier], &a.h.holds[later]
-	s, across := a.acrossFailover(key, e, l)
+// overlapWith files the overlap of hold later, which entered while the
+// holds active were live: with the first of them that nothing explains
+// it with, if any (a hold that met several must be cleared against each:
+// a stale holder told of a key fault explains no overlap between two
+// holds that both entered after it), else with reach, the one whose
+// interval reaches furthest.
+func (a *analysis) overlapWith(key string, active []int, reach, later int) {
+	with := reach
+	for _, j := range active {
+		v := a.judge(key, j, later)
+		if v.across {
+			a.lostAtFailover[j] = true
+		}
+		if v.violation() && !a.judge(key, with, later).violation() {
+			with = j
+		}
+	}
+	a.overlap(key, with, later)
+}
+
+// verdict is how an overlap of two holds is judged.
+type verdict struct {
+	s        primarySwitch
+	across   bool // across a failover
+	fi       int  // with changed, the key fault's index
+	c        keyChange
+	changed  bool // after a key fault's change
+	told     int  // the hold whose report counts
+	reported bool
+}
+
+// violation reports whether nothing explains the overlap.
+func (v verdict) violation() bool { return !v.reported || !v.across && !v.changed }
+
+// judge classifies the overlap of hold later with the live hold earlier.
+func (a *analysis) judge(key string, earlier, later int) verdict {
+	e, l := &a.h.holds[earlier], &a.h.holds[later]
+	var v verdict
+	v.s, v.across = a.acrossFailover(key, e, l)
 	// After a key fault, the hold with the lower token held the key from
 	// before: its report counts.
 	older, newer := earlier, later
 	if l.token < e.token {
 		older, newer = later, earlier
 	}
-	fi, c, changed := a.acrossKeyChange(key, &a.h.holds[older], &a.h.holds[newer])
-	told := earlier // the hold whose report counts
-	if changed && !across {
-		told = older
+	v.fi, v.c, v.changed = a.acrossKeyChange(key, &a.h.holds[older], &a.h.holds[newer])
+	v.told = earlier
+	if v.changed && !v.across {
+		v.told = older
 	}
+	t := &a.h.holds[v.told]
+	v.reported = t.lost > 0 || t.unlock == unlockLost
+	return v
+}
+
+// overlap files the overlap of hold later with the live hold earlier.
+func (a *analysis) overlap(key string, earlier, later int) {
+	r, l := a.res, &a.h.holds[later]
+	v := a.judge(key, earlier, later)
+	s, across, fi, c, changed, told, reported := v.s, v.across, v.fi, v.c, v.changed, v.told, v.reported
 	t := &a.h.holds[told]
-	reported := t.lost > 0 || t.unlock == unlockLost
 	r.Overlaps++
 	if reported {
 		r.OverlapsReported++

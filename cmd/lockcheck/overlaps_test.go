@@ -100,3 +100,26 @@ func TestNetworkFaultRecoveryIsTheVictims(t *testing.T) {
 		t.Errorf("net-reset recovery %+v, want one of 700ms (worker 1's next acquisition, not worker 0's)", rec)
 	}
 }
+
+// Worker 0 held k from before a DEL at 200ms, was told by its unlock, and
+// its live interval reaches furthest (to its exit at 600ms). After the
+// DEL, worker 1 took k fresh at 300ms, and worker 2 took it fresh at
+// 350ms while worker 1 still held it: nothing explains that overlap of two
+// holds that both entered after the DEL, however well the stale holder
+// was told. A hold must be judged against every live hold it met, not
+// only the one reaching furthest.
+func TestOverlapBehindAReportedStaleHold(t *testing.T) {
+	stale := freshHold(0, "k", 100, 90, 600, 0)
+	stale.write.Outcome, stale.unlock, stale.unlocked = storeRejected, unlockLost, ms2ns(601)
+	first := freshHold(1, "k", 300, 300, 400, 0)
+	first.write.Outcome, first.unlock, first.unlocked = storeRejected, unlockOK, ms2ns(401)
+	second := freshHold(2, "k", 400, 350, 360, 1)
+	second.unlock, second.unlocked = unlockOK, ms2ns(361)
+	h := historyOf(stale, first, second)
+	h.workers = append(h.workers, workerRun{id: 2, start: t0, done: true})
+	h.records = map[string]recordState{"k": {Value: 1, Accepted: 1, RejectedWrites: 2}}
+	h.faults = []fault{{kind: faultDel, worker: -1, keys: []string{"k"}, start: ms2ns(200), end: ms2ns(200),
+		changes: []keyChange{{key: "k", lo: ms2ns(200), hi: ms2ns(200)}}}}
+	r := analyze(h)
+	wantViolation(t, r, r.OverlapsOutsideFailover, "overlap on key k: worker 2")
+}
