@@ -78,7 +78,12 @@ func (in *injector) keyFault(ctx context.Context, kind string, last time.Time) (
 		f.start = time.Now().UnixNano()
 		n, err = in.keyAdmin.Del(ctx, target).Result()
 		f.end = time.Now().UnixNano()
-		f.changes = []keyChange{{key: key, lo: f.start, hi: f.end}}
+		// A DEL that deleted nothing changed nothing (its holder let go
+		// first, or the key was gone already): filed as a change, it
+		// would excuse an overlap around it.
+		if err != nil || n > 0 {
+			f.changes = []keyChange{{key: key, lo: f.start, hi: f.end}}
+		}
 		f.note = fmt.Sprintf("DEL %s (worker %d held it): %d deleted", target, w.id, n)
 	case faultOverwrite:
 		ttl := overwriteTTL(in.ph.cfg.lease)
@@ -86,10 +91,12 @@ func (in *injector) keyFault(ctx context.Context, kind string, last time.Time) (
 		var was string
 		was, err = in.keyAdmin.SetArgs(ctx, target, fmt.Sprintf("lockcheck-operator-%d", f.start), redis.SetArgs{TTL: ttl, Get: true}).Result()
 		f.end = time.Now().UnixNano()
+		// Nor did a key set where there was none free one for anybody.
 		if errors.Is(err, redis.Nil) {
 			was, err = "nothing", nil
+		} else {
+			f.changes = []keyChange{{key: key, lo: f.start, hi: f.end}}
 		}
-		f.changes = []keyChange{{key: key, lo: f.start, hi: f.end}}
 		f.note = fmt.Sprintf("SET %s PX %d (worker %d held it); it was %q", target, ttl.Milliseconds(), w.id, was)
 	case faultFlush:
 		cmd := "FLUSHALL"
