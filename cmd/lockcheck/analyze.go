@@ -31,6 +31,7 @@ type result struct {
 	Live           int            `json:"live_holds"`
 	NeverLive      int            `json:"never_live"`
 	Outlived       int            `json:"outlived_lease"`
+	OutlivedUntold int            `json:"outlived_lease_untold"` // of those, never told (outlived.go)
 	KilledInside   int            `json:"killed_inside"`
 	LostSignals    int            `json:"lost_signals"`
 	LostUnlocks    int            `json:"lost_unlocks"`
@@ -229,6 +230,7 @@ func analyze(h *history) *result {
 	a.indexKeyFaults()
 	a.counts()
 	a.overlaps()
+	a.outlivedUntold()
 	a.keyFaults()
 	a.refusal()
 	a.tokens()
@@ -624,6 +626,7 @@ func merge(parts []*result) *result {
 		t.Live += p.Live
 		t.NeverLive += p.NeverLive
 		t.Outlived += p.Outlived
+		t.OutlivedUntold += p.OutlivedUntold
 		t.KilledInside += p.KilledInside
 		t.LostSignals += p.LostSignals
 		t.LostUnlocks += p.LostUnlocks

@@ -123,3 +123,40 @@ func TestOverlapBehindAReportedStaleHold(t *testing.T) {
 	r := analyze(h)
 	wantViolation(t, r, r.OverlapsOutsideFailover, "overlap on key k: worker 2")
 }
+
+// A hold whose lease ran out while it was inside must be told so: worker
+// 0's obtain, sent at 99ms, carried its lease to 1099ms, and it exited at
+// 1500ms; its unlock returned nil and Lost never fired. Nobody else held
+// the key, so no overlap shows it; only the silence does. Told by Lost,
+// by ErrLockLost, or renewed by a call answered before its unlock
+// returned, it passes.
+func TestAHoldThatOutlivedItsLeaseMustBeTold(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(h *history)
+		want bool
+	}{
+		{"silent", func(h *history) {}, true},
+		{"told by Lost", func(h *history) { h.holds[0].lost = ms2ns(1400) }, false},
+		{"told by its unlock", func(h *history) { h.holds[0].unlock = unlockLost }, false},
+		{"its unlock failed", func(h *history) { h.holds[0].unlock = unlockFailed }, false},
+		{"renewed before its unlock returned", func(h *history) {
+			h.renewals = []renewal{{worker: 0, key: "k", sent: ms2ns(1000), done: ms2ns(1500) + 500_000}}
+		}, false},
+		{"outlived by less than the margin", func(h *history) { h.holds[0].exit = ms2ns(1120) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hd := freshHold(0, "k", 100, 100, 1500, 1)
+			hd.unlock, hd.unlocked = unlockOK, ms2ns(1501)
+			h := historyOf(hd)
+			tc.edit(h)
+			h.holds[0].write.Sent = h.holds[0].exit - 2000
+			r := analyze(h)
+			if tc.want {
+				wantViolation(t, r, r.OutlivedUntold, "outlived its lease")
+			} else {
+				wantClean(t, r)
+			}
+		})
+	}
+}

@@ -141,6 +141,7 @@ func writeTable(w io.Writer, cfg config, phases []*result, total *result) error 
 			return fmt.Sprint(b2i(!*r.EvictionRefused))
 		})
 	}
+	row("  holds that outlived their lease, never told", num(func(r *result) int { return r.OutlivedUntold }))
 	row("  fresh tokens not above earlier holds'", num(func(r *result) int { return r.TokenOrder }))
 	row("  duplicate tokens", num(func(r *result) int { return r.DuplicateToken }))
 	row("  stale reads accepted", num(func(r *result) int { return r.StaleReads.Accepted }))
