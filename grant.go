@@ -238,6 +238,9 @@ func (r *Registry) leave(key string) {
 // spares the key; the key's last token, still the grant's, then tells,
 // and the hold is lost.
 //
+// A give-back that takes the key (it was the grant's still) takes it from
+// holder too, which is lost at once: another registry may take the key.
+//
 // The hold judged is holder, the one current as the grant landed, if any:
 // its release, which may have cleared the key's current hold meanwhile,
 // waits for the give-back and reads the tenure's loss.
@@ -251,6 +254,12 @@ func (r *Registry) giveBack(ctx context.Context, key string, token int64, holder
 		return
 	}
 	if found.Outcome != protocol.NotOurs {
+		// The key went back: a hold current as the grant landed no longer
+		// has it (its release waits for this give-back; a hand-off keeps
+		// the tenure), and another registry may take it now.
+		if holder != nil {
+			holder.endLease(LossOverwritten)
+		}
 		return
 	}
 	h := holder

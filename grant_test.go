@@ -548,3 +548,31 @@ func grantedHold(t *testing.T, holder, waiter *Registry, key string, beforeRelea
 	require.Equal(t, int64(1), waiter.Stats().Grants, "the key was granted")
 	return h
 }
+
+// TestAGiveBackThatTakesAHoldersKeyLosesTheHold: a grant that reaches a
+// registry whose hold predates it (the key went through another owner
+// behind the hold's back) goes back at once, and the key with it: the
+// hold no longer has it, and another registry may take it at once. The
+// hold must learn so then, not at its next renewal, a third of a lease
+// away: without tracking (an ACL without CLIENT) nothing else tells it.
+func TestAGiveBackThatTakesAHoldersKeyLosesTheHold(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := aclClient(t, srv, "+@all", "-client")             // no tracking: nothing else tells
+	r := newRegistry(t, client, WithRetryInterval(time.Second)) // a grant lease of 2s
+	other := newRegistry(t, srv.Client(t))
+	h, err := r.Obtain("g").Acquire(ctx)
+	require.NoError(t, err)
+	// The key as another owner's release granting it back left it: r's
+	// for the grant lease, with the grant's token.
+	raw := srv.Client(t)
+	require.NoError(t, raw.Set(ctx, h.redisKey(), r.clientID, r.grants.lease).Err())
+	require.NoError(t, raw.Set(ctx, h.lock.keys().Fence(), "1000000", time.Minute).Err())
+	r.receiveGrant("g", 1_000_000) // lands while h is current
+	requireSettledGiveBacks(t, r)
+	taken := other.Obtain("g")
+	require.True(t, taken.TryLock(), "the give-back let the key go")
+	requireFires(t, h.Lost(), time.Second, "the hold learns that its key went with the grant")
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+	taken.Unlock()
+}
