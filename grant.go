@@ -318,6 +318,17 @@ func (r *Registry) startPending(key string) (finish func()) {
 	})
 }
 
+// settlePending waits, in a release, for the calls on the key's state
+// that are pending, until ctx ends (its error): whether the registry
+// closes or not, as each of them ends by Close.
+func (l *Lock) settlePending(ctx context.Context) error {
+	p, ok := l.r.grants.pending.Load(l.key)
+	if !ok {
+		return nil
+	}
+	return waitFor(ctx, nil, p.done)
+}
+
 // awaitPending waits, before an acquisition's first attempt, for the
 // calls on the key's state that are pending.
 func (l *Lock) awaitPending(ctx context.Context) error {

@@ -3,6 +3,7 @@ package lockreg
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strconv"
 	"sync"
@@ -496,4 +497,62 @@ func TestADoWhoseHandOffCloseCutShortDoesNotSayClosed(t *testing.T) {
 	next := <-waiter
 	require.NotNil(t, next, "the waiter got the key")
 	require.ErrorIs(t, next.Release(ctx), ErrLockLost, "Close lost the hold handed off")
+}
+
+// TestAReleaseWaitsForAGiveBackWhateverEndsMeanwhile: a release waits
+// for a give-back of its key under way (a grant landed while the hold was
+// current), which judges the hold, and may take a while. A context that
+// ends meanwhile must not cut the release short, which would leave the key
+// held for a lease (as one that had ended before the release began does
+// not), nor may a Shutdown that began skip the wait, and the verdict.
+func TestAReleaseWaitsForAGiveBackWhateverEndsMeanwhile(t *testing.T) {
+	for _, shuttingDown := range []bool{false, true} {
+		t.Run(fmt.Sprint("shutting down ", shuttingDown), func(t *testing.T) {
+			srv := redistest.Start(t)
+			var armed atomic.Bool
+			blocked, gate := make(chan struct{}), make(chan struct{})
+			defer close(gate)
+			client := srv.Client(t, redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+				return func(ctx context.Context, cmd redis.Cmder) error {
+					if n := cmd.Name(); (n == "evalsha" || n == "eval") && armed.CompareAndSwap(true, false) {
+						close(blocked) // the give-back's call, held back
+						<-gate
+					}
+					return next(ctx, cmd)
+				}
+			}})
+			r := newRegistry(t, client, WithRetryInterval(time.Second))
+			bg := context.Background()
+			lock := r.Obtain("g")
+			h, err := lock.Acquire(bg)
+			require.NoError(t, err)
+			// The key went through another owner, whose release granted it
+			// back, and a renewal of h extended it.
+			raw := srv.Client(t)
+			require.NoError(t, raw.Set(bg, h.redisKey(), r.clientID, time.Minute).Err())
+			require.NoError(t, raw.Set(bg, lock.keys().Fence(), "1000000", time.Minute).Err())
+			armed.Store(true)
+			r.receiveGrant("g", 1_000_000) // lands while h is current
+			<-blocked
+			shutdown := make(chan error, 1)
+			if shuttingDown {
+				go func() { shutdown <- r.Shutdown(bg) }()
+				require.Eventually(t, r.closing, time.Second, time.Millisecond)
+			}
+			ctx, cancel := context.WithCancel(bg)
+			released := make(chan error, 1)
+			go func() { released <- h.Release(ctx) }()
+			require.Eventually(t, func() bool { return goroutinesRunning("lockreg.waitFor[") > 0 }, 5*time.Second, time.Millisecond,
+				"the release waits for the give-back")
+			cancel()
+			gate <- struct{}{}
+			err = <-released
+			require.ErrorIs(t, err, ErrLockLost, "the give-back found the hold broken")
+			require.NotErrorIs(t, err, ErrRedis, "the release ran all the same")
+			requireReleased(t, raw, h.redisKey(), "the key is not left held for a lease")
+			if shuttingDown {
+				require.NoError(t, <-shutdown)
+			}
+		})
+	}
 }

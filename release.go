@@ -131,8 +131,15 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	// A grant that landed while the hold was current is being given back,
 	// and judges the hold (giveBack): the release waits for that verdict,
 	// which strikes the tenure, before it tells the key's fate. Only a
-	// key with calls pending waits; it sends nothing.
-	_ = l.awaitPending(ctx)
+	// key with calls pending waits; it sends nothing. A ctx that ends
+	// meanwhile does not stop the release, as one that had ended before it
+	// does not (above), nor does a Shutdown: the give-back ends by Close.
+	if l.settlePending(ctx) != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = r.releaseContext(ctx)
+		defer cancel()
+		_ = l.settlePending(ctx)
+	}
 	struck := h.tenure.loss()
 	// If a goroutine of this registry waits for the key and the release
 	// passes it to another registry, the release marks this one as waiting
