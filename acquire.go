@@ -22,9 +22,8 @@ import (
 //   - attemptsAside, in a goroutine of its own, when it can, so that the
 //     caller returns when ctx ends even while Redis hangs; the goroutine
 //     then ends the acquisition when its call returns, releasing the key
-//     if the call took it. The waits between attempts, and taking a grant,
-//     which need no call, stay on the caller's goroutine: a grant wakes
-//     the caller itself.
+//     if the call took it. The waits between attempts and taking a grant
+//     need no call and stay on the caller's goroutine, which a grant wakes.
 //
 // Handing a call to another goroutine and back costs a wake-up each way,
 // about 6% of an uncontended cycle on a 2-core VM
@@ -59,13 +58,19 @@ func (l *Lock) acquireHold(ctx context.Context, wait bool) (*Hold, error) {
 		default:
 			e.Outcome = OutcomeError
 		}
-		tellAcquireDone(ctx, hooks, h, e)
+		told := false // a hook that panics leaves nothing held; the panic goes on
+		defer func() {
+			if !told && err == nil {
+				l.releaseUnclaimed()
+			}
+		}()
+		tellAcquireDone(ctx, hooks, e)
+		told = true
 	}
 	return h, err
 }
 
-// checkAcquisition refuses an acquisition before it begins: bad input, or
-// a closed registry.
+// checkAcquisition refuses bad input, or a closed registry, at once.
 func (l *Lock) checkAcquisition(ctx context.Context) error {
 	switch {
 	case l.key == "":

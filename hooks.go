@@ -175,22 +175,11 @@ func (r *Registry) attempting(ctx context.Context, key string) {
 	}
 }
 
-// tellAcquireDone tells the hooks that an acquisition ended, with h if it
-// took the key. A hook that panics leaves nothing held: the caller never
-// gets h, so h is released (the hooks are not told), and the panic goes on.
-func tellAcquireDone(ctx context.Context, hooks []Hooks, h *Hold, e AcquireEvent) {
-	told := false
-	defer func() {
-		if !told && h != nil {
-			ctx, cancel := h.lock.r.releaseContext(ctx)
-			defer cancel()
-			_, _ = h.releaseKey(ctx)
-		}
-	}()
+// tellAcquireDone tells the hooks that an acquisition ended.
+func tellAcquireDone(ctx context.Context, hooks []Hooks, e AcquireEvent) {
 	for _, hk := range hooks {
 		if hk.AcquireDone != nil {
 			hk.AcquireDone(ctx, e)
 		}
 	}
-	told = true
 }

@@ -233,6 +233,21 @@ func (h *Hold) foundLost(cause LossCause, err error) {
 	}
 }
 
+// releaseUnclaimed releases the hold of l's key that the calling
+// goroutine just took and its caller never got (a hook panicked), on a
+// context of its own: the acquisition's ended with the panic.
+func (l *Lock) releaseUnclaimed() {
+	local, ok := l.r.locals.m.Load(l.key)
+	if !ok {
+		return
+	}
+	if h := local.hold.Load(); h != nil {
+		ctx, cancel := l.r.releaseContext(l.r.life.stopCtx)
+		defer cancel()
+		_, _ = h.releaseKey(ctx)
+	}
+}
+
 // releaseContext is the context of a release that must not be cut short
 // by ctx's end: ctx's values, bounded by the lease, after which the key
 // has expired anyway.
