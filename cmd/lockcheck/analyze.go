@@ -300,33 +300,40 @@ func (a *analysis) liveEnd(hd *hold) int64 {
 	if last == 0 {
 		last = a.death[hd.worker]
 	}
-	lease := a.lease
-	if hd.rootLease > 0 {
-		lease = int64(hd.rootLease)
-	}
-	end := a.cover(hd.root, lease)
-	// A renewal only succeeds while the key still holds the registry's
-	// client id, and the hold's registry cannot have taken it back in
-	// between (the hold keeps its local mutex), so a successful renewal
-	// answered during the hold proves the key was the hold's all along and
-	// carries the lease on. One answered after the hold ended may have run
-	// after the registry's next hold of the key took it back, so it proves
-	// nothing for this one.
-	renewals := a.renewals[wk{hd.worker, hd.key}]
-	from, _ := slices.BinarySearchFunc(renewals, hd.root, func(r renewal, root int64) int { return cmp.Compare(r.sent, root) })
-	for _, r := range renewals[from:] {
-		if r.sent > last {
-			break
-		}
-		if r.done <= last {
-			end = max(end, a.cover(r.sent, a.lease))
-		}
-	}
+	end := a.leaseUntil(hd, last, last)
 	if hd.exit > 0 {
 		end = min(end, hd.exit)
 	}
 	if hd.lost > 0 {
 		end = min(end, hd.lost)
+	}
+	return end
+}
+
+// leaseUntil is when hd's lease ran out, as its obtain (or grant) and the
+// renewals its worker sent for the key by sentBy, and that were answered
+// by answeredBy, carried it. A renewal only succeeds while the key still
+// holds the registry's client id, and the hold's registry cannot have
+// taken it back in between (the hold keeps its local mutex), so a
+// successful renewal answered during the hold proves the key was the
+// hold's all along and carries the lease on. One answered after the hold
+// ended may have run after the registry's next hold of the key took it
+// back, so it proves nothing for this one.
+func (a *analysis) leaseUntil(hd *hold, sentBy, answeredBy int64) int64 {
+	lease := a.lease
+	if hd.rootLease > 0 {
+		lease = int64(hd.rootLease)
+	}
+	end := a.cover(hd.root, lease)
+	renewals := a.renewals[wk{hd.worker, hd.key}]
+	from, _ := slices.BinarySearchFunc(renewals, hd.root, func(r renewal, root int64) int { return cmp.Compare(r.sent, root) })
+	for _, r := range renewals[from:] {
+		if r.sent > sentBy {
+			break
+		}
+		if r.done <= answeredBy {
+			end = max(end, a.cover(r.sent, a.lease))
+		}
 	}
 	return end
 }

@@ -3,8 +3,6 @@
 package main
 
 import (
-	"cmp"
-	"slices"
 	"time"
 )
 
@@ -28,7 +26,7 @@ func (a *analysis) outlivedUntold() {
 		if !a.isLive(i) || hd.exit-a.live[i] <= margin || hd.lost > 0 || hd.unlock != unlockOK || hd.root == 0 {
 			continue
 		}
-		end := a.leaseUntil(hd, hd.unlocked)
+		end := a.leaseUntil(hd, hd.exit, hd.unlocked)
 		if hd.exit-end <= margin {
 			continue
 		}
@@ -36,26 +34,4 @@ func (a *analysis) outlivedUntold() {
 		a.res.violation("%s outlived its lease by %v and was never told: no Lost, and its unlock returned nil",
 			a.describe(i), time.Duration(hd.exit-end).Round(time.Microsecond))
 	}
-}
-
-// leaseUntil is when hd's lease ran out, as its obtain (or grant) and the
-// renewals its worker sent for the key from then until its exit, and
-// answered by until, carried it.
-func (a *analysis) leaseUntil(hd *hold, until int64) int64 {
-	lease := a.lease
-	if hd.rootLease > 0 {
-		lease = int64(hd.rootLease)
-	}
-	end := a.cover(hd.root, lease)
-	renewals := a.renewals[wk{hd.worker, hd.key}]
-	from, _ := slices.BinarySearchFunc(renewals, hd.root, func(r renewal, root int64) int { return cmp.Compare(r.sent, root) })
-	for _, r := range renewals[from:] {
-		if r.sent > hd.exit {
-			break
-		}
-		if r.done <= until {
-			end = max(end, a.cover(r.sent, a.lease))
-		}
-	}
-	return end
 }
