@@ -455,3 +455,27 @@ func listedKeys(t *testing.T, r *Registry) []string {
 	}
 	return listed
 }
+
+// scriptGate holds back the first script call a client makes once armed
+// is set, until gate is closed; blocked is closed when that call arrives.
+type scriptGate struct {
+	armed         atomic.Bool
+	blocked, gate chan struct{}
+}
+
+func newScriptGate() *scriptGate {
+	return &scriptGate{blocked: make(chan struct{}), gate: make(chan struct{})}
+}
+
+// hook is the gate, as a client's hook.
+func (g *scriptGate) hook() redistest.Hook {
+	return redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if n := cmd.Name(); (n == "evalsha" || n == "eval") && g.armed.CompareAndSwap(true, false) {
+				close(g.blocked)
+				<-g.gate
+			}
+			return next(ctx, cmd)
+		}
+	}}
+}

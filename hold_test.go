@@ -509,18 +509,9 @@ func TestAReleaseWaitsForAGiveBackWhateverEndsMeanwhile(t *testing.T) {
 	for _, shuttingDown := range []bool{false, true} {
 		t.Run(fmt.Sprint("shutting down ", shuttingDown), func(t *testing.T) {
 			srv := redistest.Start(t)
-			var armed atomic.Bool
-			blocked, gate := make(chan struct{}), make(chan struct{})
-			defer close(gate)
-			client := srv.Client(t, redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
-				return func(ctx context.Context, cmd redis.Cmder) error {
-					if n := cmd.Name(); (n == "evalsha" || n == "eval") && armed.CompareAndSwap(true, false) {
-						close(blocked) // the give-back's call, held back
-						<-gate
-					}
-					return next(ctx, cmd)
-				}
-			}})
+			g := newScriptGate() // for the give-back's call
+			defer close(g.gate)
+			client := srv.Client(t, g.hook())
 			r := newRegistry(t, client, WithRetryInterval(time.Second))
 			bg := context.Background()
 			lock := r.Obtain("g")
@@ -531,9 +522,9 @@ func TestAReleaseWaitsForAGiveBackWhateverEndsMeanwhile(t *testing.T) {
 			raw := srv.Client(t)
 			require.NoError(t, raw.Set(bg, h.redisKey(), r.clientID, time.Minute).Err())
 			require.NoError(t, raw.Set(bg, lock.keys().Fence(), "1000000", time.Minute).Err())
-			armed.Store(true)
+			g.armed.Store(true)
 			r.receiveGrant("g", 1_000_000) // lands while h is current
-			<-blocked
+			<-g.blocked
 			shutdown := make(chan error, 1)
 			if shuttingDown {
 				go func() { shutdown <- r.Shutdown(bg) }()
@@ -545,7 +536,7 @@ func TestAReleaseWaitsForAGiveBackWhateverEndsMeanwhile(t *testing.T) {
 			require.Eventually(t, func() bool { return goroutinesRunning("lockreg.waitFor[") > 0 }, 5*time.Second, time.Millisecond,
 				"the release waits for the give-back")
 			cancel()
-			gate <- struct{}{}
+			g.gate <- struct{}{}
 			err = <-released
 			require.ErrorIs(t, err, ErrLockLost, "the give-back found the hold broken")
 			require.NotErrorIs(t, err, ErrRedis, "the release ran all the same")

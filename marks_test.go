@@ -548,23 +548,9 @@ func grantDuringRelease(t *testing.T, late bool) {
 func TestAGrantWhoseGiveBackTrailsItsHoldsReleaseLosesTheHold(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
-	var (
-		armed   atomic.Bool
-		blocked = make(chan struct{})
-		gate    = make(chan struct{})
-		token   = int64(1_000_000)
-	)
-	client := srv.Client(t, redistest.Hook{
-		Process: func(next redis.ProcessHook) redis.ProcessHook {
-			return func(ctx context.Context, cmd redis.Cmder) error {
-				if n := cmd.Name(); (n == "evalsha" || n == "eval") && armed.CompareAndSwap(true, false) {
-					close(blocked) // the give-back's call, held back
-					<-gate
-				}
-				return next(ctx, cmd)
-			}
-		},
-	})
+	const token = int64(1_000_000)
+	g := newScriptGate() // for the give-back's call
+	client := srv.Client(t, g.hook())
 	r := newRegistry(t, client, WithRetryInterval(time.Second))
 	lock := r.Obtain("g")
 	h, err := lock.Acquire(ctx)
@@ -572,9 +558,9 @@ func TestAGrantWhoseGiveBackTrailsItsHoldsReleaseLosesTheHold(t *testing.T) {
 	raw := srv.Client(t)
 	require.NoError(t, raw.Set(ctx, h.redisKey(), r.clientID, time.Minute).Err())
 	require.NoError(t, raw.Set(ctx, lock.keys().Fence(), strconv.FormatInt(token, 10), time.Minute).Err())
-	armed.Store(true)
+	g.armed.Store(true)
 	r.receiveGrant("g", token) // lands while the hold is current
-	<-blocked
+	<-g.blocked
 	released := make(chan error, 1)
 	go func() { released <- h.Release(ctx) }()
 	// The release does not wait for the give-back to be let through: it
@@ -582,9 +568,9 @@ func TestAGrantWhoseGiveBackTrailsItsHoldsReleaseLosesTheHold(t *testing.T) {
 	var rerr error
 	select {
 	case rerr = <-released:
-		close(gate)
+		close(g.gate)
 	case <-time.After(2 * time.Second):
-		close(gate)
+		close(g.gate)
 		rerr = <-released
 	}
 	require.ErrorIs(t, rerr, ErrLockLost, "the hold is told that its key went through another owner")
