@@ -89,6 +89,7 @@ func main() {
 	only := flag.String("contenders", "", "comma-separated contender names (default: all)")
 	onlyScenarios := flag.String("scenarios", "", "comma-separated scenario ids, e.g. S1,S6 (default: all)")
 	repeat := flag.Int("repeat", 1, "runs, one after another, each on a fresh redis-server; more than 1 tallies how often each target was met and writes only results/<date>-repeat.json")
+	flag.BoolVar(&realtime, "realtime", false, "S8: run its redis-server and its unrelated client at real-time priority (SCHED_FIFO, by chrt), so that the PINGs time Redis's own stalls rather than the scheduling of a machine whose cores the registry shares")
 	tallyOnly := flag.Bool("tally", false, "measure nothing: tally the targets over the runs in the results files named as arguments, as -repeat does")
 	flag.Parse()
 	var err error

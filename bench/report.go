@@ -435,11 +435,15 @@ func scaleMarkdown(sc scenario, results []Result) string {
 			rounds = r.Scale.Rounds
 		}
 	}
+	priority := ""
+	if rows[0].Scale != nil && rows[0].Scale.Realtime {
+		priority = " The redis-server and the unrelated client ran at real-time priority (-realtime: SCHED_FIFO, ahead of the registry's process and every other ordinary one), so that the PINGs time Redis's own stalls rather than the sharing of the machine's cores."
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## %s: %s\n\n", sc.id, sc.title)
 	fmt.Fprintf(&b, "On a redis-server of its own, flushed before each row: %d goroutines take the keys (one registry; bsm/redislock one client), then they are held for %d renewal intervals (a third of the lease each) while an unrelated client, in a process and on a connection of its own, PINGs about every ms (and for %v at rest before any key is taken), then released. "+
 		"Redis bytes per lock are INFO memory's used_memory delta over the keys, and in brackets the same less the clients' buffers (MEMORY STATS clients.normal), which move with what the connections did lately; Go heap bytes and objects per lock, runtime.MemStats' HeapAlloc and HeapObjects after two collections, over a baseline taken after a warm-up at the same parallelism (the least of three readings a third of a renewal interval apart, so that a renewal round's garbage is not counted as held); \"kept\" is what stays once all are released. "+
-		"Server CPU is INFO cpu's sys+user over the window, in %% of one core; \"renew.lua in Redis\" is EVALSHA's commandstats usec over the window, in %% (the commands the scripts ran included). bsm/redislock holds without renewal: its memory only.\n\n", sc.scale.goroutines, rounds, sc.scale.rest)
+		"Server CPU is INFO cpu's sys+user over the window, in %% of one core; \"renew.lua in Redis\" is EVALSHA's commandstats usec over the window, in %% (the commands the scripts ran included). bsm/redislock holds without renewal: its memory only.%s\n\n", sc.scale.goroutines, rounds, sc.scale.rest, priority)
 	b.WriteString("| contender | lease | keys | taking them (acq/s) | Redis bytes / lock (less client buffers) | Go heap bytes / objects per lock | heap kept per key (bytes) | renew calls/s | server cmds/s | server CPU % (at rest) | renew.lua in Redis % | PING p99 / max at rest (µs) | PING p99 / max while held (µs) | release all (ms) | lost |\n")
 	b.WriteString("| --- |" + strings.Repeat(" ---: |", 14) + "\n")
 	ping := func(f *PingFigures) string {

@@ -32,6 +32,19 @@ import (
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
+// realtime (-realtime) has S8 run its redis-server and its unrelated
+// client at real-time priority: on a machine of two cores, the registry's
+// own process, its renewals' client side, competes with Redis and the
+// PINGs for them, and the PINGs' worst cases then time the scheduler more
+// than Redis. With both ahead of every ordinary process, what the PINGs
+// still wait for is Redis's own work.
+var realtime bool
+
+// fifo is the chrt priority -realtime gives the redis-server; the
+// unrelated client gets one more, so that it runs as soon as its reply
+// is in.
+const fifo = 20
+
 // scaleShape is how S8 runs.
 type scaleShape struct {
 	keys   int
@@ -89,6 +102,8 @@ type ScaleResult struct {
 	PingRest, PingHold                      *PingFigures       `json:",omitempty"`
 	ReleaseAll                              float64            `json:",omitempty"`
 	Lost                                    int                `json:",omitempty"` // holds lost before their release
+	// Realtime: the row ran with -realtime.
+	Realtime bool `json:",omitempty"`
 	// LostBy counts the losses the registry signalled (its Lost hook), by
 	// cause.
 	LostBy map[string]int `json:",omitempty"`
@@ -164,10 +179,19 @@ func (e *benchEnv) scale(ctx context.Context, sc scenario, fs []contenders.Facto
 		return []Result{{Scenario: sc.id, Contender: contenders.LockReg.Name, Err: err.Error()}}
 	}
 	defer srv.Shutdown()
+	if realtime {
+		// All the server's threads, -a: its I/O and background threads too.
+		if out, err := exec.CommandContext(ctx, "chrt", "-a", "-f", "-p", strconv.Itoa(fifo), strconv.Itoa(srv.Pid())).CombinedOutput(); err != nil {
+			return []Result{{Scenario: sc.id, Contender: contenders.LockReg.Name, Err: fmt.Sprintf("-realtime: chrt the redis-server: %v: %s", err, strings.TrimSpace(string(out)))}}
+		}
+	}
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer admin.Close()
 	var results []Result
 	add := func(name string, s *ScaleResult, err error) {
+		if s != nil {
+			s.Realtime = realtime
+		}
 		r := Result{Scenario: sc.id, Contender: name, Scale: s}
 		if err != nil {
 			r.Err = err.Error()
@@ -590,6 +614,9 @@ func startPinger(ctx context.Context, addr string, start time.Time, d time.Durat
 	}
 	spec, _ := json.Marshal(pingerSpec{Addr: addr, Start: start, Duration: d})
 	cmd := exec.CommandContext(ctx, self)
+	if realtime {
+		cmd = exec.CommandContext(ctx, "chrt", "-f", strconv.Itoa(fifo+1), self)
+	}
 	cmd.Env = append(os.Environ(), pingerEnv+"="+string(spec))
 	cmd.Stderr = os.Stderr
 	var out strings.Builder

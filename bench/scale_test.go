@@ -81,6 +81,11 @@ func TestS8SectionShowsRowsAndLeavesMemoryOnlyBlank(t *testing.T) {
 	if md := markdown(time.Now(), "test machine", false, results[:0]); strings.Contains(md, "S8") {
 		t.Errorf("a run without S8 shows it")
 	}
+	if strings.Contains(md, "real-time priority") {
+		t.Errorf("a run without -realtime says it ran at real-time priority")
+	}
+	results[0].Scale.Realtime = true
+	containsAll(t, markdown(time.Now(), "test machine", false, results), "ran at real-time priority (-realtime")
 }
 
 // TestS1SessionsTimeTheLockFloor: a short S1 session of lockreg and a

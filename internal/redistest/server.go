@@ -384,6 +384,16 @@ func (s *Server) Signal(sig syscall.Signal) error {
 	return nil
 }
 
+// Pid is the process id of a server from Launch, or 0 for a stopped
+// server or the external server of REDIS_ADDR (the bench/ harness gives
+// it real-time priority with -realtime).
+func (s *Server) Pid() int {
+	if s.proc == nil {
+		return 0
+	}
+	return s.proc.cmd.Process.Pid
+}
+
 // stop terminates the process and waits for it; it keeps the data dir for a
 // restart. For the external server it does nothing.
 func (s *Server) stop() {
