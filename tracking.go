@@ -279,6 +279,10 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 			redirected = append(redirected, req)
 		case err != nil && !protocol.IsReply(err):
 			broke = true
+		case err != nil && !protocol.Permanent(err):
+			// Refused for now (BUSY during a long script, MASTERDOWN): the
+			// read tracked nothing, so no later change would be told.
+			redirected = append(redirected, req)
 		case err != nil:
 			r.cfg.logger.Debug("lockreg: could not arm or verify a held key; its renewal checks it", "key", printedKey(req.h.Key()), "error", err)
 		case owner == protocol.Gone:
@@ -302,10 +306,11 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 // rearm takes the holds whose reads a node refused without running them
 // (protocol.Redirected): their key's slot moved to another node (a
 // migration, a failover), or the node cannot serve it yet (it is loading
-// its data after a restart). It checks them at once on the registry's
-// client, which follows the slot and reloads its map of the Cluster, and
-// a retry interval later has them armed again, on the tracker of the node
-// that serves their key by then: left to their renewals, they would go
+// its data after a restart, or busy with a long script). It checks them
+// at once on the registry's client, which follows the slot and reloads
+// its map of the Cluster, and a retry interval later has them armed
+// again, on the tracker of the node that serves their key by then: left
+// to their renewals, they would go
 // unwatched for up to a renewal interval. A change they were verified for
 // (invalidated) stays unchecked until that arming, so that no local
 // hand-off passes it on. (armLoop counts the batch's changes down after

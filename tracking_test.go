@@ -456,3 +456,35 @@ func TestAHolderOnClusterStillLearnsAtOnceAfterAFailover(t *testing.T) {
 	requireFires(t, h.Lost(), 10*time.Second, "the holder learns that its key was deleted after the failover")
 	require.ErrorIs(t, h.Err(), ErrLockLost)
 }
+
+// A read of a held key that Redis refuses for now (BUSY, while a long
+// script runs) tracks nothing: left so, the key would go untracked for the
+// rest of its hold, and a change told only at the next renewal. The read
+// is made again until the server answers, as after a redirect.
+func TestAKeyWhoseReadRedisRefusedForNowIsTrackedAgain(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	require.NoError(t, admin.ConfigSet(ctx, "busy-reply-threshold", "10").Err())
+	r := newRegistry(t, srv.Client(t), WithRetryInterval(50*time.Millisecond))
+	reads := trackingReads(r)
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return reads.Load() >= 1 }, 5*time.Second, time.Millisecond, "the key is armed")
+
+	// The PEXPIRE invalidates the key; its read comes while the script
+	// runs, and is refused.
+	before := reads.Load()
+	busy := `local t0 = redis.call('TIME') repeat local t = redis.call('TIME') until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 300000 return 1`
+	_, err = admin.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.PExpire(ctx, h.redisKey(), time.Minute)
+		p.Eval(ctx, busy, nil)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Greater(t, reads.Load(), before, "the invalidation was read during the script")
+	time.Sleep(200 * time.Millisecond) // the reads made again, if any, are over
+	requireOpen(t, h.Lost(), "the key is still held")
+	require.NoError(t, admin.Del(ctx, h.redisKey()).Err())
+	requireFires(t, h.Lost(), blindLimit, "the holder learns at once that its key was deleted")
+}
