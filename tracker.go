@@ -329,6 +329,7 @@ func (t *tracker) armLoop(stop context.Context) {
 			// waiting for its confirmation (tenure.go) may wait for one
 			// whose hold is not held then, so its read waits here.
 			t.keepConfirming(batch)
+			t.r.checkUntracked(batch)
 		case !t.armBatch(stop, conn, batch):
 			drop()
 			t.ask(LossRestart, false) // the connection broke: a new one checks every key

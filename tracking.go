@@ -356,3 +356,40 @@ func (r *Registry) rearm(reqs []armRequest) {
 		}
 	}
 }
+
+// checkUntracked checks at once, on the registry's client, the holds of
+// reqs that a change may have struck (invalidated: a restart, a flush),
+// while their tracker has no connection to read them on. That
+// connection may come seconds after Redis answers again (go-redis fails
+// its dials for a while after failed ones, and armLoop's retries back
+// off), while the registry's own subscription, which asked for the
+// check, is back already: left for the connection, a key the restart
+// lost would be told that much later. The change stays unchecked until
+// the read, so that no local hand-off passes it on.
+func (r *Registry) checkUntracked(reqs []armRequest) {
+	byCause := make(map[LossCause][]*Hold)
+	for _, req := range reqs {
+		if req.invalidated {
+			req.h.local.unchecked.Add(1)
+			byCause[req.cause] = append(byCause[req.cause], req.h)
+		}
+	}
+	if len(byCause) == 0 {
+		return
+	}
+	checked := func() {
+		for _, holds := range byCause {
+			for _, h := range holds {
+				h.local.unchecked.Add(-1)
+			}
+		}
+	}
+	if !r.goBackground(func(ctx context.Context) {
+		defer checked()
+		for cause, holds := range byCause {
+			r.checkHolds(ctx, holds, cause)
+		}
+	}) {
+		checked()
+	}
+}

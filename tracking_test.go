@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -487,4 +488,33 @@ func TestAKeyWhoseReadRedisRefusedForNowIsTrackedAgain(t *testing.T) {
 	requireOpen(t, h.Lost(), "the key is still held")
 	require.NoError(t, admin.Del(ctx, h.redisKey()).Err())
 	requireFires(t, h.Lost(), blindLimit, "the holder learns at once that its key was deleted")
+}
+
+// After a longer outage the tracker's connection may come back seconds
+// after Redis does (its dials fail for a while after failed ones, and its
+// retries back off); the registry's own subscription, back at once, has
+// the held keys checked meanwhile on the registry's client, so that a
+// holder whose key the restart lost learns at once, not seconds later.
+func TestAHolderHearsOfARestartAfterALongOutageAtOnce(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	r := newRegistry(t, client)
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	requireSettled(t, r)
+	srv.Stop(t)
+	time.Sleep(6 * time.Second) // the tracker's retries back off meanwhile
+	require.NoError(t, srv.Relaunch())
+	took := requireFires(t, h.Lost(), blindLimit, "the holder hears of the restart")
+	t.Logf("Lost fired %v after Redis answered again", took)
+	require.ErrorContains(t, h.Err(), "restart or failover")
+	// go-redis probes a server whose dials failed once a second, even
+	// after its client closed: the probes end before the test does.
+	require.NoError(t, r.Close())
+	require.NoError(t, client.Close())
+	require.Eventually(t, func() bool {
+		buf := make([]byte, 1<<20)
+		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "(*ConnPool).tryDial")
+	}, 3*time.Second, 10*time.Millisecond, "go-redis's dial probes end")
 }
