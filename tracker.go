@@ -78,7 +78,7 @@ func (t *tracker) run(stop context.Context) {
 		switch {
 		case err == nil:
 			t.up.Store(true)
-			t.ask(cause, false)
+			t.retarget(cause)
 			dead := t.route(stop, sub)
 			_ = sub.Close()
 			if !dead {
@@ -149,7 +149,7 @@ func (t *tracker) route(stop context.Context, sub *redis.PubSub) (dead bool) {
 			// go-redis resubscribed on a new connection, whose id is new:
 			// Redis may have restarted or failed over meanwhile.
 			if msg.Kind == "subscribe" && msg.Count == len(r.peer.TrackingChannels()) {
-				t.ask(LossRestart, false)
+				t.retarget(LossRestart)
 			}
 		}
 		switch {
@@ -233,6 +233,17 @@ func (t *tracker) enqueue(req armRequest) {
 	if wake {
 		t.wake()
 	}
+}
+
+// retarget asks for a new tracking connection for the target, which
+// subscribed anew; after a restart it has the held keys checked at once
+// too, as that connection may come seconds later (armLoop reads them on
+// the registry's client meanwhile: checkUntracked).
+func (t *tracker) retarget(cause LossCause) {
+	if cause == LossRestart {
+		t.r.verifyHolds(cause)
+	}
+	t.ask(cause, false)
 }
 
 // ask asks armLoop for a new tracking connection, whose new holds are

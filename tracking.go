@@ -362,9 +362,9 @@ func (r *Registry) rearm(reqs []armRequest) {
 // while their tracker has no connection to read them on. That
 // connection may come seconds after Redis answers again (go-redis fails
 // its dials for a while after failed ones, and armLoop's retries back
-// off), while the registry's own subscription, which asked for the
-// check, is back already: left for the connection, a key the restart
-// lost would be told that much later. The change stays unchecked until
+// off), while the subscription that asked for the check (the
+// registry's, or the target's) is back already: left for the connection,
+// a key the restart lost would be told that much later. The change stays unchecked until
 // the read, so that no local hand-off passes it on.
 func (r *Registry) checkUntracked(reqs []armRequest) {
 	byCause := make(map[LossCause][]*Hold)

@@ -492,17 +492,26 @@ func TestAKeyWhoseReadRedisRefusedForNowIsTrackedAgain(t *testing.T) {
 
 // After a longer outage the tracker's connection may come back seconds
 // after Redis does (its dials fail for a while after failed ones, and its
-// retries back off); the registry's own subscription, back at once, has
-// the held keys checked meanwhile on the registry's client, so that a
-// holder whose key the restart lost learns at once, not seconds later.
+// retries back off); the first subscription back (the registry's own, or,
+// with pub/sub off, the tracker's target) has the held keys checked
+// meanwhile on the registry's client, so that a holder whose key the
+// restart lost learns at once, not seconds later.
 func TestAHolderHearsOfARestartAfterALongOutageAtOnce(t *testing.T) {
+	for _, pubSub := range []bool{true, false} {
+		t.Run("pubsub="+strconv.FormatBool(pubSub), func(t *testing.T) { restartAfterALongOutage(t, pubSub) })
+	}
+}
+
+func restartAfterALongOutage(t *testing.T, pubSub bool) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	client := srv.Client(t)
-	r := newRegistry(t, client)
+	r := newRegistry(t, client, WithPubSub(pubSub))
 	h, err := r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
-	requireSettled(t, r)
+	requireTracking(t, r)
+	require.Eventually(t, func() bool { return r.tracking.single.Load().up.Load() && (!pubSub || r.notes.subscribed.Load()) },
+		5*time.Second, time.Millisecond, "subscribed")
 	srv.Stop(t)
 	time.Sleep(6 * time.Second) // the tracker's retries back off meanwhile
 	require.NoError(t, srv.Relaunch())
