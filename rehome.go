@@ -8,6 +8,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// What a tracker does while its server does not answer, or has moved.
+//
 // On Redis Cluster a tracker serves one primary's address. When that
 // primary stops answering, its slots may pass to a replica by a failover:
 // the holds whose keys it served then live on another node, where nothing
@@ -85,5 +87,59 @@ func (t *tracker) rehome(ctx context.Context, cluster *redis.ClusterClient, hold
 			return true
 		})
 		pause.Reset(wait)
+	}
+}
+
+// moveTarget closes the target's subscription, for run to make a new one,
+// which dials the server anew: a tracking connection found no target of
+// its id where it connected (TargetGone). The two connections dial on their
+// own and may reach different servers, as after a failover, when the
+// target resubscribed on the old primary (back as a replica, say) while
+// the tracking connection reached the new one; left there, the target would
+// never be found, and holders would hear of changes at their renewals.
+func (t *tracker) moveTarget() {
+	t.subMu.Lock()
+	defer t.subMu.Unlock()
+	if t.stopped || t.pubsub == nil {
+		return
+	}
+	t.moving.Store(true)
+	_ = t.pubsub.Close()
+}
+
+// checkUntracked checks at once, on the registry's client, the holds of
+// reqs that a change may have struck (invalidated: a restart, a flush),
+// while their tracker has no connection to read them on. That
+// connection may come seconds after Redis answers again (go-redis fails
+// its dials for a while after failed ones, and armLoop's retries back
+// off), while the subscription that asked for the check (the
+// registry's, or the target's) is back already: left for the connection,
+// a key the restart lost would be told that much later. The change stays unchecked until
+// the read, so that no local hand-off passes it on.
+func (r *Registry) checkUntracked(reqs []armRequest) {
+	byCause := make(map[LossCause][]*Hold)
+	for _, req := range reqs {
+		if req.invalidated {
+			req.h.local.unchecked.Add(1)
+			byCause[req.cause] = append(byCause[req.cause], req.h)
+		}
+	}
+	if len(byCause) == 0 {
+		return
+	}
+	checked := func() {
+		for _, holds := range byCause {
+			for _, h := range holds {
+				h.local.unchecked.Add(-1)
+			}
+		}
+	}
+	if !r.goBackground(func(ctx context.Context) {
+		defer checked()
+		for cause, holds := range byCause {
+			r.checkHolds(ctx, holds, cause)
+		}
+	}) {
+		checked()
 	}
 }

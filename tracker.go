@@ -178,23 +178,6 @@ func (t *tracker) route(stop context.Context, sub *redis.PubSub) (dead bool) {
 	}
 }
 
-// moveTarget closes the target's subscription, for run to make a new one,
-// which dials the server anew: a tracking connection found no target of
-// its id where it connected (TargetGone). The two connections dial on their
-// own and may reach different servers, as after a failover, when the
-// target resubscribed on the old primary (back as a replica, say) while
-// the tracking connection reached the new one; left there, the target would
-// never be found, and holders would hear of changes at their renewals.
-func (t *tracker) moveTarget() {
-	t.subMu.Lock()
-	defer t.subMu.Unlock()
-	if t.stopped || t.pubsub == nil {
-		return
-	}
-	t.moving.Store(true)
-	_ = t.pubsub.Close()
-}
-
 // refuse ends the tracker for good: the server refused tracking. Its holds
 // learn of changes at their renewals.
 func (t *tracker) refuse(err error) {
