@@ -175,6 +175,25 @@ func (a *acquisition) takeKey() (*Hold, error) {
 	if err := a.begin(); err != nil {
 		return nil, err
 	}
+	// A panic (an AcquireAttempt or RedisCalls hook's) would leave the
+	// local mutex locked for good, every later acquisition of the key
+	// waiting for it, and the key in Redis if the attempt took it: the
+	// acquisition is abandoned as a failed one is, and the panic goes on.
+	ended := false
+	defer func() {
+		if !ended {
+			a.local.acquired(&a.wake)
+			a.mayHoldKey = true
+			_ = a.abandon(ErrNotObtained)
+		}
+	}()
+	h, err := a.attempts()
+	ended = true
+	return h, err
+}
+
+// attempts is takeKey's work, once begun.
+func (a *acquisition) attempts() (*Hold, error) {
 	if a.ctx.Done() == nil {
 		return a.run(a.attemptsHere)
 	}
@@ -245,40 +264,6 @@ func (a *acquisition) attemptsHere() (*Hold, error) {
 			return h, nil
 		}
 		a.state = attemptDue
-	}
-}
-
-// attemptsAside is attemptsHere in a goroutine of its own, from which the
-// caller returns when ctx ends.
-func (a *acquisition) attemptsAside() (*Hold, error) {
-	type result struct {
-		h   *Hold
-		err error
-	}
-	answer, left := make(chan result), make(chan struct{})
-	l := a.l
-	started := l.r.goBackground(func(stop context.Context) {
-		h, err := a.attemptsHere()
-		select {
-		case answer <- result{h, err}:
-		case <-left:
-			switch {
-			case h != nil:
-				l.releaseThenUnlockLocal(stop, a.local)
-			case err == nil:
-				_ = a.abandon(a.ctx.Err())
-			}
-		}
-	})
-	if !started {
-		return nil, a.abandon(ErrClosed)
-	}
-	select {
-	case got := <-answer:
-		return got.h, got.err
-	case <-a.ctx.Done():
-		close(left)
-		return nil, l.notAcquired(a.ctx, a.ctx.Err(), a.lastError())
 	}
 }
 

@@ -21,6 +21,62 @@ import (
 // too few replicas acknowledged is released again and reported as
 // ErrNotReplicated.
 
+// attemptsAside is attemptsHere in a goroutine of its own, from which the
+// caller returns when ctx ends.
+func (a *acquisition) attemptsAside() (*Hold, error) {
+	type result struct {
+		h        *Hold
+		err      error
+		panicked any
+	}
+	answer, left := make(chan result), make(chan struct{})
+	l := a.l
+	started := l.r.goBackground(func(stop context.Context) {
+		h, panicked, err := a.attemptsCaught()
+		select {
+		case answer <- result{h, err, panicked}:
+		case <-left:
+			switch {
+			case panicked != nil:
+				// Nobody is left to panic to: the acquisition ended with
+				// ctx. A panic here would crash the process.
+				l.r.cfg.logger.Error("lockreg: a hook panicked in an attempt whose caller had left", "key", printedKey(l.key), "panic", panicked)
+				a.mayHoldKey = true
+				_ = a.abandon(a.ctx.Err())
+			case h != nil:
+				l.releaseThenUnlockLocal(stop, a.local)
+			case err == nil:
+				_ = a.abandon(a.ctx.Err())
+			}
+		}
+	})
+	if !started {
+		return nil, a.abandon(ErrClosed)
+	}
+	select {
+	case got := <-answer:
+		if got.panicked != nil {
+			panic(got.panicked) // on the caller's goroutine, which takeKey cleans up for
+		}
+		return got.h, got.err
+	case <-a.ctx.Done():
+		close(left)
+		return nil, l.notAcquired(a.ctx, a.ctx.Err(), a.lastError())
+	}
+}
+
+// attemptsCaught is attemptsHere for attemptsAside's goroutine, where a
+// panic (a hook's) would crash the process: it is returned instead.
+func (a *acquisition) attemptsCaught() (h *Hold, panicked any, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			panicked = v
+		}
+	}()
+	h, err = a.attemptsHere()
+	return h, nil, err
+}
+
 // attempt makes the attempt that is due. It returns the hold, or the
 // error that ended the acquisition (TryLock's attempt failed), or neither
 // when the acquisition goes on.

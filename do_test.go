@@ -460,6 +460,13 @@ func TestAHookThatPanicsLeavesNoKeyHeld(t *testing.T) {
 				}
 			}}
 		}},
+		{"AcquireAttempt", func(key string) Hooks {
+			return Hooks{AcquireAttempt: func(_ context.Context, k string) {
+				if k == key {
+					panic("hook")
+				}
+			}}
+		}},
 		{"ReleaseStart", func(key string) Hooks {
 			return Hooks{ReleaseStart: func(ctx context.Context, k string) context.Context {
 				if k == key {

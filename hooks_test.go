@@ -8,6 +8,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -340,4 +341,66 @@ func TestAHookThatReturnsANilContextChangesNothing(t *testing.T) {
 	require.True(t, ran)
 	done.Wait()
 	requireNoLocalState(t, r)
+}
+
+// TestAnAcquireAttemptHookThatPanicsLeavesNoKeyHeld: an AcquireAttempt
+// hook that panics, on the caller's goroutine or on the one an attempt
+// runs on aside, ends the acquisition as a failed one would: the key is
+// not left held in Redis (the first attempt of a ctx with a deadline
+// tells the hook after its SET went out), its mark is withdrawn, its
+// local mutex is free for the next acquisition, and the panic goes on to
+// the caller.
+func TestAnAcquireAttemptHookThatPanicsLeavesNoKeyHeld(t *testing.T) {
+	srv := redistest.Shared(t)
+	client := srv.Client(t)
+	timeouts := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = timeouts.Close() })
+	for _, tc := range []struct {
+		name   string
+		client redis.UniversalClient
+		ctx    func() (context.Context, context.CancelFunc)
+		held   bool // another registry holds the key: the hook panics at the second attempt
+	}{
+		{"here", client, func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }, false},
+		{"at its deadline", timeouts, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), time.Minute)
+		}, false},
+		{"aside", client, func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }, false},
+		{"while waiting", client, func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			r := newRegistry(t, tc.client)
+			lock := r.Obtain("k")
+			var other *Hold
+			if tc.held {
+				var err error
+				other, err = newRegistry(t, client).Obtain("k").Acquire(ctx)
+				require.NoError(t, err)
+			}
+			var attempts sync.Map
+			r.AddHooks(Hooks{AcquireAttempt: func(ctx context.Context, key string) {
+				n, _ := attempts.LoadOrStore(ctx, new(int))
+				if *n.(*int)++; *n.(*int) == map[bool]int{false: 1, true: 2}[tc.held] {
+					panic("hook")
+				}
+			}})
+			actx, cancel := tc.ctx()
+			defer cancel()
+			require.PanicsWithValue(t, "hook", func() { _, _ = lock.Acquire(actx) })
+			if other != nil {
+				require.NoError(t, other.Release(ctx))
+			}
+			require.Eventually(t, func() bool {
+				return client.Exists(ctx, lock.keys().Lock()).Val() == 0 && client.ZCard(ctx, lock.keys().Marker()).Val() == 0
+			}, 2*time.Second, time.Millisecond, "neither the key nor a mark is left in Redis")
+			requireNoLocalState(t, r, "the local mutex is free")
+			r.hooks.list.Store(nil)
+			wctx, wcancel := context.WithTimeout(ctx, 2*time.Second)
+			defer wcancel()
+			h, err := lock.Acquire(wctx)
+			require.NoError(t, err, "the next acquisition takes the key")
+			require.NoError(t, h.Release(ctx))
+		})
+	}
 }
