@@ -280,7 +280,7 @@ func dispatch(ctx context.Context, o options, args []string, stdin io.Reader, st
 	defer closeBriefly(registry)
 	stepCtx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	c := commandRun{ctx: stepCtx, again: func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, o.timeout) },
+	c := commandRun{ctx: stepCtx, again: func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, o.timeout) }, interrupt: ctx,
 		client: client, registry: registry, namespace: o.namespace, p: printer{out: stdout, json: o.json}}
 	switch command {
 	case "list":
@@ -319,9 +319,10 @@ func closeBriefly(registry *lockreg.Registry) {
 type commandRun struct {
 	// ctx bounds the command's Redis calls by -timeout; again starts
 	// another such bound, for calls after a prompt, whose time is the
-	// operator's.
+	// operator's; interrupt ends with the run (Ctrl-C), the prompt too.
 	ctx       context.Context
 	again     func() (context.Context, context.CancelFunc)
+	interrupt context.Context
 	client    redis.UniversalClient
 	registry  *lockreg.Registry
 	namespace string
@@ -378,7 +379,11 @@ func (c commandRun) unlock(key string, yes, terminal bool, stdin io.Reader, stde
 		if !terminal {
 			return usageError("unlock asks for confirmation on a terminal; pass -yes to unlock without asking")
 		}
-		if !confirm(stdin, stderr, info) {
+		ok, err := confirmUnlessInterrupted(c.interrupt, stdin, stderr, info)
+		if err != nil {
+			return err
+		}
+		if !ok {
 			return errors.New("not unlocked")
 		}
 	}
@@ -406,6 +411,21 @@ func (c commandRun) unlock(key string, yes, terminal bool, stdin io.Reader, stde
 		return fmt.Errorf("%s changed hands: %s holds it now; not unlocked (run unlock again to see it)", quoteKey(key), ownerOf(now.Owner, now.OwnerID))
 	}
 	return notFoundError("%s was released meanwhile", quoteKey(key))
+}
+
+// confirmUnlessInterrupted is confirm, ended by ctx's end: main takes
+// Ctrl-C over (to end the Redis calls), so a read of the terminal would
+// otherwise outlast it, and lockctl would hang at the prompt until Enter.
+func confirmUnlessInterrupted(ctx context.Context, stdin io.Reader, stderr io.Writer, info lockreg.LockInfo) (bool, error) {
+	answered := make(chan bool, 1)
+	go func() { answered <- confirm(stdin, stderr, info) }() // left reading stdin if interrupted: lockctl exits next
+	select {
+	case ok := <-answered:
+		return ok, nil
+	case <-ctx.Done():
+		fmt.Fprintln(stderr)
+		return false, fmt.Errorf("interrupted at the prompt: not unlocked: %w", context.Cause(ctx))
+	}
 }
 
 // confirm asks on a terminal whether to force info's lock open: warning,

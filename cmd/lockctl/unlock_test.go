@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,4 +97,57 @@ func TestUnlockForcesOpenAnEmptyForeignValue(t *testing.T) {
 	code := run(ctx, []string{"-redis", srv.Addr(), "-namespace", "orders", "-yes", "unlock", "o-1"}, nil, &stdout, &stderr, false)
 	require.Equal(t, exitOK, code, "stdout: %s\nstderr: %s", &stdout, &stderr)
 	require.Zero(t, srv.Client(t).Exists(ctx, lockKey).Val(), "forced open")
+}
+
+// An interrupt (Ctrl-C, which lockctl takes over to end its Redis calls)
+// while the operator reads the prompt ends lockctl with nothing unlocked:
+// it does not wait for an answer that will not come.
+func TestAnInterruptAtThePromptEndsUnlock(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	h, err := newNamedRegistry(t, srv, "billing/pod-7").Obtain("o-1").Acquire(ctx)
+	require.NoError(t, err)
+	stdin, typing := io.Pipe()
+	defer typing.Close()
+	interrupted, interrupt := context.WithCancel(ctx)
+	defer interrupt()
+	var stdout bytes.Buffer
+	stderr := &promptWatch{asked: make(chan struct{})}
+	code := make(chan int, 1)
+	go func() {
+		code <- run(interrupted, []string{"-redis", srv.Addr(), "-namespace", "orders", "unlock", "o-1"}, stdin, &stdout, stderr, true)
+	}()
+	select {
+	case <-stderr.asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no prompt")
+	}
+	interrupt()
+	select {
+	case c := <-code:
+		require.Equal(t, exitError, c)
+	case <-time.After(5 * time.Second):
+		_ = typing.CloseWithError(io.EOF)
+		<-code
+		t.Fatal("lockctl waited at the prompt after the interrupt")
+	}
+	require.NoError(t, h.Err(), "nothing unlocked")
+	require.NoError(t, h.Release(ctx))
+}
+
+// promptWatch is a stderr that tells when the prompt was written.
+type promptWatch struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	asked chan struct{}
+	once  sync.Once
+}
+
+func (w *promptWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if bytes.Contains(p, []byte("[y/N]")) {
+		w.once.Do(func() { close(w.asked) })
+	}
+	return w.buf.Write(p)
 }
