@@ -9,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/lockreg/lockreg"
@@ -119,7 +120,7 @@ func (p printer) detail(info lockreg.LockInfo) error {
 	} else {
 		fmt.Fprintf(w, "state\tgone: no sign of its registry for two leases (it died, or could not write its owner hash)\n")
 	}
-	fmt.Fprintf(w, "owner id\t%s\n", info.OwnerID)
+	fmt.Fprintf(w, "owner id\t%s\n", shown(info.OwnerID))
 	fmt.Fprintf(w, "ttl\t%s\n", formatTTL(info.TTL))
 	fmt.Fprintf(w, "token\t%s\n", formatToken(info.Token))
 	for i, waiter := range info.Waiting {
@@ -154,9 +155,20 @@ func ownerState(info lockreg.LockInfo) string {
 // ownerOf names an owner: by name, or by client id if it has none.
 func ownerOf(name, id string) string {
 	if name == "" {
-		return "client " + id
+		return "client " + shown(id)
 	}
-	return name
+	return shown(name)
+}
+
+// shown is a value read from Redis as lockctl prints it. Owner names and
+// lock keys' values are whatever a service or anyone who can write the key
+// set: one with control characters, which would break the table into
+// false rows or drive the operator's terminal, or not UTF-8, is quoted.
+func shown(value string) string {
+	if utf8.ValidString(value) && !strings.ContainsFunc(value, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return value
+	}
+	return strconv.Quote(value)
 }
 
 // formatTTL prints a lease's rest: tenths of seconds under a minute,

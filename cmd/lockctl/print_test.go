@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg"
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
@@ -251,4 +252,34 @@ func TestLockctlJSONKeepsAKeyThatIsNotUTF8(t *testing.T) {
 	}
 	require.Equal(t, map[string]bool{odd: true, "plain-é": true}, keys, res.stdout)
 	require.NotContains(t, res.stdout, `"plain-é","key_base64"`, "a UTF-8 key has no key_base64")
+}
+
+// An owner's name (WithOwner) and a lock key's value are anyone's who can
+// write them: lockctl shows them, as it does keys, quoted where they hold
+// control characters, which would break its table into false rows or
+// drive the operator's terminal.
+func TestLockctlQuotesOwnersThatAreNotPrintable(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	service, err := lockreg.New(srv.Client(t), "orders", lockreg.WithOwner("pod-7\x1b[2J\nfake  row"))
+	require.NoError(t, err)
+	defer service.Close()
+	h, err := service.Obtain("o-1").Acquire(ctx)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, h.Release(ctx)) }()
+	foreign := protocol.LockKeys("orders", "o-2").Lock()
+	require.NoError(t, srv.Client(t).Set(ctx, foreign, "x\x1b]0;owned\a\ny", time.Minute).Err())
+	awaitOwnerName(t, service, "o-1", "pod-7\x1b[2J\nfake  row")
+
+	for _, args := range [][]string{{"list"}, {"show", "o-1"}, {"show", "o-2"}} {
+		var stdout, stderr bytes.Buffer
+		code := run(ctx, append([]string{"-redis", srv.Addr(), "-namespace", "orders"}, args...), nil, &stdout, &stderr, false)
+		require.Equal(t, exitOK, code, "%v: %s", args, &stderr)
+		out := stdout.String()
+		require.NotContains(t, out, "\x1b", "%v: %q", args, out)
+		require.NotContains(t, out, "\a", "%v: %q", args, out)
+		if args[0] == "list" {
+			require.Len(t, strings.Split(strings.TrimSuffix(out, "\n"), "\n"), 3, "a header and two rows: %q", out)
+		}
+	}
 }
