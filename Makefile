@@ -32,6 +32,10 @@
 #              unset) replays a run's choices; STRESS_DUR (60s),
 #              STRESS_WORKERS (24), STRESS_KEYS (6), STRESS_REGISTRIES (4),
 #              STRESS_TIMEOUT (30m, go test's -timeout).
+# make trace-acquisition - lists, file by file, the functions whose code
+#              one acquisition that ends in a grant runs (its own goroutine's
+#              and those it wakes), measured by coverage counters around it
+#              (internal/acquisitionpath; #31's files per acquisition).
 # make lockctl - builds bin/lockctl, the operators' tool (list, show, unlock).
 # make bench - lockreg beside Redisson-style locks and the Go peers, all in
 #              one run (bench/): writes bench/RESULTS.md, bench/results/
@@ -66,8 +70,9 @@ BENCHSTAT = $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9
 # COMPAT_REV is the release that make compat runs beside this tree: the one
 # deployed before it.
 COMPAT_REV ?= 60a5730
+ACQUISITION_DIR ?= $(or $(TMPDIR),/tmp)/lockreg-acquisition
 
-.PHONY: test demo bench bench-lib bench-otel fuzz chaos chaos-single chaos-sentinel chaos-cluster chaos-net chaos-keys compat stress lockctl e2e-metrics redis-server prometheus
+.PHONY: test demo bench bench-lib bench-otel fuzz chaos chaos-single chaos-sentinel chaos-cluster chaos-net chaos-keys compat stress trace-acquisition lockctl e2e-metrics redis-server prometheus
 
 NET_FAULTS = net-stall,net-delay,net-reset
 KEY_FAULTS = del,overwrite,flush,evict
@@ -138,6 +143,11 @@ stress: redis-server
 
 lockctl:
 	$(GO) build -o bin/lockctl ./cmd/lockctl
+
+trace-acquisition: redis-server
+	rm -rf $(ACQUISITION_DIR) && mkdir -p $(ACQUISITION_DIR)/coverage $(ACQUISITION_DIR)/at-exit
+	$(GO) build -cover -covermode=atomic -coverpkg=./... -o $(ACQUISITION_DIR)/acquisitionpath ./internal/acquisitionpath
+	GOCOVERDIR=$(ACQUISITION_DIR)/at-exit $(ACQUISITION_DIR)/acquisitionpath $(ACQUISITION_DIR)/coverage
 
 compat: redis-server
 	COMPAT_REV=$(COMPAT_REV) $(GO) test -tags compat -run '^TestRollingDeploy$$' -count=1 -v .
