@@ -56,13 +56,11 @@ func run() error {
 		return err
 	}
 	defer srv.Shutdown()
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	defer client.Close()
-	r, err := lockreg.New(client, "acquisitionpath")
+	r, closeRegistry, err := registry(srv.Addr())
 	if err != nil {
 		return err
 	}
-	defer r.Close()
+	defer closeRegistry()
 	ctx := context.Background()
 	lock := r.Obtain("key")
 	if err := cycle(ctx, lock); err != nil {
@@ -140,6 +138,21 @@ func list(dir string) error {
 // module prefixes the files covdata names.
 const module = "github.com/lockreg/lockreg/"
 
+// registry makes the registry both processes share the key in, on the
+// server at addr, and the function that closes it and its client.
+func registry(addr string) (*lockreg.Registry, func(), error) {
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	r, err := lockreg.New(client, "acquisitionpath")
+	if err != nil {
+		_ = client.Close()
+		return nil, nil, err
+	}
+	return r, func() {
+		_ = r.Close()
+		_ = client.Close()
+	}, nil
+}
+
 // cycle takes the key and releases it.
 func cycle(ctx context.Context, lock *lockreg.Lock) error {
 	if err := lock.LockContext(ctx); err != nil {
@@ -151,13 +164,11 @@ func cycle(ctx context.Context, lock *lockreg.Lock) error {
 // hold takes the key, says so, and releases it once the other process
 // waits for it.
 func hold(addr string) error {
-	client := redis.NewClient(&redis.Options{Addr: addr})
-	defer client.Close()
-	r, err := lockreg.New(client, "acquisitionpath")
+	r, closeRegistry, err := registry(addr)
 	if err != nil {
 		return err
 	}
-	defer r.Close()
+	defer closeRegistry()
 	ctx := context.Background()
 	lock := r.Obtain("key")
 	if err := lock.LockContext(ctx); err != nil {
