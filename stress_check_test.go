@@ -68,8 +68,11 @@ type stressHold struct {
 	toldBy   string
 	cause    string
 	cutShort bool // its release failed in Redis, which told nothing
-	stop     chan struct{}
-	watched  chan struct{}
+	// released is when its release returned, and releaseErr what.
+	released   time.Time
+	releaseErr error
+	stop       chan struct{}
+	watched    chan struct{}
 }
 
 // disturbance is an injected change: of one key, or of every key ("");
@@ -185,8 +188,8 @@ func (c *stressChecker) history(k *stressKey) string {
 }
 
 func (c *stressChecker) name(h *stressHold) string {
-	return fmt.Sprintf("hold %d (%s, registry %d, token %d, tenure %s, enter %s, exit %s, told %s by %s, cause %q)",
-		h.id, h.way, h.reg, h.token, c.since(h.tenure), c.since(h.enter), c.since(h.exit), c.since(h.told), h.toldBy, h.cause)
+	return fmt.Sprintf("hold %d (%s, registry %d, token %d, tenure %s, enter %s, exit %s, released %s: %v, told %s by %s, cause %q)",
+		h.id, h.way, h.reg, h.token, c.since(h.tenure), c.since(h.enter), c.since(h.exit), c.since(h.released), h.releaseErr, c.since(h.told), h.toldBy, h.cause)
 }
 
 func (c *stressChecker) violation(format string, args ...any) {
@@ -308,6 +311,7 @@ func (c *stressChecker) released(h *stressHold, err, holdErr error) {
 	<-h.watched
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	h.released, h.releaseErr = now, err
 	if isClosedChan(h.lost) {
 		c.toldLocked(h, now, "lost")
 	}
