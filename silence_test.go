@@ -198,3 +198,29 @@ func TestAHolderWhoseTrackingConnectionWasClosedLearnsOfAChangeSoon(t *testing.T
 	t.Logf("told after %v, cause %v", took, h.cause)
 	h.mu.Unlock()
 }
+
+// TestATargetMovedWhileItSubscribesKeepsTrackingOn: moveTarget closes the
+// target's subscription when a tracking connection finds no target (after
+// a restart, the tracking connection may reconnect before the target
+// does); a close that lands before the subscription's confirmations came
+// is no refusal of tracking by the server, which would leave every later
+// change of a held key to its renewal.
+func TestATargetMovedWhileItSubscribesKeepsTrackingOn(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	r := newRegistry(t, srv.Client(t))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	requireTracking(t, r)
+	tr := r.tracking.single.Load()
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end) && !tr.refused.Load(); {
+		tr.moveTarget()
+		time.Sleep(100 * time.Microsecond)
+	}
+	require.False(t, tr.refused.Load(), "a target closed while it subscribed turned tracking off")
+	require.True(t, r.Stats().Tracking)
+	require.Eventually(t, tr.up.Load, 5*time.Second, time.Millisecond, "the target subscribed again")
+	require.NoError(t, admin.Del(ctx, h.redisKey()).Err())
+	requireFires(t, h.Lost(), 3*trackingCheck, "the holder learns of the DEL")
+}

@@ -86,6 +86,12 @@ func (t *tracker) run(stop context.Context) {
 			}
 			cause, pause = LossRestart, t.r.cfg.retryInterval
 			continue
+		case t.moving.Load():
+			// moveTarget closed it before its confirmations came (the
+			// tracking connection reconnected first, after a restart):
+			// redis.ErrClosed then says nothing of the server.
+			_ = sub.Close()
+			continue
 		case protocol.Permanent(err):
 			_ = sub.Close()
 			t.refuse(err)
