@@ -60,6 +60,9 @@ func TestStress(t *testing.T) {
 	}
 	e.disturb(rand.New(rand.NewPCG(cfg.seed, 1<<32)))
 	wg.Wait()
+	for _, r := range e.slots { // the others were checked as they were replaced
+		e.checkTracking(r)
+	}
 	for _, r := range e.made {
 		e.checkErr("Close", r.r.Close())
 	}
@@ -105,6 +108,17 @@ type stressRegistry struct {
 	id    int
 	r     *lockreg.Registry
 	lease time.Duration
+	made  time.Time
+}
+
+// checkTracking checks, before s is closed, that its tracking is on if it
+// held keys for a while: this server never refuses tracking, and a
+// registry that took a transient error for a refusal would tell its
+// holders of changes only at their renewals.
+func (e *stressEnv) checkTracking(s *stressRegistry) {
+	if st := s.r.Stats(); st.Acquisitions > 0 && !st.Tracking && time.Since(s.made) > 2*time.Second {
+		e.chk.violation("registry %d: tracking is off after %d acquisitions, on a server that never refuses it", s.id, st.Acquisitions)
+	}
 }
 
 type stressEnv struct {
@@ -137,7 +151,7 @@ func (e *stressEnv) count(what string) {
 // or none, and now and then no pub/sub.
 func (e *stressEnv) newRegistry(rng *rand.Rand) *stressRegistry {
 	e.mu.Lock()
-	s := &stressRegistry{id: len(e.made), lease: []time.Duration{time.Second, 1500 * time.Millisecond, 2 * time.Second, 3 * time.Second}[rng.IntN(4)]}
+	s := &stressRegistry{id: len(e.made), made: time.Now(), lease: []time.Duration{time.Second, 1500 * time.Millisecond, 2 * time.Second, 3 * time.Second}[rng.IntN(4)]}
 	e.made = append(e.made, s)
 	e.mu.Unlock()
 	opts := []lockreg.Option{
@@ -521,6 +535,7 @@ func (e *stressEnv) replace(rng *rand.Rand) {
 	old := e.slots[slot]
 	e.slots[slot] = fresh
 	e.mu.Unlock()
+	e.checkTracking(old)
 	if rng.IntN(2) == 0 {
 		d := e.chk.disturb("close", "", old.id)
 		e.checkErr("Close", old.r.Close())
