@@ -180,7 +180,7 @@ func ExampleLock_reentrant() {
 	transfer(registry.Obtain("job-1"))
 	lock.Unlock()
 
-	// Another goroutine waits until the last unlock.
+	// Once the last unlock released it, another goroutine takes it at once.
 	done := make(chan bool)
 	go func() {
 		ok := lock.TryLock()
