@@ -2,8 +2,10 @@ package lockreg
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -287,4 +289,27 @@ func TestAKeyAnAttemptMayHaveTakenIsReleasedWhenLaterAttemptsAreRefused(t *testi
 		other.Obtain("k").Unlock()
 		return true
 	}, 5*time.Second, 10*time.Millisecond, "the key is free again, not locked for the lease")
+}
+
+// Lock cannot return a refusal, so it logs it and tries again every retry
+// interval; a refusal that lasts (a key of another type, an ACL) is
+// logged once, not at every retry, as an acquisition logs a Redis error
+// only when it changes.
+func TestLockLogsALastingRefusalOnce(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	logs := &syncBuffer{}
+	r := newRegistry(t, client, WithLogger(slog.New(slog.NewTextHandler(logs, nil))), WithRetryInterval(10*time.Millisecond))
+	lock := r.Obtain("k")
+	require.NoError(t, client.HSet(ctx, lock.keys().Lock(), "not", "a lock").Err())
+	locked := make(chan struct{})
+	go func() {
+		lock.Lock()
+		lock.Unlock()
+		close(locked)
+	}()
+	time.Sleep(500 * time.Millisecond) // 50 retries
+	require.NoError(t, client.Del(ctx, lock.keys().Lock()).Err())
+	requireFires(t, locked, 5*time.Second, "Lock took the key once it was free")
+	require.Equal(t, 1, strings.Count(logs.String(), "Lock cannot take the key"), logs.String())
 }

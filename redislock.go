@@ -74,6 +74,7 @@ func (l *Lock) Acquire(ctx context.Context) (*Hold, error) {
 // process that waits for such a goroutine before it exits would wait for
 // ever: goroutines that a shutdown waits for should use LockContext or Do.
 func (l *Lock) Lock() {
+	var told string // the refusal logged last
 	for {
 		err := l.LockContext(context.Background())
 		if err == nil {
@@ -96,8 +97,12 @@ func (l *Lock) Lock() {
 			panic(err)
 		}
 		// Redis refused the attempt for good (an ACL, a key of another
-		// type): Lock cannot say so, but it can keep trying, and telling.
-		l.r.cfg.logger.Error("lockreg: Lock cannot take the key; retrying", "key", printedKey(l.key), "error", err)
+		// type): Lock cannot say so, but it can keep trying, and telling
+		// once, as an acquisition does, not at every retry interval.
+		if msg := err.Error(); msg != told {
+			told = msg
+			l.r.cfg.logger.Error("lockreg: Lock cannot take the key; retrying", "key", printedKey(l.key), "error", err)
+		}
 		time.Sleep(l.r.cfg.retryInterval)
 	}
 }
