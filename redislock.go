@@ -53,8 +53,11 @@ func (l *Lock) Key() string { return l.key }
 // Acquire waits until it holds the lock and returns the Hold, which any
 // goroutine may release; or, when ctx ends first, an error matching both
 // ErrNotObtained and ctx.Err() (joined with the last Redis error, if any).
-// It fails with ErrClosed if the registry is or gets closed. It waits as
-// LockContext does, but is not reentrant: a goroutine that holds the key
+// It fails with ErrClosed if the registry is or gets closed; with
+// ErrServerEvicts on a server that may evict lock keys (see
+// WithEvictionAllowed); and at once, with an error matching both
+// ErrNotObtained and ErrRedis, if Redis refuses the attempt for good
+// (WRONGTYPE, NOPERM, a closed client). It waits as LockContext does, but is not reentrant: a goroutine that holds the key
 // (by any method) and calls Acquire waits for itself until ctx ends.
 func (l *Lock) Acquire(ctx context.Context) (*Hold, error) {
 	return l.acquireHold(ctx, true)
@@ -122,10 +125,11 @@ func (l *Lock) TryLock() bool {
 // LockContext waits until the calling goroutine holds the lock, retrying
 // Redis every retry interval, and returns nil; or, when ctx ends first, an
 // error matching both ErrNotObtained and ctx.Err() (joined with the last
-// Redis error, if any). It fails with ErrClosed if the registry is or gets
-// closed; and, at once, with an error matching both ErrNotObtained and
-// ErrLockLost if the calling goroutine holds the lock already but its hold
-// is lost (as a nested Do does).
+// Redis error, if any). It fails as Acquire does otherwise (ErrClosed,
+// ErrServerEvicts, a refusal matching ErrRedis); and, at once, with an
+// error matching both ErrNotObtained and ErrLockLost if the calling
+// goroutine holds the lock already but its hold is lost (as a nested Do
+// does).
 //
 // It returns when ctx ends even while Redis hangs. For that, with a ctx
 // that can end, its Redis calls run in a goroutine of their own, which
