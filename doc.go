@@ -107,7 +107,8 @@
 //
 // # Errors
 //
-// Every error is one of the package's sentinels or wraps one: ErrNotObtained
+// Every error is one of the package's sentinels or wraps one (but for fn's
+// own, which Do and DoAll return as fn returned it): ErrNotObtained
 // (the context ended first, and the error also matches the context's
 // error; or Redis refused the attempt for good, and it also matches
 // ErrRedis), ErrNotHeld, ErrLockLost, ErrClosed, ErrInvalidOption,

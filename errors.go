@@ -10,8 +10,10 @@ import (
 )
 
 // Errors returned by the registry and its locks. Every error lockreg returns
-// is one of these or wraps one, so callers can test with errors.Is. The
-// wrapping error names the key and what happened; the advice is here.
+// is one of these or wraps one, so callers can test with errors.Is; but for
+// fn's own error, which Do and DoAll return as fn returned it (joined with
+// theirs, if any). The wrapping error names the key and what happened; the
+// advice is here.
 var (
 	// ErrNotObtained: an acquisition was abandoned because its context ended
 	// (the error also matches the context's error) while another owner
@@ -20,18 +22,20 @@ var (
 	// good (WRONGTYPE, NOPERM, a closed client): the error then matches
 	// ErrRedis too, and retrying will not help.
 	ErrNotObtained = errors.New("lockreg: lock not obtained")
-	// ErrNotHeld: a release of what is not held: an Unlock by a goroutine
-	// that does not hold the lock, or a second Release of a Hold. Unlock
-	// from the goroutine that locked, once per successful lock; release a
-	// Hold once.
+	// ErrNotHeld: a release or use of what is not held: an Unlock by a
+	// goroutine that does not hold the lock, a second Release of a Hold,
+	// its Token or Err once it was released, or a nil Hold (HoldFor outside
+	// a Do of its key). Unlock from the goroutine that locked, once per
+	// successful lock; release a Hold once, and use it only until then.
 	ErrNotHeld = errors.New("lockreg: lock not held")
 	// ErrLockLost: the hold may have been lost, so its critical section
 	// may have overlapped another holder's. The wrapping error names the
 	// cause when the registry knows it: a stall longer than the lease (a
 	// GC pause, a stopped process, Redis unreachable), Redis losing data (a
-	// restart without persistence, a failover to a lagging replica), or a
-	// deleted key; also a lease that WithMaxHold let run out, or a closed
-	// registry. Stop the protected work; use fencing tokens (Hold.Token)
+	// restart without persistence, a failover to a lagging replica), a
+	// key deleted, overwritten, flushed or evicted behind its back, or one
+	// an operator forced open (ForceUnlock); also a lease that WithMaxHold
+	// let run out, or a closed registry. Stop the protected work; use fencing tokens (Hold.Token)
 	// where a late write must be refused; for stalls, make the lease
 	// (WithExpireAfter) longer than the longest pause.
 	ErrLockLost = errors.New("lockreg: lock lost")
