@@ -63,10 +63,18 @@ func ExampleRegistry_DoAll() {
 			return nil
 		})
 	}
-	fmt.Println(transfer("account-1", "account-2"))
-	// Output:
+	var transfers sync.WaitGroup
+	for _, accounts := range [][2]string{{"account-1", "account-2"}, {"account-2", "account-1"}} {
+		transfers.Go(func() {
+			if err := transfer(accounts[0], accounts[1]); err != nil {
+				fmt.Println(err)
+			}
+		})
+	}
+	transfers.Wait()
+	// Unordered output:
 	// moving money from account-1 to account-2
-	// <nil>
+	// moving money from account-2 to account-1
 }
 
 // A Hold belongs to no goroutine: one goroutine acquires, a worker of a
