@@ -78,7 +78,9 @@ func (r *Registry) Close() error {
 // nil, or, if ctx ended first (it had to release a key, or Close cut a
 // release of the background short: a grant's give-back, the release of a
 // key that an ended acquisition took), an error matching ErrClosed and
-// ctx's error. Any number of Shutdowns may wait at once.
+// ctx's error. Any number of Shutdowns may wait at once; one called under
+// a hold of the registry (in Do's fn, say) waits for that hold too, so
+// until ctx ends, as http.Server.Shutdown called from a handler would.
 // Close after Shutdown does nothing.
 func (r *Registry) Shutdown(ctx context.Context) error {
 	if ctx == nil {
