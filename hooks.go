@@ -16,7 +16,9 @@ import (
 type Hooks struct {
 	// AcquireStart is called when an acquisition begins, unless it is a
 	// reentrant one (a goroutine taking its own hold again, a Do nested in
-	// a Do of the key), which costs nothing and is not reported. The
+	// a Do of the key), which costs nothing and is not reported, or one
+	// refused before it began (an empty key, a nil context, a registry
+	// closed already: only those that Close ended are OutcomeClosed). The
 	// context it returns (a span's, say) is the acquisition's from then
 	// on, and AcquireAttempt's and AcquireDone's; nil keeps ctx.
 	AcquireStart func(ctx context.Context, key string) context.Context
