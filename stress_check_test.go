@@ -508,3 +508,11 @@ func causeOf(err error) string {
 	}
 	return "unnamed"
 }
+
+// checkTracking checks that s, if it held keys a while, has tracking on:
+// this server never refuses it.
+func (e *stressEnv) checkTracking(s *stressRegistry) {
+	if st := s.r.Stats(); st.Acquisitions > 0 && !st.Tracking && time.Since(s.made) > 2*time.Second {
+		e.chk.violation("registry %d: tracking is off after %d acquisitions, on a server that never refuses it", s.id, st.Acquisitions)
+	}
+}

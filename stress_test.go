@@ -111,16 +111,6 @@ type stressRegistry struct {
 	made  time.Time
 }
 
-// checkTracking checks, before s is closed, that its tracking is on if it
-// held keys for a while: this server never refuses tracking, and a
-// registry that took a transient error for a refusal would tell its
-// holders of changes only at their renewals.
-func (e *stressEnv) checkTracking(s *stressRegistry) {
-	if st := s.r.Stats(); st.Acquisitions > 0 && !st.Tracking && time.Since(s.made) > 2*time.Second {
-		e.chk.violation("registry %d: tracking is off after %d acquisitions, on a server that never refuses it", s.id, st.Acquisitions)
-	}
-}
-
 type stressEnv struct {
 	t     *testing.T
 	cfg   stressConfig
