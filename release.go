@@ -94,25 +94,20 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	}
 	if next := r.nextLocalHold(h, token, local); next != nil {
 		// The hand-off asks Redis nothing, so a read after it must confirm
-		// the hold (tenure.go). Its confirmations are made first, so that
-		// the next hold's release finds them.
-		t := r.trackerFor(h.redisKey())
-		var c *confirmations
-		if t != nil {
-			c = h.tenure.confirmations()
-		}
+		// the hold (tenure.go), with tracking or without: a change the
+		// renewal found would reach only the tenure's later holds. Its
+		// confirmations are made first, so that the next hold's release
+		// finds them.
+		c := h.tenure.confirmations()
 		if local.unlock(handoff{hold: next}) {
 			r.leave(l.key)
-			if c == nil {
-				return loss, nil // no tracking: the renewals tell, as before it
-			}
 			// ctx bounds the wait for the confirmation, as it would the
 			// release's own call; one that has ended already does not (the
 			// wait is bounded by the lease then).
 			if ctx.Err() != nil {
 				ctx = context.WithoutCancel(ctx)
 			}
-			return h.confirmed(r.confirmHandoff(ctx, t, h, next, c))
+			return h.confirmed(r.confirmHandoff(ctx, h, next, c))
 		}
 	}
 	// A grant that lands from now until the release's reply finds no

@@ -20,8 +20,8 @@ type tenure struct {
 	// the tenure, minus its cause (see strike), which every lease check
 	// reads as over.
 	leaseEnd atomic.Int64
-	// confirm is made at the tenure's first local hand-off, where tracking
-	// is on; see confirmations.
+	// confirm is made at the tenure's first local hand-off; see
+	// confirmations.
 	confirm atomic.Pointer[confirmations]
 }
 
@@ -36,7 +36,8 @@ type tenure struct {
 // hold that held it when it changed would end without a word while another
 // registry held the key too. So the release waits for a read of the key
 // sent after the hand-off (the tracker's, one per turn for all the
-// releases waiting on one tenure), or for the tenure's end, which is such
+// releases waiting on one tenure; without tracking, one on the registry's
+// client at a time), or for the tenure's end, which is such
 // a read too (its release script, or the loss found), and reports what it
 // found. The next holder starts at once: only the goroutine that released
 // waits, about a round trip.
@@ -79,7 +80,7 @@ func (t *tenure) confirmations() *confirmations {
 // renewals and a grant's extension move on, lasts longer. Then (Redis
 // unreachable, the tracking connection down, the registry closed) it
 // returns ErrRedis.
-func (r *Registry) confirmHandoff(ctx context.Context, t *tracker, h, next *Hold, c *confirmations) verdict {
+func (r *Registry) confirmHandoff(ctx context.Context, h, next *Hold, c *confirmations) verdict {
 	answer := make(chan verdict, 1)
 	c.mu.Lock()
 	if c.ended {
@@ -92,7 +93,7 @@ func (r *Registry) confirmHandoff(ctx context.Context, t *tracker, h, next *Hold
 	c.asked = true
 	c.mu.Unlock()
 	if ask {
-		t.enqueue(armRequest{h: next, cause: LossDeleted})
+		r.verify(next, LossDeleted) // the tracker's read, or the registry's client's without one
 	}
 	start := time.Now()
 	deadline := func() time.Time {

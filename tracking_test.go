@@ -3,6 +3,7 @@ package lockreg
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"runtime"
@@ -268,13 +269,31 @@ func TestAHoldHandedOffJustAfterItsKeyChangedIsToldAtItsRelease(t *testing.T) {
 	// A hold that ends in a local hand-off asks Redis nothing, and tracking
 	// may not have told of a change yet: the release waits for a read of
 	// the key, so the hold that held it when it changed is told all the
-	// same, and so is the hold it passed to.
+	// same, and so is the hold it passed to. Without tracking (an ACL
+	// without CLIENT), the read is the registry's client's: a renewal
+	// would tell only the hold it passed to.
+	for _, tracking := range []bool{true, false} {
+		t.Run(fmt.Sprintf("tracking=%v", tracking), func(t *testing.T) {
+			srv := redistest.Start(t)
+			client := srv.Client(t)
+			if !tracking {
+				client = aclClient(t, srv, "+@all", "-client")
+			}
+			// A waiter that takes the key afresh (the change was found before
+			// its hand-off made the hold it would inherit current) waits for
+			// the other owner's key to expire: shortly, at short retries.
+			r := newRegistry(t, client, WithLocalHandoff(16, time.Hour), WithRetryInterval(10*time.Millisecond))
+			handedOffJustAfterAChange(t, r, srv.Client(t))
+			require.Equal(t, tracking, r.Stats().Tracking)
+		})
+	}
+}
+
+// handedOffJustAfterAChange changes a held key by admin just before its
+// hold is handed off, 20 times per change, and checks who is told.
+func handedOffJustAfterAChange(t *testing.T, r *Registry, admin *redis.Client) {
 	ctx := context.Background()
-	client := redistest.Shared(t).Client(t)
-	// A waiter that takes the key afresh (the change was found before its
-	// hand-off made the hold it would inherit current) waits for the other
-	// owner's key to expire: shortly, at short retries.
-	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour), WithRetryInterval(10*time.Millisecond))
+	client := admin
 	changes := map[string]func(redisKey string){
 		"deleted": func(redisKey string) { require.NoError(t, client.Del(ctx, redisKey).Err()) },
 		"overwritten": func(redisKey string) {
