@@ -16,7 +16,17 @@ local channel, key, margin, fenceMs, forced, only =
 -- Called with the lock's key alone while its slot migrates between Redis
 -- Cluster nodes: the fence then stays as it is, and tokens rest on the
 -- clock alone, as every token drawn then does.
-local holder = redis.call('GET', lockKey)
+local holder = redis.pcall('GET', lockKey)
+if type(holder) == 'table' then
+  -- A lock key of another type, made by hand, blocks the lock as a
+  -- foreign value does, and inspectors show it held by '': it is forced
+  -- open as that value would be, else nothing would free it. Any other
+  -- error stands.
+  if string.sub(holder.err or '', 1, 9) ~= 'WRONGTYPE' then
+    return holder
+  end
+  holder = ''
+end
 if not holder or (only and only ~= '' and holder ~= only) then
   return false
 end

@@ -342,3 +342,24 @@ func TestForceUnlockHeldByForcesOpenOnlyTheNamedHolder(t *testing.T) {
 	require.True(t, forced)
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 }
+
+// A lock key of another type, made by hand, blocks every acquisition;
+// Inspect shows it held, with no expiry, and ForceUnlock is the way out.
+func TestForceUnlockFreesALockKeyOfAnotherType(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	lockKey := r.Obtain("k").keys().Lock()
+	t.Cleanup(func() { client.Del(ctx, lockKey) })
+	require.NoError(t, client.HSet(ctx, lockKey, "field", "value").Err())
+	info, err := r.Inspect(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, info.Held)
+	require.Equal(t, NoExpiry, info.TTL)
+	forced, err := r.ForceUnlock(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, forced)
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, h.Release(ctx))
+}

@@ -151,3 +151,17 @@ func (w *promptWatch) Write(p []byte) (int, error) {
 	}
 	return w.buf.Write(p)
 }
+
+// A lock key made a hash by hand blocks the lock, and show says it is
+// held with no expiry: unlock frees it, as nothing else would.
+func TestUnlockFreesALockKeyOfAnotherType(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	lockKey := protocol.LockKeys("orders", "o-1").Lock()
+	require.NoError(t, srv.Client(t).HSet(ctx, lockKey, "by", "hand").Err())
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"-redis", srv.Addr(), "-namespace", "orders", "unlock", "-yes", "o-1"},
+		nil, &stdout, &stderr, false)
+	require.Equal(t, exitOK, code, "stdout: %s\nstderr: %s", &stdout, &stderr)
+	require.Zero(t, srv.Client(t).Exists(ctx, lockKey).Val(), "unlocked")
+}

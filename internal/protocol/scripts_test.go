@@ -235,6 +235,30 @@ func TestForceUnlockOfOneHolderSparesAnother(t *testing.T) {
 	e.received(sub, ReleaseChannel(e.namespace), "f"+holder.ClientID()+":k", "wk")
 }
 
+// A lock key of another type, made by hand, blocks the lock as a foreign
+// value does, and Inspect shows it held by "" (ReadLocks): a forced unlock
+// frees it as it would that value, and one that names a holder spares it.
+func TestForceUnlockOfAKeyOfAnotherTypeFreesItAsAForeignValue(t *testing.T) {
+	e := newEnv(t)
+	operator := e.peer(noGrants)
+	k := operator.Keys("k")
+	t.Cleanup(func() { e.client.Del(e.ctx, k.Lock()) })
+	require.NoError(t, e.client.HSet(e.ctx, k.Lock(), "field", "value").Err())
+	_, held, err := ReadForceUnlock(e.run(operator.ForceUnlock(k, "k", 1000, 2*time.Second, "a registry")))
+	require.NoError(t, err)
+	require.False(t, held, "no registry's")
+	require.EqualValues(t, 1, e.client.Exists(e.ctx, k.Lock()).Val(), "spared")
+	before := e.serverMicros()
+	sub := e.subscribe(ReleaseChannel(e.namespace))
+	holder, held, err := ReadForceUnlock(e.run(operator.ForceUnlock(k, "k", 1000, 2*time.Second, "")))
+	require.NoError(t, err)
+	require.True(t, held)
+	require.Empty(t, holder, "as Inspect names it")
+	require.Zero(t, e.client.Exists(e.ctx, k.Lock()).Val(), "freed")
+	require.GreaterOrEqual(t, e.fence(k), before+1000, "the fence raised")
+	e.received(sub, ReleaseChannel(e.namespace), "f:k", "wk")
+}
+
 func TestWithdrawRemovesThePeersMark(t *testing.T) {
 	e := newEnv(t)
 	_, k := e.holder()
