@@ -30,7 +30,13 @@ if not redis.call('SET', lockKey, clientID, 'NX', 'PX', leaseMs) then
     local now = redis.call('TIME')
     local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
     markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark)
-    return -(tonumber(redis.call('GET', fenceKey)) or drawToken(fenceKey, now, leaseMs, 0))
+    -- A stored value below 1 is no token (one written by hand): minus it
+    -- would read as held (-1) or as no mark, so one is drawn instead.
+    local last = tonumber(redis.call('GET', fenceKey))
+    if not last or last < 1 then
+      last = drawToken(fenceKey, now, leaseMs, 0)
+    end
+    return -last
   end
   -- The key is this registry's already: a grant whose waiter was abandoned,
   -- being given back (see release.lua's giveBack). Drawing a token moves

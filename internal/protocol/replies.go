@@ -3,6 +3,7 @@ package protocol
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
@@ -37,8 +38,13 @@ func ReadObtain(cmd *redis.Cmd) (ObtainReply, error) {
 	if err != nil {
 		return ObtainReply{}, err
 	}
-	if n == 1 {
+	switch {
+	case n == 1:
 		return ObtainReply{Held: true}, nil
+	case n > 1 || n == math.MinInt64:
+		// No reply of obtain.lua: read as a failed attempt, it would carry
+		// a token below zero.
+		return ObtainReply{}, fmt.Errorf("obtain.lua answered %d", n)
 	}
 	return ObtainReply{LastToken: -n}, nil
 }

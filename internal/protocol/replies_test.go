@@ -63,6 +63,10 @@ func TestReadObtain(t *testing.T) {
 		{name: "not marked", cmd: reply(int64(0), nil), want: ObtainReply{}},
 		{name: "a real error", cmd: reply(nil, errConn), wantErr: true},
 		{name: "not an integer", cmd: reply("x", nil), wantErr: true},
+		// obtain.lua replies 1, 0 or a negative token: anything else must
+		// not pass for a failed attempt with a token below zero.
+		{name: "an unknown reply", cmd: reply(int64(2), nil), wantErr: true},
+		{name: "a far unknown reply", cmd: reply(int64(1_700_000_000_000_000), nil), wantErr: true},
 	})
 }
 

@@ -79,6 +79,27 @@ func TestObtainDrawsTheLastTokenFromTheClockWhenNoneIsStored(t *testing.T) {
 	require.Equal(t, token, e.fence(k), "the token drawn is stored")
 }
 
+// A stored last token that is no token (written by hand: "-1", "0",
+// "-7.5") counts as none: obtain.lua's reply must neither say that a key
+// another owner holds is held ("-1" would reply 1) nor carry a token that
+// no grant can be trusted against.
+func TestObtainTreatsAStoredLastTokenThatIsNoTokenAsNone(t *testing.T) {
+	for _, stored := range []string{"-1", "0", "-7.5", "-1.5"} {
+		t.Run(stored, func(t *testing.T) {
+			e := newEnv(t)
+			holder, k := e.holder()
+			require.NoError(t, e.client.Set(e.ctx, k.Fence(), stored, testLease).Err())
+			before := e.serverMicros()
+			found, err := ReadObtain(e.run(e.peer().Obtain(k, true, false)))
+			require.NoError(t, err)
+			require.False(t, found.Held, "another owner holds it")
+			require.GreaterOrEqual(t, found.LastToken, before, "a token from the clock")
+			require.Equal(t, found.LastToken, e.fence(k), "and stored")
+			require.Equal(t, holder.ClientID(), e.owner(k))
+		})
+	}
+}
+
 // An attempt that will not wait leaves no mark, which a release would
 // grant to nobody.
 func TestObtainThatWillNotWaitLeavesNoMark(t *testing.T) {
