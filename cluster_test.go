@@ -419,6 +419,28 @@ func TestWaitReplicasRecoversAfterASlotMove(t *testing.T) {
 	requireTakenWithin(t, replicated, 3*time.Second, "WithWaitReplicas")
 }
 
+// TestWaitReplicasLocksWorkDuringSlotMigration: with WithWaitReplicas,
+// every attempt is obtain.lua with WAIT, whose four keys Redis refuses
+// (TRYAGAIN) from the first step of a migration to the last; it runs on
+// the lock's key alone then, as without WithWaitReplicas, on the node that
+// has it (the target, by ASK, for a key not on the source).
+func TestWaitReplicasLocksWorkDuringSlotMigration(t *testing.T) {
+	addrs := redistest.StartClusterWithReplicas(t, 3)
+	replicated := newRegistry(t, clusterClient(t, addrs), WithWaitReplicas(1, time.Second), WithRetryInterval(50*time.Millisecond))
+	plain := newRegistry(t, clusterClient(t, addrs))
+	lock := lockAndUnlock(t, replicated, plain)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h, err := plain.Obtain("k").Acquire(ctx) // on the source
+	require.NoError(t, err)
+	m := redistest.BeginSlotMigration(t, addrs[:3], protocol.Slot(lock.keys().Lock()))
+	taken := lockInBackground(ctx, lock)
+	time.Sleep(200 * time.Millisecond) // attempts find the key held on the source
+	require.NoError(t, h.Release(ctx))
+	requireTaken(t, taken) // by ASK on the target, where the free key goes
+	m.Finish(t)
+}
+
 // lockAndUnlock takes and gives back k with each registry, so that their
 // clients know k's slot, and returns the first registry's lock.
 func lockAndUnlock(t *testing.T, registries ...*Registry) *Lock {
