@@ -212,6 +212,30 @@ func TestALostHoldsReleaseSparesTheNewOwner(t *testing.T) {
 	require.ErrorIs(t, h.Release(ctx), ErrNotHeld)
 }
 
+// TestAReleaseThatFindsItsKeyOfAnotherTypeReportsItLost: a key made a
+// hash behind the holder's back, which neither tracking (refused) nor a
+// renewal (off) told, is found by the release's owner check, which Redis
+// refuses (WRONGTYPE): the key went to someone else, as a renewal or
+// tracking would have said (overwritten), not merely a failed call.
+func TestAReleaseThatFindsItsKeyOfAnotherTypeReportsItLost(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	r := newRegistry(t, aclClient(t, srv, "+@all", "-client"), WithRenewal(false))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	_, err = admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, h.redisKey())
+		p.HSet(ctx, h.redisKey(), "not", "a lock")
+		return nil
+	})
+	require.NoError(t, err)
+	err = h.Release(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	requireCause(t, h, LossOverwritten)
+	require.EqualValues(t, 1, admin.Exists(ctx, h.redisKey()).Val(), "left alone")
+}
+
 // TestALostHoldsReleaseReportsTheLossWhenRedisFailsToo: Lost fired, then
 // Redis went down: the release says both.
 func TestALostHoldsReleaseReportsTheLossWhenRedisFailsToo(t *testing.T) {

@@ -155,6 +155,13 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		c.releaseBegins()
 	}
 	found, err := l.releaseRedis(ctx, protocol.Release{HandedOut: h.handedOut(token), MarkNext: markNext})
+	// An owner check that Redis refused as the key is of another type
+	// (WRONGTYPE) found the key no registry's: the hold is lost, as a
+	// renewal or tracking reads it, and nothing is left to release.
+	overwritten := protocol.WrongType(err)
+	if overwritten {
+		err = nil
+	}
 	// A grant that answers the mark this release set has a token above
 	// the mark's; any other grant that landed during the release came
 	// before it ran, if its token is still the key's last (a note that
@@ -187,6 +194,9 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	case leaseRanOut:
 		loss.cause = r.lapseCause(h)
 		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(l.key), loss.cause.explain())
+	case overwritten:
+		loss.cause = LossOverwritten
+		lostErr = lossError(l.key, loss.cause)
 	case err == nil && found.Outcome == protocol.NotOurs:
 		loss.cause = LossDeleted
 		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(l.key), lossUnknown)
