@@ -479,3 +479,18 @@ func (g *scriptGate) hook() redistest.Hook {
 		}
 	}}
 }
+
+// untrackedRegistry is a registry of srv that renews nothing and cannot
+// track its keys (an ACL without CLIENT), once it has said so: a change to
+// a held key is found only by the calls of the hold itself.
+func untrackedRegistry(t *testing.T, srv *redistest.Server) *Registry {
+	t.Helper()
+	var logs syncBuffer
+	r := newRegistry(t, aclClient(t, srv, "+@all", "-client"), WithRenewal(false),
+		WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))))
+	lock := r.Obtain("untracked")
+	require.NoError(t, lock.LockContext(context.Background()))
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "CLIENT TRACKING unavailable") }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, lock.UnlockContext(context.Background()))
+	return r
+}

@@ -243,6 +243,16 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 	l := h.lock
 	l.r.countCalls(OpToken, 1)
 	token, err = protocol.ReadToken(l.runScript(ctx, l.r.peer.DrawToken(l.keys())))
+	if protocol.WrongType(err) {
+		// The owner check met a key of another type, no registry's: the
+		// hold is lost, as a renewal or tracking reads it; drawing again
+		// would fail alike.
+		h.endLease(LossOverwritten)
+		if err := h.lossError(); err != nil {
+			return 0, err
+		}
+		return 0, errReleasedWhileDrawn(l.key)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, printedKey(l.key), err)
 	}

@@ -221,7 +221,7 @@ func TestAReleaseThatFindsItsKeyOfAnotherTypeReportsItLost(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
-	r := newRegistry(t, aclClient(t, srv, "+@all", "-client"), WithRenewal(false))
+	r := untrackedRegistry(t, srv)
 	h, err := r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
 	_, err = admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
