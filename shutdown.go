@@ -23,9 +23,11 @@ type lifecycle struct {
 	stopCtx context.Context
 	stop    context.CancelFunc
 
-	mu         sync.Mutex // guards closing's close, idle, stopped and background.Add
-	stopped    bool       // Close stopped the background work
-	background sync.WaitGroup
+	mu          sync.Mutex // guards closing's close, idle, stopped, shutdown, closedFirst and background.Add
+	stopped     bool       // Close stopped the background work
+	shutdown    bool       // a Shutdown began
+	closedFirst bool       // Close came before any Shutdown
+	background  sync.WaitGroup
 }
 
 func (l *lifecycle) init() {
@@ -51,7 +53,7 @@ func (r *Registry) Close() error {
 	r.refuse()
 	r.life.mu.Lock()
 	if !r.life.stopped {
-		r.life.stopped = true
+		r.life.stopped, r.life.closedFirst = true, !r.life.shutdown
 		r.life.stop()
 	}
 	r.life.mu.Unlock()
@@ -81,10 +83,21 @@ func (r *Registry) Close() error {
 // ctx's error. Any number of Shutdowns may wait at once; one called under
 // a hold of the registry (in Do's fn, say) waits for that hold too, so
 // until ctx ends, as http.Server.Shutdown called from a handler would.
-// Close after Shutdown does nothing.
+// Close after Shutdown does nothing; Shutdown after Close returns
+// ErrClosed at once, and leaves the keys as Close did.
 func (r *Registry) Shutdown(ctx context.Context) error {
 	if ctx == nil {
 		return errNilContext
+	}
+	r.life.mu.Lock()
+	r.life.shutdown = true
+	closedFirst := r.life.closedFirst
+	r.life.mu.Unlock()
+	if closedFirst {
+		// Close left the keys still held to their owners and leases, and
+		// nothing renews their holds: there is nothing to wait for, and
+		// nothing Shutdown may release behind Close's word.
+		return fmt.Errorf("%w: Shutdown after Close", ErrClosed)
 	}
 	r.refuse()
 	err := r.awaitReleases(ctx)

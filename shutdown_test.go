@@ -372,3 +372,27 @@ func TestShutdownsErrorWrapsASentinel(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 }
+
+// TestShutdownAfterCloseReturnsAtOnceAndLeavesTheKeys: Close left the
+// keys still held to their owners and their leases; a Shutdown after it
+// has nothing to wait for (nothing renews those holds) and must not
+// release them behind Close's word.
+func TestShutdownAfterCloseReturnsAtOnceAndLeavesTheKeys(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	h, err := r.Obtain("left-by-close").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	done := make(chan error, 1)
+	go func() { done <- r.Shutdown(ctx) }() // a ctx that never ends
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown after Close waits for holds that nothing renews, until its ctx ends")
+	}
+	require.ErrorIs(t, r.Shutdown(ctx), ErrClosed, "and so does a second one")
+	require.EqualValues(t, 1, client.Exists(ctx, h.redisKey()).Val(), "the key stays until its lease runs out or its owner releases it")
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+}
