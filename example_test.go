@@ -54,7 +54,10 @@ func ExampleRegistry_DoAll() {
 	ctx := context.Background()
 	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	defer client.Close()
-	registry, _ := lockreg.New(client, "example:accounts")
+	registry, err := lockreg.New(client, "example:accounts")
+	if err != nil {
+		panic(err)
+	}
 	defer registry.Close()
 
 	transfer := func(from, to string) error {
@@ -83,7 +86,10 @@ func ExampleLock_Acquire() {
 	ctx := context.Background()
 	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	defer client.Close()
-	registry, _ := lockreg.New(client, "example:jobs")
+	registry, err := lockreg.New(client, "example:jobs")
+	if err != nil {
+		panic(err)
+	}
 	defer registry.Close()
 
 	jobs := make(chan *lockreg.Hold)
@@ -126,7 +132,10 @@ func ExampleLock_Acquire() {
 func ExampleRegistry_Shutdown() {
 	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	defer client.Close()
-	registry, _ := lockreg.New(client, "example:shutdown")
+	registry, err := lockreg.New(client, "example:shutdown")
+	if err != nil {
+		panic(err)
+	}
 
 	started := make(chan struct{})
 	done := make(chan error)
@@ -155,9 +164,15 @@ func ExampleLock_LockContext() {
 	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	defer client.Close()
 	// Two registries stand for two processes.
-	billing, _ := lockreg.New(client, "example:accounts")
+	billing, err := lockreg.New(client, "example:accounts")
+	if err != nil {
+		panic(err)
+	}
 	defer billing.Close()
-	reports, _ := lockreg.New(client, "example:accounts")
+	reports, err := lockreg.New(client, "example:accounts")
+	if err != nil {
+		panic(err)
+	}
 	defer reports.Close()
 
 	billing.Obtain("account-7").Lock()
@@ -165,7 +180,7 @@ func ExampleLock_LockContext() {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	err := reports.Obtain("account-7").LockContext(ctx)
+	err = reports.Obtain("account-7").LockContext(ctx)
 	fmt.Println(errors.Is(err, lockreg.ErrNotObtained), errors.Is(err, context.DeadlineExceeded))
 	// Output: true true
 }
@@ -175,7 +190,10 @@ func ExampleLock_LockContext() {
 func ExampleLock_reentrant() {
 	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	defer client.Close()
-	registry, _ := lockreg.New(client, "example:jobs")
+	registry, err := lockreg.New(client, "example:jobs")
+	if err != nil {
+		panic(err)
+	}
 	defer registry.Close()
 
 	transfer := func(lock *lockreg.Lock) {
@@ -231,10 +249,16 @@ func ExampleLock_Token() {
 	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	defer client.Close()
 	// A fixed 100ms lease stands for a holder paused for longer than its lease.
-	slow, _ := lockreg.New(client, "example:docs", lockreg.WithExpireAfter(100*time.Millisecond),
+	slow, err := lockreg.New(client, "example:docs", lockreg.WithExpireAfter(100*time.Millisecond),
 		lockreg.WithRetryInterval(10*time.Millisecond), lockreg.WithRenewal(false))
+	if err != nil {
+		panic(err)
+	}
 	defer slow.Close()
-	fast, _ := lockreg.New(client, "example:docs")
+	fast, err := lockreg.New(client, "example:docs")
+	if err != nil {
+		panic(err)
+	}
 	defer fast.Close()
 	store := &fencedStore{}
 
@@ -273,11 +297,20 @@ func ExampleRegistry_Inspect() {
 	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	defer client.Close()
 	// Three registries stand for three processes.
-	billing, _ := lockreg.New(client, "example:inspect", lockreg.WithOwner("billing/pod-7"))
+	billing, err := lockreg.New(client, "example:inspect", lockreg.WithOwner("billing/pod-7"))
+	if err != nil {
+		panic(err)
+	}
 	defer billing.Close()
-	reports, _ := lockreg.New(client, "example:inspect", lockreg.WithOwner("reports/pod-1"))
+	reports, err := lockreg.New(client, "example:inspect", lockreg.WithOwner("reports/pod-1"))
+	if err != nil {
+		panic(err)
+	}
 	defer reports.Close()
-	operator, _ := lockreg.New(client, "example:inspect")
+	operator, err := lockreg.New(client, "example:inspect")
+	if err != nil {
+		panic(err)
+	}
 	defer operator.Close()
 
 	hold, err := billing.Obtain("order-42").Acquire(ctx)
@@ -322,7 +355,10 @@ func ExampleRegistry_Locks() {
 	ctx := context.Background()
 	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	defer client.Close()
-	registry, _ := lockreg.New(client, "example:invoices")
+	registry, err := lockreg.New(client, "example:invoices")
+	if err != nil {
+		panic(err)
+	}
 	defer registry.Close()
 
 	for _, key := range []string{"invoice-3", "invoice-1"} {
@@ -357,9 +393,15 @@ func ExampleRegistry_ForceUnlock() {
 	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	defer client.Close()
 	// Two registries stand for a worker's process and an operator's.
-	worker, _ := lockreg.New(client, "example:exports", lockreg.WithOwner("exports/pod-3"))
+	worker, err := lockreg.New(client, "example:exports", lockreg.WithOwner("exports/pod-3"))
+	if err != nil {
+		panic(err)
+	}
 	defer worker.Close()
-	operator, _ := lockreg.New(client, "example:exports")
+	operator, err := lockreg.New(client, "example:exports")
+	if err != nil {
+		panic(err)
+	}
 	defer operator.Close()
 
 	hold, err := worker.Obtain("export-9").Acquire(ctx)
@@ -400,8 +442,11 @@ func ExampleRegistry_AddHooks() {
 	client := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	defer client.Close()
 	// A fixed 100ms lease stands for a holder stalled for longer than it.
-	registry, _ := lockreg.New(client, "example:hooks", lockreg.WithExpireAfter(100*time.Millisecond),
+	registry, err := lockreg.New(client, "example:hooks", lockreg.WithExpireAfter(100*time.Millisecond),
 		lockreg.WithRetryInterval(10*time.Millisecond), lockreg.WithRenewal(false))
+	if err != nil {
+		panic(err)
+	}
 	defer registry.Close()
 
 	var acquired, notObtained atomic.Int64
