@@ -144,6 +144,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		client.AddHook(lockTraffic)
 		reg, err := lockreg.New(client, *namespace,
 			lockreg.WithExpireAfter(*expire), lockreg.WithRetryInterval(retryInterval), lockreg.WithLogger(logger))
+		if errors.Is(err, lockreg.ErrInvalidOption) {
+			return usage("%v", err) // from a flag: -expire beyond what lockreg allows
+		}
 		if err != nil {
 			fmt.Fprintf(stderr, "lockdemo: %v\n", err)
 			return 1

@@ -34,10 +34,11 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"-increments", "-1"}, "-increments must be at least 1"},
 		{[]string{"-redis", "http://example.com"}, "pass a URL like redis://"},
 		{[]string{"-keep-serving"}, "-keep-serving needs -metrics"},
+		{[]string{"-expire", "100000h"}, "WithExpireAfter(100000h0m0s): above 10 years"},
 	} {
 		var stdout, stderr strings.Builder
-		if code := run(context.Background(), tc.args, &stdout, &stderr); code == 0 {
-			t.Errorf("run(%q) exited 0, want non-zero", tc.args)
+		if code := run(context.Background(), tc.args, &stdout, &stderr); code != 2 {
+			t.Errorf("run(%q) exited %d, want 2, a usage error", tc.args, code)
 		}
 		if !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("run(%q) stderr = %q, want it to contain %q", tc.args, &stderr, tc.want)
