@@ -260,7 +260,33 @@ func (r *Registry) verify(h *Hold, cause LossCause) {
 
 // checkHolds reads the keys of holds on the registry's client, in one
 // pipeline, and loses the holds whose keys are not its own for cause.
+// Where a read failed and releases wait on it to confirm a hand-off
+// (settle queued them again), no tracker's next turn reads again: it
+// reads again after a retry interval, until the releases are answered
+// (the tenure's end answers them too) or the registry closes.
 func (r *Registry) checkHolds(ctx context.Context, holds []*Hold, cause LossCause) {
+	for len(holds) > 0 {
+		failed := r.checkHoldsOnce(ctx, holds, cause)
+		holds = holds[:0:0]
+		for _, h := range failed {
+			if h.tenure.awaitsConfirmation() {
+				holds = append(holds, h)
+			}
+		}
+		if len(holds) == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(r.cfg.retryInterval):
+		}
+	}
+}
+
+// checkHoldsOnce is one read of checkHolds; it returns the holds whose
+// read failed while releases waited on it.
+func (r *Registry) checkHoldsOnce(ctx context.Context, holds []*Hold, cause LossCause) (failed []*Hold) {
 	calls := make([]*protocol.Call, len(holds))
 	confirming := make([][]chan verdict, len(holds)) // see armBatch
 	for i, h := range holds {
@@ -281,5 +307,9 @@ func (r *Registry) checkHolds(ctx context.Context, holds []*Hold, cause LossCaus
 			r.changedBehindItsBack(h, cause, owner == protocol.Gone, false)
 		}
 		h.tenure.settle(confirming[i], err == nil && owner == protocol.Ours)
+		if err != nil && len(confirming[i]) > 0 {
+			failed = append(failed, h)
+		}
 	}
+	return failed
 }
