@@ -494,3 +494,22 @@ func untrackedRegistry(t *testing.T, srv *redistest.Server) *Registry {
 	require.NoError(t, lock.UnlockContext(context.Background()))
 	return r
 }
+
+// untrackedHoldOfAHash takes a key on an untrackedRegistry and makes its
+// Redis key a hash behind the hold's back, which nothing tells the hold
+// but its own next call; it returns the hold and an admin client.
+func untrackedHoldOfAHash(t *testing.T) (*Hold, *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	h, err := untrackedRegistry(t, srv).Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	_, err = admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, h.redisKey())
+		p.HSet(ctx, h.redisKey(), "not", "a lock")
+		return nil
+	})
+	require.NoError(t, err)
+	return h, admin
+}

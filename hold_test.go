@@ -219,18 +219,8 @@ func TestALostHoldsReleaseSparesTheNewOwner(t *testing.T) {
 // tracking would have said (overwritten), not merely a failed call.
 func TestAReleaseThatFindsItsKeyOfAnotherTypeReportsItLost(t *testing.T) {
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
-	r := untrackedRegistry(t, srv)
-	h, err := r.Obtain("k").Acquire(ctx)
-	require.NoError(t, err)
-	_, err = admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, h.redisKey())
-		p.HSet(ctx, h.redisKey(), "not", "a lock")
-		return nil
-	})
-	require.NoError(t, err)
-	err = h.Release(ctx)
+	h, admin := untrackedHoldOfAHash(t)
+	err := h.Release(ctx)
 	require.ErrorIs(t, err, ErrLockLost)
 	requireCause(t, h, LossOverwritten)
 	require.EqualValues(t, 1, admin.Exists(ctx, h.redisKey()).Val(), "left alone")

@@ -109,18 +109,8 @@ func TestTokenOfALostHoldIsRefused(t *testing.T) {
 // would, rather than an ErrRedis error to call again for, in vain.
 func TestTokenOfAHoldWhoseKeyWasMadeAnotherTypeIsRefused(t *testing.T) {
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
-	r := untrackedRegistry(t, srv)
-	h, err := r.Obtain("k").Acquire(ctx)
-	require.NoError(t, err)
-	_, err = admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, h.redisKey())
-		p.HSet(ctx, h.redisKey(), "not", "a lock")
-		return nil
-	})
-	require.NoError(t, err)
-	_, err = h.Token(ctx)
+	h, _ := untrackedHoldOfAHash(t)
+	_, err := h.Token(ctx)
 	require.ErrorIs(t, err, ErrLockLost)
 	requireFires(t, h.Lost(), time.Second, "the refused draw signals the loss")
 	requireCause(t, h, LossOverwritten)
