@@ -114,8 +114,8 @@ func (t *tracker) moveTarget() {
 // its dials for a while after failed ones, and armLoop's retries back
 // off), while the subscription that asked for the check (the
 // registry's, or the target's) is back already: left for the connection,
-// a key the restart lost would be told that much later. The change stays unchecked until
-// the read, so that no local hand-off passes it on.
+// a key the restart lost would be told that much later. The change stays
+// unchecked until the read, so that no local hand-off passes it on.
 func (r *Registry) checkUntracked(reqs []armRequest) {
 	byCause := make(map[LossCause][]*Hold)
 	for _, req := range reqs {
