@@ -1,7 +1,9 @@
 -- Extends the lease of every key this registry still owns, atomically.
--- KEYS: lock keys (one slot on Redis Cluster); Peer.Renew builds the
--- arguments: the registry's client id and the lease in milliseconds.
-local clientID, leaseMs = ARGV[1], ARGV[2]
+-- KEYS: lock keys (one slot on Redis Cluster); Peer.Renew and
+-- Peer.RenewTracked build the arguments: the registry's client id, the
+-- lease in milliseconds, and whether to read the renewed keys again
+-- ('1': the call runs on the registry's tracking connection).
+local clientID, leaseMs, trackAgain = ARGV[1], ARGV[2], ARGV[3] == '1'
 -- Returns, per key, 1 if renewed, 0 if it expired or has another owner
 -- (which is left untouched).
 -- One MGET reads every key's owner: each redis.call costs the server
@@ -21,11 +23,12 @@ if readByKey then
     owners[i] = redis.call('GET', lockKey)
   end
 end
-local renewed = {}
+local renewed, renewedKeys = {}, {}
 for i, lockKey in ipairs(KEYS) do
   if owners[i] == clientID then
     redis.call('PEXPIRE', lockKey, leaseMs)
     renewed[i] = 1
+    renewedKeys[#renewedKeys + 1] = lockKey
   else
     if not owners[i] and not readByKey then
       -- MGET reads a key of another type as nil: GET fails on it with
@@ -33,6 +36,19 @@ for i, lockKey in ipairs(KEYS) do
       redis.call('GET', lockKey)
     end
     renewed[i] = 0
+  end
+end
+if trackAgain and #renewedKeys > 0 then
+  -- On the tracking connection, whose NOLOOP spares it the invalidation
+  -- of its own PEXPIRE, the PEXPIRE still ended the key's tracking: a
+  -- read tracks it again, in the same atomic step, so that no change
+  -- can come between.
+  if readByKey then
+    for _, lockKey in ipairs(renewedKeys) do
+      redis.call('GET', lockKey)
+    end
+  else
+    redis.call('MGET', unpack(renewedKeys))
   end
 end
 return renewed

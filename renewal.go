@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -151,31 +152,43 @@ func (r *Registry) renewalBatches(holds []*Hold) [][]*Hold {
 	return batches
 }
 
-// renew extends the leases of holds, one script call per batch, all in
-// one pipeline: one round trip per node. Errors are logged and the batch
-// is tried again on the next tick; a key found gone or taken is lost.
-// While a slot moves between Redis Cluster nodes, its keys may be split
-// between them: a batch Redis refuses for that is renewed key by key, as
-// is one that a key of another type fails.
-// refresh, if any, are calls the round sends in the same pipeline: the
-// owner key's refresh (owner.go).
+// renew extends the leases of holds, batches of one slot each. Where
+// tracking is on, a batch goes on the tracking connection of its server
+// (trackedrenewal.go); the rest go in one pipeline on the registry's
+// client: one round trip per node. Errors are logged and the batch is
+// tried again on the next tick; a key found gone or taken is lost.
+// refresh, if any, are calls the round sends in the client's pipeline:
+// the owner key's refresh (owner.go).
 func (r *Registry) renew(ctx context.Context, batches [][]*Hold, refresh ...*protocol.Call) {
 	if len(batches) == 0 {
 		return
 	}
-	if r.servers.native.Load() {
-		if r.renewNatively(ctx, batches, refresh) {
-			return
-		}
-		refresh = nil // sent already
+	native := r.servers.native.Load()
+	rest, ok := r.renewOnTrackers(ctx, batches, native)
+	switch {
+	case !ok:
+		// A server refused SET ... IFEQ: renew.lua from now on, starting
+		// with this round's keys.
+		r.renew(ctx, batches, refresh...)
+	case !native:
+		r.renewByScript(ctx, rest, refresh...)
+	case !r.renewNatively(ctx, slices.Concat(rest...), refresh):
+		r.renewByScript(ctx, r.renewalBatches(slices.Concat(rest...))) // refresh went
+	}
+}
+
+// renewByScript renews batches by renew.lua on the registry's client, one
+// call per batch, in one pipeline. While a slot moves between Redis
+// Cluster nodes, its keys may be split between them: a batch Redis refuses
+// for that is renewed key by key, as is one that a key of another type
+// fails.
+func (r *Registry) renewByScript(ctx context.Context, batches [][]*Hold, refresh ...*protocol.Call) {
+	if len(batches) == 0 && len(refresh) == 0 {
+		return
 	}
 	calls := make([]*protocol.Call, len(batches), len(batches)+len(refresh))
 	for i, batch := range batches {
-		keys := make([]string, len(batch))
-		for j, h := range batch {
-			keys[j] = h.redisKey()
-		}
-		c := r.peer.Renew(keys)
+		c := r.peer.Renew(lockKeysOf(batch))
 		calls[i] = &c
 	}
 	sent := r.sendRenewals(ctx, calls, refresh)
@@ -195,14 +208,25 @@ func (r *Registry) renew(ctx context.Context, batches [][]*Hold, refresh ...*pro
 			r.applyRenewal(ctx, batch, calls[i].Cmd, sent)
 		}
 	}
-	r.renew(ctx, oneByOne)
+	r.renewByScript(ctx, oneByOne)
+}
+
+// lockKeysOf are the lock keys of holds.
+func lockKeysOf(holds []*Hold) []string {
+	keys := make([]string, len(holds))
+	for i, h := range holds {
+		keys[i] = h.redisKey()
+	}
+	return keys
 }
 
 // sendRenewals sends calls, renewals, with refresh in one pipeline on the
 // registry's client, and returns when they were sent.
 func (r *Registry) sendRenewals(ctx context.Context, calls, refresh []*protocol.Call) (sent time.Time) {
 	sent = time.Now()
-	r.countCalls(OpRenew, len(calls))
+	if len(calls) > 0 {
+		r.countCalls(OpRenew, len(calls))
+	}
 	protocol.RunPipeline(ctx, r.client, append(calls, refresh...))
 	if len(refresh) > 0 {
 		r.refreshed(refresh, sent)

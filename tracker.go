@@ -49,7 +49,7 @@ type tracker struct {
 	retargetCause LossCause
 	ping          bool
 	// renewals are the watchdog's native renewals to run on the tracking
-	// connection (nativerenewal.go, runOnConnection).
+	// connection (trackedrenewal.go, runOnConnection).
 	renewals []trackedRenewal
 	kick     chan struct{}
 }

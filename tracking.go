@@ -27,9 +27,9 @@ import (
 // An invalidation for a held key sends it back to the tracking connection:
 // a read that tells whether the key is still this registry's and arms it
 // again. Its own renewals and releases change the key too, so an
-// invalidation alone proves nothing; the read does. (Native renewals run
-// on the tracking connection itself, and cost no invalidation:
-// nativerenewal.go.) Arming and verifying
+// invalidation alone proves nothing; the read does. (Renewals of tracked
+// keys run on the tracking connection itself, and cost no invalidation:
+// trackedrenewal.go.) Arming and verifying
 // run on the tracker's goroutine, off the caller's path: an uncontended
 // cycle gains one GET on the server and one invalidation, and no round
 // trip for the caller. A key changed between its acquisition and its

@@ -430,10 +430,9 @@ func TestStatsMatchTheCommandsSent(t *testing.T) {
 
 	s := r.Stats()
 	counted := (s.AcquireCalls - statsBefore.AcquireCalls) + (s.ReleaseCalls - statsBefore.ReleaseCalls)
-	if !r.servers.native.Load() {
-		// renew.lua runs on the registry's client; a native renewal, on the
-		// tracking connection (nativerenewal.go), which the client's hooks
-		// do not see.
+	if !r.tracking.on.Load() {
+		// A tracked key is renewed on the tracking connection
+		// (trackedrenewal.go), which the client's hooks do not see.
 		counted += s.RenewCalls - statsBefore.RenewCalls
 	}
 	require.Equal(t, calls()-before, counted, "every call is in Stats, pipelined or not")

@@ -43,8 +43,9 @@ type Peer struct {
 	// marked it (a success withdraws the mark).
 	obtain [2][2][]any
 	// ownerAndLease are token.lua's and renew.lua's; ownerOnly, release.lua's
-	// when nobody is expected to wait.
-	ownerAndLease, ownerOnly []any
+	// when nobody is expected to wait; renewTracked, renew.lua's on a
+	// tracking connection.
+	ownerAndLease, ownerOnly, renewTracked []any
 	// mark is the registry's waiting mark: its client id, and if it takes
 	// grants, ':<grant lease in ms>'. markMs is how long a mark lasts.
 	mark, markMs string
@@ -87,6 +88,7 @@ func NewPeer(scripts *Scripts, cfg Config) *Peer {
 	}
 	p.ownerAndLease = []any{p.clientIDArg, p.leaseArg}
 	p.ownerOnly = []any{p.clientIDArg}
+	p.renewTracked = []any{p.clientIDArg, p.leaseArg, "1"}
 	p.ownerFields = []any{"hset", p.ownerKey, ownerNameField, cfg.Owner, ownerSinceField, strconv.FormatInt(cfg.Since.UnixMilli(), 10)}
 	return p
 }
@@ -186,6 +188,13 @@ func (p *Peer) Release(k Keys, key string, o Release) Call {
 // ReadRenew.
 func (p *Peer) Renew(lockKeys []string) Call {
 	return Call{Script: p.scripts.renew, Keys: lockKeys, Args: p.ownerAndLease}
+}
+
+// RenewTracked is Renew for a call on the registry's tracking connection
+// of the keys' server: the script reads the keys it renewed again, which
+// tracks them again. Read its reply with ReadRenew.
+func (p *Peer) RenewTracked(lockKeys []string) Call {
+	return Call{Script: p.scripts.renew, Keys: lockKeys, Args: p.renewTracked}
 }
 
 // RenewOne renews one key natively where the server has SET ... IFEQ

@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -10,20 +11,21 @@ import (
 	"github.com/lockreg/lockreg/internal/protocol"
 )
 
-// Where the server has SET ... IFEQ (Valkey 8.1, Redis 8.4), the watchdog
-// renews each key with one command rather than renew.lua. Where the key
-// is tracked (tracking.go), it sends that command on the tracking
-// connection of the key's server, followed by a GET:
+// Where a held key is tracked (tracking.go), the watchdog renews it on
+// the tracking connection of the key's server rather than on the
+// registry's client: by renew.lua, which then reads the keys it renewed
+// again, or where the server has SET ... IFEQ (Valkey 8.1, Redis 8.4), by
+// that SET and a GET of the key.
 //
-//   - the connection's NOLOOP spares it the invalidation of its own SET,
-//     which on the registry's client would cost Redis an invalidation and
-//     the tracker a read to arm the key again: on Valkey 8.1, S8's server
-//     time per renewed key went from 3.55-3.93 µs to 2.85-2.93
-//     (bench/RESULTS.md);
-//   - the SET ended the key's tracking, as any change does, and the GET
-//     tracks it again; it also tells whether the key is still this
-//     registry's, as a change between the two commands, which no
-//     invalidation reports, would show there.
+//   - The connection's NOLOOP spares it the invalidation of its own
+//     renewal, which on the registry's client costs Redis an invalidation
+//     and the tracker a read to arm the key again (S8's server time per
+//     renewed key, bench/RESULTS.md).
+//   - The renewal ended the key's tracking, as any change does, and the
+//     read tracks it again. renew.lua reads in the same atomic step; the
+//     native GET also tells whether the key is still this registry's, as
+//     a change between the two commands, which no invalidation reports,
+//     would show there.
 //
 // Holds whose tracker has no connection, or whose key moved to another
 // Cluster node, are renewed on the registry's client, as before.
@@ -76,17 +78,11 @@ func runRenewals(ctx context.Context, conn *redis.Conn, renewals []trackedRenewa
 	return intact
 }
 
-// renewNatively renews the holds of batches one SET ... IFEQ each: on
-// the tracking connections where it can (renewOnTrackers), the rest in
-// one pipeline on the registry's client (protocol.Peer.RenewOne), with
-// refresh. It reports false if a server refused the command (a failover
-// to an older one): the registry then renews by renew.lua, starting with
-// this round.
-func (r *Registry) renewNatively(ctx context.Context, batches [][]*Hold, refresh []*protocol.Call) bool {
-	holds, native := r.renewOnTrackers(ctx, batches)
-	if !native {
-		return false
-	}
+// renewNatively renews holds one SET ... IFEQ each in one pipeline on the
+// registry's client (protocol.Peer.RenewOne), with refresh. It reports
+// false if a server refused the command (a failover to an older one): the
+// registry then renews by renew.lua, starting with this round.
+func (r *Registry) renewNatively(ctx context.Context, holds []*Hold, refresh []*protocol.Call) bool {
 	if len(holds) == 0 && len(refresh) == 0 {
 		return true
 	}
@@ -112,39 +108,80 @@ func (r *Registry) renewNatively(ctx context.Context, batches [][]*Hold, refresh
 	return true
 }
 
-// renewOnTrackers renews, where tracking is on, the holds of batches (one
-// slot each) on the tracking connection of their server, and returns the
-// holds left for the registry's client; native is false if a server
-// refused SET ... IFEQ.
-func (r *Registry) renewOnTrackers(ctx context.Context, batches [][]*Hold) (rest []*Hold, native bool) {
+// renewOnTrackers renews, where tracking is on, batches (one slot each)
+// on the tracking connection of their server, natively or by renew.lua,
+// and returns what is left for the registry's client: whole batches, or
+// the holds of a native turn. ok is false if a server refused SET ...
+// IFEQ.
+func (r *Registry) renewOnTrackers(ctx context.Context, batches [][]*Hold, native bool) (rest [][]*Hold, ok bool) {
 	var order []*tracker
-	byTracker := make(map[*tracker][]*Hold)
+	byTracker := make(map[*tracker][][]*Hold)
 	for _, batch := range batches {
 		var t *tracker
 		if r.tracking.on.Load() {
 			t = r.trackerFor(batch[0].redisKey())
 		}
 		if t == nil {
-			rest = append(rest, batch...)
+			rest = append(rest, batch)
 			continue
 		}
 		if _, ok := byTracker[t]; !ok {
 			order = append(order, t)
 		}
-		byTracker[t] = append(byTracker[t], batch...)
+		byTracker[t] = append(byTracker[t], batch)
 	}
 	for _, t := range order {
 		for mine := byTracker[t]; len(mine) > 0; {
-			turn := mine[:min(len(mine), trackedRenewalTurn)]
-			mine = mine[len(turn):]
-			left, ok := r.renewTurn(ctx, t, turn)
+			// A turn is whole batches, at most trackedRenewalTurn keys.
+			n, keys := 1, len(mine[0])
+			for n < len(mine) && keys+len(mine[n]) <= trackedRenewalTurn {
+				keys += len(mine[n])
+				n++
+			}
+			turn := mine[:n]
+			mine = mine[n:]
+			if !native {
+				rest = append(rest, r.renewScriptTurn(ctx, t, turn)...)
+				continue
+			}
+			left, ok := r.renewTurn(ctx, t, slices.Concat(turn...))
 			if !ok {
 				return nil, false
 			}
-			rest = append(rest, left...)
+			if len(left) > 0 {
+				rest = append(rest, left)
+			}
 		}
 	}
 	return rest, true
+}
+
+// renewScriptTurn renews batches on t's tracking connection, a renew.lua
+// call each that reads its keys again, and returns the batches left for
+// the registry's client: all of them if the calls did not run, else those
+// that failed for the connection, went to the wrong Cluster node, or that
+// the client's round renews key by key (a slot moving, a key of another
+// type).
+func (r *Registry) renewScriptTurn(ctx context.Context, t *tracker, batches [][]*Hold) (left [][]*Hold) {
+	calls := make([]*protocol.Call, len(batches))
+	for i, batch := range batches {
+		c := r.peer.RenewTracked(lockKeysOf(batch))
+		calls[i] = &c
+	}
+	sent := time.Now()
+	if !t.runOnConnection(ctx, calls) {
+		return batches
+	}
+	r.countCalls(OpRenew, len(calls))
+	for i, batch := range batches {
+		err := calls[i].Cmd.Err()
+		if err != nil && (!protocol.IsReply(err) || protocol.Redirected(err) || protocol.SlotMigrating(err) || protocol.WrongType(err)) {
+			left = append(left, batch)
+			continue
+		}
+		r.applyRenewal(ctx, batch, calls[i].Cmd, sent)
+	}
+	return left
 }
 
 // renewTurn renews holds on t's tracking connection, each key a SET ...
