@@ -184,7 +184,7 @@ bench-lib: redis-server
 # SMOKE_TESTS are the library's tests that make test runs on Redis 8.0 and
 # Valkey 8.1: the core rules, each once, and the renewal, which is native
 # (SET ... IFEQ) on Valkey 8.1.
-SMOKE_TESTS = ^(TestRegistriesOfOneNamespaceExclude|TestMutualExclusionStress|TestRegistryWorksWithAMinimalACL|TestRegistryWorksOverRESP2|TestReleaseGrantsTheKeyToTheWaitingRegistry|TestNotificationWakesARemoteWaiterAtOnce|TestTokensIncreaseAcrossRegistries|TestAHolderLearns.*|TestAnEvictingServerIsRefused|TestAPermanentErrorEndsTheAcquisitionAtOnce|TestForceUnlockFreesTheKeyAndTellsTheHolder|TestRedisCluster|TestRedisClusterMutualExclusion|TestFailoverKeepsWorkingAndReportsLostHolds|TestRenewalIsNativeWhereTheServerHasSetIfeq|TestANativeRenewal.*|TestLostFiresOnTimeWhileARenewalHangs|TestRedisClusterRenewsInOneRoundTripPerNode)$$
+SMOKE_TESTS = ^(TestRegistriesOfOneNamespaceExclude|TestMutualExclusionStress|TestRegistryWorksWithAMinimalACL|TestRegistryWorksOverRESP2|TestReleaseGrantsTheKeyToTheWaitingRegistry|TestNotificationWakesARemoteWaiterAtOnce|TestTokensIncreaseAcrossRegistries|TestAHolderLearns.*|TestAnEvictingServerIsRefused|TestAPermanentErrorEndsTheAcquisitionAtOnce|TestForceUnlockFreesTheKeyAndTellsTheHolder|TestRedisCluster|TestRedisClusterMutualExclusion|TestFailoverKeepsWorkingAndReportsLostHolds|TestRenewalIsNativeWhereTheServerHasSetIfeq|TestATrackedRenewal.*|TestARenewalNamesTheCauseAVerifyWould|TestLostFiresOnTimeWhileARenewalHangs|TestRedisClusterRenewsInOneRoundTripPerNode)$$
 
 # SERVERS are the servers of make test-servers (scripts/servers names them).
 SERVERS = redis-7.0 redis-8.0 valkey-8.1

@@ -270,8 +270,8 @@ func TestRedisClusterLocksWorkDuringSlotMigration(t *testing.T) {
 // own on every node: each renewal tick is one pipeline per node, on the
 // node's tracking connection (trackedrenewal.go), carrying a renewal for
 // every key it holds. The client's hooks do not see that connection: each
-// node's own count of renewal calls (renew.lua, or SET ... IFEQ where the
-// servers have it) then shows whole ticks, and the client carries none.
+// node's own count of renew.lua calls then shows whole ticks, and the
+// client carries none.
 func TestRedisClusterRenewsInOneRoundTripPerNode(t *testing.T) {
 	addrs := redistest.StartCluster(t, 3)
 	client := clusterClient(t, addrs)
@@ -295,11 +295,8 @@ func TestRedisClusterRenewsInOneRoundTripPerNode(t *testing.T) {
 	}
 	require.Len(t, keysOn, 3, "the keys live on every node")
 
-	time.Sleep(lease / 2) // the first tick loads the script on each node
-	renewal := "evalsha"  // renew.lua, or SET ... IFEQ where the servers have it
-	if r.servers.native.Load() {
-		renewal = "set"
-	}
+	time.Sleep(lease / 2)     // the first tick loads the script on each node
+	const renewal = "evalsha" // renew.lua, on the tracking connection whatever the server
 	counts := func() map[string][2]int64 {
 		mu.Lock()
 		defer mu.Unlock()

@@ -4,8 +4,8 @@
 -- lease in milliseconds, and whether to read the renewed keys again
 -- ('1': the call runs on the registry's tracking connection).
 local clientID, leaseMs, trackAgain = ARGV[1], ARGV[2], ARGV[3] == '1'
--- Returns, per key, 1 if renewed, 0 if it expired or has another owner
--- (which is left untouched).
+-- Returns, per key, 1 if renewed, 0 if it is gone (expired, deleted), 2
+-- if it holds another value (left untouched): protocol.ReadRenew.
 -- One MGET reads every key's owner: each redis.call costs the server
 -- about a microsecond of its own, so one call for all the reads, rather
 -- than a GET per key, leaves a call per key renewed.
@@ -29,8 +29,10 @@ for i, lockKey in ipairs(KEYS) do
     redis.call('PEXPIRE', lockKey, leaseMs)
     renewed[i] = 1
     renewedKeys[#renewedKeys + 1] = lockKey
+  elseif owners[i] then
+    renewed[i] = 2
   else
-    if not owners[i] and not readByKey then
+    if not readByKey then
       -- MGET reads a key of another type as nil: GET fails on it with
       -- WRONGTYPE, as the native renewal (SET ... IFEQ) does.
       redis.call('GET', lockKey)

@@ -163,18 +163,16 @@ func (r *Registry) renew(ctx context.Context, batches [][]*Hold, refresh ...*pro
 	if len(batches) == 0 {
 		return
 	}
-	native := r.servers.native.Load()
-	rest, ok := r.renewOnTrackers(ctx, batches, native)
-	switch {
-	case !ok:
+	rest := r.renewOnTrackers(ctx, batches)
+	if r.servers.native.Load() {
+		if r.renewNatively(ctx, slices.Concat(rest...), refresh) {
+			return
+		}
 		// A server refused SET ... IFEQ: renew.lua from now on, starting
-		// with this round's keys.
-		r.renew(ctx, batches, refresh...)
-	case !native:
-		r.renewByScript(ctx, rest, refresh...)
-	case !r.renewNatively(ctx, slices.Concat(rest...), refresh):
-		r.renewByScript(ctx, r.renewalBatches(slices.Concat(rest...))) // refresh went
+		// with this round's keys. The refresh went.
+		refresh = nil
 	}
+	r.renewByScript(ctx, rest, refresh...)
 }
 
 // renewByScript renews batches by renew.lua on the registry's client, one
@@ -205,7 +203,7 @@ func (r *Registry) renewByScript(ctx context.Context, batches [][]*Hold, refresh
 		case protocol.WrongType(err):
 			batch[0].endLease(LossOverwritten)
 		default:
-			r.applyRenewal(ctx, batch, calls[i].Cmd, sent)
+			r.applyRenewal(ctx, batch, calls[i].Cmd, sent, nil)
 		}
 	}
 	r.renewByScript(ctx, oneByOne)
@@ -234,9 +232,13 @@ func (r *Registry) sendRenewals(ctx context.Context, calls, refresh []*protocol.
 	return sent
 }
 
-// applyRenewal applies renew.lua's reply for batch, sent at sent.
-func (r *Registry) applyRenewal(ctx context.Context, batch []*Hold, cmd *redis.Cmd, sent time.Time) {
-	ok, err := protocol.ReadRenew(cmd)
+// applyRenewal applies renew.lua's reply for batch, sent at sent. A key
+// found changed is lost for the cause a verify would name (an overwrite,
+// an eviction), as the renewal may come before the verify that the key's
+// invalidation asked for; evicted, if not nil, tells whether the key's
+// server evicted keys meanwhile.
+func (r *Registry) applyRenewal(ctx context.Context, batch []*Hold, cmd *redis.Cmd, sent time.Time, evicted func() bool) {
+	found, err := protocol.ReadRenew(cmd)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.cfg.logger.Warn("lockreg: lease renewal failed; retrying on the next tick", "keys", len(batch), "error", err)
@@ -245,7 +247,16 @@ func (r *Registry) applyRenewal(ctx context.Context, batch []*Hold, cmd *redis.C
 	}
 	leaseEnd := int64(instantOf(sent.Add(r.cfg.expireAfter)))
 	for i, h := range batch {
-		r.extended(h, i < len(ok) && ok[i], sent, leaseEnd)
+		state := protocol.Gone // a reply short of keys renewed none of the rest
+		if i < len(found) {
+			state = found[i]
+		}
+		if state == protocol.Ours {
+			r.extended(h, true, sent, leaseEnd)
+			continue
+		}
+		gone := state == protocol.Gone
+		r.changedBehindItsBack(h, LossDeleted, gone, gone && evicted != nil && evicted())
 	}
 }
 
@@ -262,5 +273,43 @@ func (r *Registry) extended(h *Hold, renewed bool, sent time.Time, leaseEnd int6
 		h.endLease(LossDeleted)
 	case !h.extendLease(sent, leaseEnd):
 		h.endLease(r.lapseCause(h))
+	}
+}
+
+// renewNatively renews holds one SET ... IFEQ each in one pipeline on the
+// registry's client (protocol.Peer.RenewOne), with refresh. It reports
+// false if a server refused the command (a failover to an older one): the
+// registry then renews by renew.lua, starting with this round.
+func (r *Registry) renewNatively(ctx context.Context, holds []*Hold, refresh []*protocol.Call) bool {
+	if len(holds) == 0 && len(refresh) == 0 {
+		return true
+	}
+	calls := make([]*protocol.Call, len(holds), len(holds)+len(refresh))
+	for i, h := range holds {
+		c := r.peer.RenewOne(h.redisKey())
+		calls[i] = &c
+	}
+	sent := r.sendRenewals(ctx, calls, refresh)
+	leaseEnd := int64(instantOf(sent.Add(r.cfg.expireAfter)))
+	for i, h := range holds {
+		renewed, err := protocol.ReadRenewOne(calls[i].Cmd)
+		switch {
+		case protocol.NativeRenewalRefused(err):
+			r.servers.native.Store(false)
+			return false
+		case err != nil:
+			r.renewalFailed(ctx, h, err)
+		default:
+			r.extended(h, renewed, sent, leaseEnd)
+		}
+	}
+	return true
+}
+
+// renewalFailed logs a renewal of h that Redis refused; the next tick
+// tries again.
+func (r *Registry) renewalFailed(ctx context.Context, h *Hold, err error) {
+	if ctx.Err() == nil {
+		r.cfg.logger.Warn("lockreg: lease renewal failed; retrying on the next tick", "key", printedKey(h.Key()), "error", err)
 	}
 }

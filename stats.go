@@ -25,8 +25,7 @@ type Stats struct {
 	FailedAttempts int64
 	// AcquireCalls, ReleaseCalls and RenewCalls count the calls sent to
 	// Redis of each kind: an attempt's plain SET and the obtain.lua call
-	// that follows it when the key was taken count as two; a native
-	// renewal on a tracking connection, its SET and its GET. Calls of
+	// that follows it when the key was taken count as two. Calls of
 	// concurrent goroutines share round trips, as one pipeline; with
 	// WithWaitReplicas an acquisition's WAIT rides in its call's round
 	// trip. Lock.Token's draws are not counted.

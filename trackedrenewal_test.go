@@ -39,12 +39,11 @@ func TestATrackedRenewalKeepsItsKeyTrackedWithoutAVerify(t *testing.T) {
 	requireCause(t, h, LossDeleted)
 }
 
-// TestANativeRenewalNamesTheCauseAVerifyWould: a renewal on the tracking
+// TestARenewalNamesTheCauseAVerifyWould: a renewal on the tracking
 // connection that finds the key another's names the loss as a verify of
-// the key's invalidation would, overwritten, as it may come first. A
-// server without SET ... IFEQ refuses the renewal, and the registry turns
-// back to renew.lua.
-func TestANativeRenewalNamesTheCauseAVerifyWould(t *testing.T) {
+// the key's invalidation would, overwritten, as it may come first; one
+// that finds it gone, deleted.
+func TestARenewalNamesTheCauseAVerifyWould(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
@@ -55,19 +54,16 @@ func TestANativeRenewalNamesTheCauseAVerifyWould(t *testing.T) {
 	tr := r.trackerFor(lock.keys().Lock())
 	require.NotNil(t, tr)
 
-	// A hold of a key that nobody armed, so that only the renewal reads it.
-	other := r.Obtain("overwritten")
-	require.NoError(t, client.Set(ctx, other.keys().Lock(), "another owner", time.Minute).Err())
-	h := newHold(other, 0, time.Now(), r.cfg.expireAfter)
-	h.local = &localLock{}
-	native := r.servers.native.Load()
-	left, ok := r.renewTurn(ctx, tr, []*Hold{h})
-	if !native {
-		require.False(t, ok, "SET ... IFEQ refused")
-		require.False(t, r.servers.native.Load())
-		return
+	// Holds of keys that nobody armed, so that only the renewal reads them.
+	unarmedHold := func(key string) *Hold {
+		h := newHold(r.Obtain(key), 0, time.Now(), r.cfg.expireAfter)
+		h.local = &localLock{}
+		return h
 	}
-	require.True(t, ok)
+	overwritten, deleted := unarmedHold("overwritten"), unarmedHold("deleted")
+	require.NoError(t, client.Set(ctx, overwritten.redisKey(), "another owner", time.Minute).Err())
+	left := r.renewTurn(ctx, tr, [][]*Hold{{overwritten}, {deleted}})
 	require.Empty(t, left)
-	requireCause(t, h, LossOverwritten)
+	requireCause(t, overwritten, LossOverwritten)
+	requireCause(t, deleted, LossDeleted)
 }

@@ -48,7 +48,7 @@ type tracker struct {
 	// checked again for that cause; ping asks to check the connection.
 	retargetCause LossCause
 	ping          bool
-	// renewals are the watchdog's native renewals to run on the tracking
+	// renewals are the watchdog's renewals to run on the tracking
 	// connection (trackedrenewal.go, runOnConnection).
 	renewals []trackedRenewal
 	kick     chan struct{}

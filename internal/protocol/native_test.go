@@ -314,7 +314,7 @@ func BenchmarkNativeRenew(b *testing.B) {
 		{name: "lua", names: []string{"evalsha", "eval"}, op: func() {
 			c := lua
 			Run(ctx, client, &c)
-			if ok, err := ReadRenew(c.Cmd); err != nil || len(ok) != 1 || !ok[0] {
+			if ok, err := ReadRenew(c.Cmd); err != nil || len(ok) != 1 || ok[0] != Ours {
 				b.Fatalf("renew.lua: %v, %v", ok, err)
 			}
 		}},
@@ -349,7 +349,7 @@ func BenchmarkNativeRenewBatch(b *testing.B) {
 				b.Fatalf("renew.lua: %v, %v", ok, err)
 			}
 			for _, renewed := range ok {
-				if !renewed {
+				if renewed != Ours {
 					b.Fatalf("renew.lua: %v", ok)
 				}
 			}

@@ -96,14 +96,28 @@ func ReadRelease(cmd *redis.Cmd) (ReleaseReply, error) {
 	return ReleaseReply{}, fmt.Errorf("release.lua answered %d", n)
 }
 
-// ReadRenew reads renew.lua's reply: whether each key was renewed.
-func ReadRenew(cmd *redis.Cmd) ([]bool, error) {
+// ReadRenew reads renew.lua's reply: per key, Ours if it renewed the key,
+// Gone or Other if it found the key gone or holding another value. A reply
+// renew.lua never gives is an error.
+func ReadRenew(cmd *redis.Cmd) ([]OwnerState, error) {
 	replies, err := cmd.Int64Slice()
-	ok := make([]bool, len(replies))
-	for i, n := range replies {
-		ok[i] = n == 1
+	if err != nil {
+		return nil, err
 	}
-	return ok, err
+	found := make([]OwnerState, len(replies))
+	for i, n := range replies {
+		switch n {
+		case 1:
+			found[i] = Ours
+		case 0:
+			found[i] = Gone
+		case 2:
+			found[i] = Other
+		default:
+			return nil, fmt.Errorf("renew.lua answered %d", n)
+		}
+	}
+	return found, nil
 }
 
 // ReadRenewOne reads RenewOne's reply: whether the key was renewed.

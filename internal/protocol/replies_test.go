@@ -86,9 +86,11 @@ func TestReadRelease(t *testing.T) {
 }
 
 func TestReadRenew(t *testing.T) {
-	checkReplies(t, ReadRenew, []replyCase[[]bool]{
-		{name: "per key", cmd: reply([]any{int64(1), int64(0), int64(1)}, nil), want: []bool{true, false, true}},
-		{name: "no keys", cmd: reply([]any{}, nil), want: []bool{}},
+	checkReplies(t, ReadRenew, []replyCase[[]OwnerState]{
+		{name: "per key", cmd: reply([]any{int64(1), int64(0), int64(2), int64(1)}, nil), want: []OwnerState{Ours, Gone, Other, Ours}},
+		{name: "no keys", cmd: reply([]any{}, nil), want: []OwnerState{}},
+		// Another version's reply must not pass for one of ours.
+		{name: "an unknown reply", cmd: reply([]any{int64(1), int64(3)}, nil), wantErr: true},
 		{name: "a real error", cmd: reply(nil, errConn), wantErr: true},
 	})
 }

@@ -148,7 +148,7 @@ func TestRenewExtendsOnlyOurKeys(t *testing.T) {
 	}
 	renewed, err := ReadRenew(e.run(p.Renew([]string{ours.Lock(), theirs.Lock(), free.Lock()})))
 	require.NoError(t, err)
-	require.Equal(t, []bool{true, false, false}, renewed)
+	require.Equal(t, []OwnerState{Ours, Other, Gone}, renewed)
 	require.Greater(t, e.pttl(ours.Lock()), time.Second)
 	require.LessOrEqual(t, e.pttl(theirs.Lock()), time.Second, "another owner's lease is untouched")
 	require.Empty(t, e.owner(free), "a free key stays free")
@@ -350,7 +350,7 @@ func TestRunPipelineRunsScriptsRedisDoesNotHaveYet(t *testing.T) {
 	require.Positive(t, tokenValue)
 	renewed, err := ReadRenew(renew.Cmd)
 	require.NoError(t, err)
-	require.Equal(t, []bool{true}, renewed)
+	require.Equal(t, []OwnerState{Ours}, renewed)
 	loaded, err := e.client.ScriptExists(e.ctx, e.scripts.token.Hash(), e.scripts.renew.Hash()).Result()
 	require.NoError(t, err)
 	require.Equal(t, []bool{true, true}, loaded)

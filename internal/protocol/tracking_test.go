@@ -42,7 +42,7 @@ func TestARenewalOnTheTrackingConnectionKeepsItsKeysTracked(t *testing.T) {
 			RunPipeline(e.ctx, conn, []*Call{&renewal})
 			renewed, err := ReadRenew(renewal.Cmd)
 			require.NoError(t, err)
-			require.Equal(t, []bool{true, false}, renewed)
+			require.Equal(t, []OwnerState{Ours, Other}, renewed)
 			_, err = invalidations.ReceiveTimeout(e.ctx, 100*time.Millisecond)
 			require.Error(t, err, "no invalidation for the connection's own renewal")
 
