@@ -343,7 +343,7 @@ func (t *tracker) armLoop(stop context.Context) {
 				req.h.local.unchecked.Add(-1)
 			}
 		}
-		if !runRenewals(stop, conn, renewals) {
+		if len(renewals) > 0 && !runRenewals(stop, conn, renewals) {
 			drop()
 			t.ask(LossRestart, false) // as for an arming
 		}
