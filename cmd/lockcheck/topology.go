@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -174,15 +175,18 @@ func (t *cluster) slot(ctx context.Context, key string) (int, error) {
 }
 
 // newLockClient is a client of the lock Redis for worker cfg, dialling
-// through router unless it is "". Odd workers' clients end their calls at
-// the context's deadline (ContextTimeoutEnabled), so that a run covers
-// both ways an acquisition waits for Redis: in a goroutine of its own,
-// and, for a first attempt that can, on the calling goroutine.
-func newLockClient(cfg workerConfig, router string) redis.UniversalClient {
-	var dial func(ctx context.Context, network, addr string) (net.Conn, error)
+// through router unless it is "", its connections under the wiretap of
+// leases (wiretap.go). Odd workers' clients end their calls at the
+// context's deadline (ContextTimeoutEnabled), so that a run covers both
+// ways an acquisition waits for Redis: in a goroutine of its own, and,
+// for a first attempt that can, on the calling goroutine.
+func newLockClient(cfg workerConfig, router string, leases *leaseTracker) redis.UniversalClient {
+	// go-redis's own dial timeout, which a Dialer replaces.
+	dial := (&net.Dialer{Timeout: 5 * time.Second}).DialContext
 	if router != "" {
 		dial = faultproxy.Dialer(router)
 	}
+	dial = tapDialer(dial, leases.renewed)
 	deadlines := cfg.ID%2 == 1
 	switch cfg.Topology {
 	case topoSentinel:

@@ -19,7 +19,9 @@ import (
 // call that took the key, the draw of its fencing token, and the renewals
 // that extended it, each from when it was sent. Seeing them on
 // the wire, rather than asking the library, keeps the checker independent
-// of the library's own bookkeeping.
+// of the library's own bookkeeping. The renewals the library sends on
+// its tracking connections, which no hook reaches, the wiretap on the
+// lock client's connections reports (wiretap.go).
 //
 // A grant, a release that passed the key to this registry, is seen on the
 // tracker's own subscription to the registries' grant channels. The tracker
@@ -507,7 +509,9 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 }
 
 // renewed emits the renewals a renew.lua call of keys, sent at sent,
-// made: those whose reply is 1.
+// made: those whose reply is 1. The wiretap calls it too, on the
+// goroutines that read the connections: it only reads keyOf, fixed once
+// made, and emit locks.
 func (t *leaseTracker) renewed(keys []any, replies []int64, sent int64) {
 	done := time.Now().UnixNano() // observe runs once the reply is in
 	for i, k := range keys {

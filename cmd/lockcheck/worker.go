@@ -73,7 +73,7 @@ func runWorker(spec string) int {
 	redis.SetLogger(quietRedis{})
 	out := &emitter{w: bufio.NewWriter(os.Stdout)}
 	leases := newLeaseTracker(cfg.Registry, cfg.Keys, out)
-	lockClient := newLockClient(cfg, cfg.Router)
+	lockClient := newLockClient(cfg, cfg.Router, leases)
 	addHook(lockClient, leases)
 	defer lockClient.Close()
 	storeClient := redis.NewClient(&redis.Options{Addr: cfg.StoreAddr})
