@@ -26,7 +26,6 @@ end
 local renewed, renewedKeys = {}, {}
 for i, lockKey in ipairs(KEYS) do
   if owners[i] == clientID then
-    redis.call('PEXPIRE', lockKey, leaseMs)
     renewed[i] = 1
     renewedKeys[#renewedKeys + 1] = lockKey
   elseif owners[i] then
@@ -34,11 +33,17 @@ for i, lockKey in ipairs(KEYS) do
   else
     if not readByKey then
       -- MGET reads a key of another type as nil: GET fails on it with
-      -- WRONGTYPE, as the native renewal (SET ... IFEQ) does.
+      -- WRONGTYPE, as the native renewal (SET ... IFEQ) does. It fails
+      -- before any PEXPIRE: on the tracking connection, a PEXPIRE that
+      -- the failure kept from the read below would leave its key
+      -- untracked, and NOLOOP would tell nobody.
       redis.call('GET', lockKey)
     end
     renewed[i] = 0
   end
+end
+for _, lockKey in ipairs(renewedKeys) do
+  redis.call('PEXPIRE', lockKey, leaseMs)
 end
 if trackAgain and #renewedKeys > 0 then
   -- On the tracking connection, whose NOLOOP spares it the invalidation

@@ -67,3 +67,38 @@ func TestARenewalNamesTheCauseAVerifyWould(t *testing.T) {
 	requireCause(t, overwritten, LossOverwritten)
 	requireCause(t, deleted, LossDeleted)
 }
+
+// TestARenewalThatAKeyOfAnotherTypeFailsLeavesTheOthersTracked: renew.lua
+// on the tracking connection fails its whole call with WRONGTYPE on a key
+// of another type; the keys it had renewed before it must not be left
+// untracked (the PEXPIRE ended their tracking, and the connection's NOLOOP
+// told nobody), or a change to them would go untold until the next round.
+func TestARenewalThatAKeyOfAnotherTypeFailsLeavesTheOthersTracked(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithExpireAfter(10*time.Second))
+	reads := trackingReads(r)
+	held, err := r.Obtain("held").Acquire(ctx)
+	require.NoError(t, err)
+	requireTracking(t, r)
+	require.Eventually(t, func() bool { return reads.Load() >= 1 }, time.Second, time.Millisecond, "armed")
+	// The new tracking connection's check of the held keys is over.
+	for last := int64(-1); last != reads.Load(); time.Sleep(20 * time.Millisecond) {
+		last = reads.Load()
+	}
+	tr := r.trackerFor(held.redisKey())
+	require.NotNil(t, tr)
+
+	// A hold whose key is now a list, renewed in the same call, after it.
+	list := newHold(r.Obtain("list"), 0, time.Now(), r.cfg.expireAfter)
+	list.local = &localLock{}
+	require.NoError(t, client.RPush(ctx, list.redisKey(), "x").Err())
+	left := r.renewTurn(ctx, tr, [][]*Hold{{held, list}})
+	r.renewByScript(ctx, left) // as renew does with what is left
+	requireCause(t, list, LossOverwritten)
+	require.NoError(t, held.Err(), "the held key was renewed")
+
+	require.NoError(t, client.Set(ctx, held.redisKey(), "another owner", time.Minute).Err())
+	requireFires(t, held.Lost(), blindLimit, "the held key is still tracked after the failed call")
+	requireCause(t, held, LossOverwritten)
+}
