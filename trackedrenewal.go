@@ -33,26 +33,28 @@ import (
 const trackedRenewalTurn = 500
 
 // trackedRenewal is a turn of renewal calls for a tracker's armLoop to
-// run; ran tells the watchdog whether they ran (false: no connection).
+// run; sent tells the watchdog when they went on the wire, or zero if
+// they did not run (no connection).
 type trackedRenewal struct {
 	calls []*protocol.Call
-	ran   chan bool
+	sent  chan time.Time
 }
 
 // runOnConnection has armLoop run calls on the tracking connection, and
-// reports whether they ran: false if there is no connection, or if stop
-// ends first.
-func (t *tracker) runOnConnection(stop context.Context, calls []*protocol.Call) bool {
-	turn := trackedRenewal{calls: calls, ran: make(chan bool, 1)}
+// returns when they were sent: zero if they did not run (no connection,
+// or stop ended first). A turn may wait behind armLoop's other work, so
+// its lease counts from there, not from the call (extendLease).
+func (t *tracker) runOnConnection(stop context.Context, calls []*protocol.Call) (sent time.Time) {
+	turn := trackedRenewal{calls: calls, sent: make(chan time.Time, 1)}
 	t.mu.Lock()
 	t.renewals = append(t.renewals, turn)
 	t.mu.Unlock()
 	t.wake()
 	select {
-	case ran := <-turn.ran:
-		return ran
+	case sent = <-turn.sent:
+		return sent
 	case <-stop.Done():
-		return false
+		return time.Time{}
 	}
 }
 
@@ -61,8 +63,9 @@ func (t *tracker) runOnConnection(stop context.Context, calls []*protocol.Call) 
 func runRenewals(ctx context.Context, conn *redis.Conn, renewals []trackedRenewal) bool {
 	intact := true
 	for _, turn := range renewals {
-		ran := conn != nil && intact
-		if ran {
+		var sent time.Time
+		if conn != nil && intact {
+			sent = time.Now()
 			protocol.RunPipeline(ctx, conn, turn.calls)
 			for _, c := range turn.calls {
 				if err := c.Cmd.Err(); err != nil && !protocol.IsReply(err) {
@@ -70,7 +73,7 @@ func runRenewals(ctx context.Context, conn *redis.Conn, renewals []trackedRenewa
 				}
 			}
 		}
-		turn.ran <- ran
+		turn.sent <- sent
 	}
 	return intact
 }
@@ -122,8 +125,8 @@ func (r *Registry) renewTurn(ctx context.Context, t *tracker, batches [][]*Hold)
 		c := r.peer.RenewTracked(lockKeysOf(batch))
 		calls[i] = &c
 	}
-	sent := time.Now()
-	if !t.runOnConnection(ctx, calls) {
+	sent := t.runOnConnection(ctx, calls)
+	if sent.IsZero() {
 		return batches
 	}
 	r.countCalls(OpRenew, len(calls))

@@ -92,6 +92,7 @@ func TestARenewalThatAKeyOfAnotherTypeFailsLeavesTheOthersTracked(t *testing.T) 
 	// A hold whose key is now a list, renewed in the same call, after it.
 	list := newHold(r.Obtain("list"), 0, time.Now(), r.cfg.expireAfter)
 	list.local = &localLock{}
+	t.Cleanup(func() { client.Del(ctx, held.redisKey(), list.redisKey()) })
 	require.NoError(t, client.RPush(ctx, list.redisKey(), "x").Err())
 	left := r.renewTurn(ctx, tr, [][]*Hold{{held, list}})
 	r.renewByScript(ctx, left) // as renew does with what is left
@@ -101,4 +102,41 @@ func TestARenewalThatAKeyOfAnotherTypeFailsLeavesTheOthersTracked(t *testing.T) 
 	require.NoError(t, client.Set(ctx, held.redisKey(), "another owner", time.Minute).Err())
 	requireFires(t, held.Lost(), blindLimit, "the held key is still tracked after the failed call")
 	requireCause(t, held, LossOverwritten)
+}
+
+// TestATrackedRenewalSentAfterTheLeaseRanOutCarriesNothing: a turn waits
+// in the tracker's queue behind its other work (arming, verifying,
+// reconnecting) before it goes on the wire; a renewal that went out after
+// the lease ran out must not carry the hold on, as the key may have
+// passed through other owners and come back meanwhile. Its lease is
+// counted from when it went out.
+func TestATrackedRenewalSentAfterTheLeaseRanOutCarriesNothing(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	lock := r.Obtain("k")
+	lock.Lock()
+	defer lock.Unlock()
+	requireTracking(t, r)
+	tr := r.trackerFor(lock.keys().Lock())
+	require.NotNil(t, tr)
+
+	// A hold of a key that is the registry's in Redis, whose lease (as the
+	// registry counts it) runs out while its renewal waits in the queue.
+	const lease = 200 * time.Millisecond
+	h := newHold(r.Obtain("late"), 0, time.Now(), lease)
+	h.local = &localLock{}
+	require.NoError(t, client.Set(ctx, h.redisKey(), r.OwnerID(), time.Minute).Err())
+	t.Cleanup(func() { client.Del(ctx, h.redisKey()) })
+	tr.mu.Lock() // armLoop is busy: the turn waits
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		require.Empty(t, r.renewTurn(ctx, tr, [][]*Hold{{h}}))
+	}()
+	time.Sleep(lease + 100*time.Millisecond)
+	tr.mu.Unlock()
+	<-done
+	require.True(t, h.isLost(), "a renewal sent after the lease ran out carried the hold on")
+	requireCause(t, h, LossExpired)
 }
