@@ -47,20 +47,10 @@ func TestARenewalNamesTheCauseAVerifyWould(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
-	lock := r.Obtain("k")
-	lock.Lock()
-	defer lock.Unlock()
-	requireTracking(t, r)
-	tr := r.trackerFor(lock.keys().Lock())
-	require.NotNil(t, tr)
-
+	tr := trackerOfAHeldKey(t, r)
 	// Holds of keys that nobody armed, so that only the renewal reads them.
-	unarmedHold := func(key string) *Hold {
-		h := newHold(r.Obtain(key), 0, time.Now(), r.cfg.expireAfter)
-		h.local = &localLock{}
-		return h
-	}
-	overwritten, deleted := unarmedHold("overwritten"), unarmedHold("deleted")
+	overwritten := unarmedHold(r, "overwritten", r.cfg.expireAfter)
+	deleted := unarmedHold(r, "deleted", r.cfg.expireAfter)
 	require.NoError(t, client.Set(ctx, overwritten.redisKey(), "another owner", time.Minute).Err())
 	left := r.renewTurn(ctx, tr, [][]*Hold{{overwritten}, {deleted}})
 	require.Empty(t, left)
@@ -90,8 +80,7 @@ func TestARenewalThatAKeyOfAnotherTypeFailsLeavesTheOthersTracked(t *testing.T) 
 	require.NotNil(t, tr)
 
 	// A hold whose key is now a list, renewed in the same call, after it.
-	list := newHold(r.Obtain("list"), 0, time.Now(), r.cfg.expireAfter)
-	list.local = &localLock{}
+	list := unarmedHold(r, "list", r.cfg.expireAfter)
 	t.Cleanup(func() { client.Del(ctx, held.redisKey(), list.redisKey()) })
 	require.NoError(t, client.RPush(ctx, list.redisKey(), "x").Err())
 	left := r.renewTurn(ctx, tr, [][]*Hold{{held, list}})
@@ -114,18 +103,11 @@ func TestATrackedRenewalSentAfterTheLeaseRanOutCarriesNothing(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client)
-	lock := r.Obtain("k")
-	lock.Lock()
-	defer lock.Unlock()
-	requireTracking(t, r)
-	tr := r.trackerFor(lock.keys().Lock())
-	require.NotNil(t, tr)
-
+	tr := trackerOfAHeldKey(t, r)
 	// A hold of a key that is the registry's in Redis, whose lease (as the
 	// registry counts it) runs out while its renewal waits in the queue.
 	const lease = 200 * time.Millisecond
-	h := newHold(r.Obtain("late"), 0, time.Now(), lease)
-	h.local = &localLock{}
+	h := unarmedHold(r, "late", lease)
 	require.NoError(t, client.Set(ctx, h.redisKey(), r.OwnerID(), time.Minute).Err())
 	t.Cleanup(func() { client.Del(ctx, h.redisKey()) })
 	tr.mu.Lock() // armLoop is busy: the turn waits
@@ -139,4 +121,25 @@ func TestATrackedRenewalSentAfterTheLeaseRanOutCarriesNothing(t *testing.T) {
 	<-done
 	require.True(t, h.isLost(), "a renewal sent after the lease ran out carried the hold on")
 	requireCause(t, h, LossExpired)
+}
+
+// trackerOfAHeldKey holds a key of r until the test ends, and returns its
+// tracker once tracking is on.
+func trackerOfAHeldKey(t *testing.T, r *Registry) *tracker {
+	t.Helper()
+	lock := r.Obtain("k")
+	lock.Lock()
+	t.Cleanup(lock.Unlock)
+	requireTracking(t, r)
+	tr := r.trackerFor(lock.keys().Lock())
+	require.NotNil(t, tr)
+	return tr
+}
+
+// unarmedHold is a hold of key, with lease, that nobody armed: only a
+// renewal reads its key.
+func unarmedHold(r *Registry, key string, lease time.Duration) *Hold {
+	h := newHold(r.Obtain(key), 0, time.Now(), lease)
+	h.local = &localLock{}
+	return h
 }
