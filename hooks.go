@@ -116,7 +116,7 @@ type RedisOp string
 const (
 	OpAcquire  RedisOp = "acquire"  // an attempt: a plain SET or obtain.lua
 	OpRelease  RedisOp = "release"  // release.lua, a give-back included
-	OpRenew    RedisOp = "renew"    // renew.lua, one batch of keys; or SET ... IFEQ (and a GET), per key
+	OpRenew    RedisOp = "renew"    // renew.lua, one batch of keys; or SET ... IFEQ, per key
 	OpToken    RedisOp = "token"    // token.lua
 	OpWithdraw RedisOp = "withdraw" // the withdrawal of a waiting mark
 	OpCheck    RedisOp = "check"    // a held key checked after a reconnect, without tracking

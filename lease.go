@@ -28,7 +28,8 @@ const (
 	LossForced            // an operator forced the key open (Registry.ForceUnlock)
 	// LossOverwritten: the key was set to another value behind the
 	// holder's back, or passed through another owner before it came back
-	// (renewal and releases, which cannot tell, say LossDeleted).
+	// (releases, and renewal of a key passed on and back, which cannot
+	// tell, say LossDeleted).
 	LossOverwritten
 	LossFlushed // the database was flushed (FLUSHALL, FLUSHDB)
 	LossEvicted // the server evicted the key (maxmemory; see WithEvictionAllowed)

@@ -12,8 +12,7 @@ import (
 
 // TestATrackedRenewalKeepsItsKeyTrackedWithoutAVerify: a renewal of a
 // tracked key runs on the tracking connection, by renew.lua, which reads
-// the key again, or where the server has SET ... IFEQ, by that SET with a
-// GET after it: the key stays tracked, and the renewal costs no verify,
+// the key again, whatever the server: the key stays tracked, and the renewal costs no verify,
 // which the invalidation of a renewal from another connection would ask
 // for. make test runs this on Valkey 8.1 too.
 func TestATrackedRenewalKeepsItsKeyTrackedWithoutAVerify(t *testing.T) {
