@@ -23,10 +23,10 @@ import (
 
 // silentConn is a connection that can go silent: its writes are dropped,
 // and its reads return nothing (what Redis sends is read and dropped).
-// subscribed says that it sent a SUBSCRIBE.
+// subscribed says that it sent a SUBSCRIBE; tracking, a CLIENT TRACKING.
 type silentConn struct {
 	net.Conn
-	silent, subscribed atomic.Bool
+	silent, subscribed, tracking atomic.Bool
 }
 
 func (c *silentConn) Write(p []byte) (int, error) {
@@ -35,6 +35,9 @@ func (c *silentConn) Write(p []byte) (int, error) {
 	}
 	if bytes.Contains(bytes.ToLower(p), []byte("subscribe")) {
 		c.subscribed.Store(true)
+	}
+	if bytes.Contains(bytes.ToLower(p), []byte("tracking\r\n$2\r\non\r\n")) {
+		c.tracking.Store(true)
 	}
 	return c.Conn.Write(p)
 }
@@ -69,10 +72,20 @@ func (s *silencer) dial(ctx context.Context, network, addr string) (net.Conn, er
 // silenceSubscriptions silences the connections dialled so far that
 // subscribed; later ones work.
 func (s *silencer) silenceSubscriptions() {
+	s.silence(func(c *silentConn) *atomic.Bool { return &c.subscribed })
+}
+
+// silenceTracking silences the tracking connections dialled so far.
+func (s *silencer) silenceTracking() {
+	s.silence(func(c *silentConn) *atomic.Bool { return &c.tracking })
+}
+
+// silence silences the connections dialled so far whose flag is set.
+func (s *silencer) silence(flag func(*silentConn) *atomic.Bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, c := range s.conns {
-		if c.subscribed.Load() {
+		if flag(c).Load() {
 			c.silent.Store(true)
 		}
 	}
@@ -223,4 +236,26 @@ func TestATargetMovedWhileItSubscribesKeepsTrackingOn(t *testing.T) {
 	require.Eventually(t, tr.up.Load, 5*time.Second, time.Millisecond, "the target subscribed again")
 	require.NoError(t, admin.Del(ctx, h.redisKey()).Err())
 	requireFires(t, h.Lost(), 3*trackingCheck, "the holder learns of the DEL")
+}
+
+// TestARenewalOutlivesASilentTrackingConnection: renewals of tracked keys
+// go on the tracking connection, but its silence (a dead peer, a dropped
+// NAT entry) must not keep them from the registry's client for longer
+// than the lease allows: a read there waits for go-redis's ReadTimeout
+// (3 s), longer than this lease.
+func TestARenewalOutlivesASilentTrackingConnection(t *testing.T) {
+	ctx := context.Background()
+	client, silencer := silenceable(t, redistest.Start(t))
+	const lease = 1500 * time.Millisecond
+	r := newRegistry(t, client, WithExpireAfter(lease))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	requireTracking(t, r)
+	time.Sleep(lease / 2) // armed, and renewed on the tracking connection
+	silencer.silenceTracking()
+	select {
+	case <-h.Lost():
+		t.Fatalf("the hold was lost: %v", h.Err())
+	case <-time.After(2 * lease):
+	}
 }

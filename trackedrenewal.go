@@ -3,6 +3,7 @@ package lockreg
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -32,29 +33,48 @@ import (
 // whole round.
 const trackedRenewalTurn = 500
 
+// trackedRenewalWait is how long, as a fraction of the lease, a round
+// waits for a turn's answer before it renews on the registry's client:
+// a sixth leaves the client half a renewal interval.
+const trackedRenewalWait = 6
+
 // trackedRenewal is a turn of renewal calls for a tracker's armLoop to
 // run; sent tells the watchdog when they went on the wire, or zero if
-// they did not run (no connection).
+// they did not run (no connection); abandoned, that the watchdog waits no
+// more, so that armLoop need not run them.
 type trackedRenewal struct {
-	calls []*protocol.Call
-	sent  chan time.Time
+	calls     []*protocol.Call
+	sent      chan time.Time
+	abandoned *atomic.Bool
 }
 
 // runOnConnection has armLoop run calls on the tracking connection, and
-// returns when they were sent: zero if they did not run (no connection,
-// or stop ended first). A turn may wait behind armLoop's other work, so
-// its lease counts from there, not from the call (extendLease).
-func (t *tracker) runOnConnection(stop context.Context, calls []*protocol.Call) (sent time.Time) {
-	turn := trackedRenewal{calls: calls, sent: make(chan time.Time, 1)}
+// returns when they were sent: zero if they did not run (no connection),
+// or if they were not answered within wait, or stop ended first: the
+// caller then renews on the registry's client, as armLoop may be stuck
+// (a silent tracking connection waits out its ReadTimeout), and a lease
+// must not wait on it. A turn may wait behind armLoop's other work, so
+// its lease counts from when it went out, not from the call (extendLease).
+func (t *tracker) runOnConnection(stop context.Context, calls []*protocol.Call, wait time.Duration) (sent time.Time) {
+	turn := trackedRenewal{calls: calls, sent: make(chan time.Time, 1), abandoned: new(atomic.Bool)}
 	t.mu.Lock()
 	t.renewals = append(t.renewals, turn)
 	t.mu.Unlock()
 	t.wake()
+	timeout := time.NewTimer(wait)
+	defer timeout.Stop()
 	select {
 	case sent = <-turn.sent:
 		return sent
+	case <-timeout.C:
 	case <-stop.Done():
-		return time.Time{}
+	}
+	turn.abandoned.Store(true)
+	select {
+	case sent = <-turn.sent: // answered meanwhile
+		return sent
+	default:
+		return time.Time{} // armLoop writes calls no one reads any more
 	}
 }
 
@@ -64,7 +84,7 @@ func runRenewals(ctx context.Context, conn *redis.Conn, renewals []trackedRenewa
 	intact := true
 	for _, turn := range renewals {
 		var sent time.Time
-		if conn != nil && intact {
+		if conn != nil && intact && !turn.abandoned.Load() {
 			sent = time.Now()
 			protocol.RunPipeline(ctx, conn, turn.calls)
 			for _, c := range turn.calls {
@@ -106,8 +126,15 @@ func (r *Registry) renewOnTrackers(ctx context.Context, batches [][]*Hold) (rest
 				keys += len(mine[n])
 				n++
 			}
-			rest = append(rest, r.renewTurn(ctx, t, mine[:n])...)
+			left, ran := r.renewTurn(ctx, t, mine[:n])
+			rest = append(rest, left...)
 			mine = mine[n:]
+			if !ran {
+				// No connection, or a stuck one: the rest go on the client
+				// too, rather than each wait in vain.
+				rest = append(rest, mine...)
+				break
+			}
 		}
 	}
 	return rest
@@ -115,19 +142,20 @@ func (r *Registry) renewOnTrackers(ctx context.Context, batches [][]*Hold) (rest
 
 // renewTurn renews batches on t's tracking connection, a renew.lua call
 // each that reads its keys again, and returns the batches left for the
-// registry's client: all of them if the calls did not run, else those
-// that failed for the connection, went to the wrong Cluster node, or that
-// the client's round renews key by key (a slot moving, a key of another
+// registry's client: all of them if the calls did not run (ran false:
+// no connection, or none that answered in time), else those that failed
+// for the connection, went to the wrong Cluster node, or that the
+// client's round renews key by key (a slot moving, a key of another
 // type).
-func (r *Registry) renewTurn(ctx context.Context, t *tracker, batches [][]*Hold) (left [][]*Hold) {
+func (r *Registry) renewTurn(ctx context.Context, t *tracker, batches [][]*Hold) (left [][]*Hold, ran bool) {
 	calls := make([]*protocol.Call, len(batches))
 	for i, batch := range batches {
 		c := r.peer.RenewTracked(lockKeysOf(batch))
 		calls[i] = &c
 	}
-	sent := t.runOnConnection(ctx, calls)
+	sent := t.runOnConnection(ctx, calls, r.cfg.expireAfter/trackedRenewalWait)
 	if sent.IsZero() {
-		return batches
+		return batches, false
 	}
 	r.countCalls(OpRenew, len(calls))
 	evicted := sync.OnceValue(func() bool { return r.evictedSince(ctx, t.addr, t.client) })
@@ -139,5 +167,5 @@ func (r *Registry) renewTurn(ctx context.Context, t *tracker, batches [][]*Hold)
 		}
 		r.applyRenewal(ctx, batch, calls[i].Cmd, sent, evicted)
 	}
-	return left
+	return left, true
 }

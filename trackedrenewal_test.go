@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/redistest"
@@ -51,7 +52,8 @@ func TestARenewalNamesTheCauseAVerifyWould(t *testing.T) {
 	overwritten := unarmedHold(r, "overwritten", r.cfg.expireAfter)
 	deleted := unarmedHold(r, "deleted", r.cfg.expireAfter)
 	require.NoError(t, client.Set(ctx, overwritten.redisKey(), "another owner", time.Minute).Err())
-	left := r.renewTurn(ctx, tr, [][]*Hold{{overwritten}, {deleted}})
+	left, ran := r.renewTurn(ctx, tr, [][]*Hold{{overwritten}, {deleted}})
+	require.True(t, ran)
 	require.Empty(t, left)
 	requireCause(t, overwritten, LossOverwritten)
 	requireCause(t, deleted, LossDeleted)
@@ -82,7 +84,8 @@ func TestARenewalThatAKeyOfAnotherTypeFailsLeavesTheOthersTracked(t *testing.T) 
 	list := unarmedHold(r, "list", r.cfg.expireAfter)
 	t.Cleanup(func() { client.Del(ctx, held.redisKey(), list.redisKey()) })
 	require.NoError(t, client.RPush(ctx, list.redisKey(), "x").Err())
-	left := r.renewTurn(ctx, tr, [][]*Hold{{held, list}})
+	left, ran := r.renewTurn(ctx, tr, [][]*Hold{{held, list}})
+	require.True(t, ran)
 	r.renewByScript(ctx, left) // as renew does with what is left
 	requireCause(t, list, LossOverwritten)
 	require.NoError(t, held.Err(), "the held key was renewed")
@@ -113,7 +116,9 @@ func TestATrackedRenewalSentAfterTheLeaseRanOutCarriesNothing(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		require.Empty(t, r.renewTurn(ctx, tr, [][]*Hold{{h}}))
+		left, ran := r.renewTurn(ctx, tr, [][]*Hold{{h}})
+		assert.True(t, ran)
+		assert.Empty(t, left)
 	}()
 	time.Sleep(lease + 100*time.Millisecond)
 	tr.mu.Unlock()
