@@ -28,15 +28,10 @@ import (
 // key, bench/RESULTS.md. Holds whose tracker has no connection, or whose
 // key moved to another Cluster node, are renewed on the registry's client.
 
-// trackedRenewalTurn is the most keys a turn renews, and
-// trackedTurnsPerPass the most turns armLoop sends in one pipeline, so
-// that the armings and verifications queued meanwhile wait for one pass
-// (about 5 ms of Redis time), not a whole round, while a round of many
-// keys costs a round trip per pass, not per turn.
-const (
-	trackedRenewalTurn  = 500
-	trackedTurnsPerPass = 4
-)
+// trackedRenewalTurn is the most keys a turn of a tracker renews, so that
+// the armings and verifications queued meanwhile wait for one turn, not a
+// whole round.
+const trackedRenewalTurn = 500
 
 // trackedRenewalWait is how long, as a fraction of the lease, a round
 // waits for a turn's answer before it renews on the registry's client:
@@ -53,24 +48,19 @@ type trackedRenewal struct {
 	abandoned *atomic.Bool
 }
 
-// queueRenewal queues calls for armLoop to run on the tracking
-// connection; the caller wakes it.
-func (t *tracker) queueRenewal(calls []*protocol.Call) trackedRenewal {
+// runOnConnection has armLoop run calls on the tracking connection, and
+// returns when they were sent: zero if they did not run (no connection),
+// or if they were not answered within wait, or stop ended first: the
+// caller then renews on the registry's client, as armLoop may be stuck
+// (a silent tracking connection waits out its ReadTimeout), and a lease
+// must not wait on it. A turn may wait behind armLoop's other work, so
+// its lease counts from when it went out, not from the call (extendLease).
+func (t *tracker) runOnConnection(stop context.Context, calls []*protocol.Call, wait time.Duration) (sent time.Time) {
 	turn := trackedRenewal{calls: calls, sent: make(chan time.Time, 1), abandoned: new(atomic.Bool)}
 	t.mu.Lock()
 	t.renewals = append(t.renewals, turn)
 	t.mu.Unlock()
-	return turn
-}
-
-// await returns when turn's calls were sent: zero if they did not run (no
-// connection), or if they were not answered within wait, or stop ended
-// first: the caller then renews on the registry's client, as armLoop may
-// be stuck (a silent tracking connection waits out its ReadTimeout), and
-// a lease must not wait on it. A turn may wait behind armLoop's other
-// work, so its lease counts from when it went out, not from the call
-// (extendLease).
-func (turn trackedRenewal) await(stop context.Context, wait time.Duration) (sent time.Time) {
+	t.wake()
 	timeout := time.NewTimer(wait)
 	defer timeout.Stop()
 	select {
@@ -79,48 +69,30 @@ func (turn trackedRenewal) await(stop context.Context, wait time.Duration) (sent
 	case <-timeout.C:
 	case <-stop.Done():
 	}
-	return turn.abandon()
-}
-
-// abandon tells armLoop not to run turn, and returns when it was sent if
-// it was answered meanwhile, else zero (armLoop may write calls no one
-// reads any more).
-func (turn trackedRenewal) abandon() time.Time {
 	turn.abandoned.Store(true)
 	select {
-	case sent := <-turn.sent:
+	case sent = <-turn.sent: // answered meanwhile
 		return sent
 	default:
-		return time.Time{}
+		return time.Time{} // armLoop writes calls no one reads any more
 	}
 }
 
-// runRenewals is armLoop's part: it sends the calls of renewals on conn,
-// if there is one, in one pipeline. It reports false if the connection
-// broke.
+// runRenewals is armLoop's part of runOnConnection: it runs renewals on
+// conn, if there is one. It reports false if the connection broke.
 func runRenewals(ctx context.Context, conn *redis.Conn, renewals []trackedRenewal) bool {
-	var calls []*protocol.Call
-	var run []trackedRenewal
-	for _, turn := range renewals {
-		if conn == nil || turn.abandoned.Load() {
-			turn.sent <- time.Time{}
-			continue
-		}
-		run = append(run, turn)
-		calls = append(calls, turn.calls...)
-	}
-	if len(run) == 0 {
-		return true
-	}
-	sent := time.Now()
-	protocol.RunPipeline(ctx, conn, calls)
 	intact := true
-	for _, c := range calls {
-		if err := c.Cmd.Err(); err != nil && !protocol.IsReply(err) {
-			intact = false
+	for _, turn := range renewals {
+		var sent time.Time
+		if conn != nil && intact && !turn.abandoned.Load() {
+			sent = time.Now()
+			protocol.RunPipeline(ctx, conn, turn.calls)
+			for _, c := range turn.calls {
+				if err := c.Cmd.Err(); err != nil && !protocol.IsReply(err) {
+					intact = false
+				}
+			}
 		}
-	}
-	for _, turn := range run {
 		turn.sent <- sent
 	}
 	return intact
@@ -128,18 +100,10 @@ func runRenewals(ctx context.Context, conn *redis.Conn, renewals []trackedRenewa
 
 // renewOnTrackers renews, where tracking is on, batches (one slot each)
 // on the tracking connection of their server, and returns the batches
-// left for the registry's client. Every tracker's turns are queued at
-// once; a tracker that leaves one unanswered (no connection, or a stuck
-// one) has the rest of its turns go to the client too, rather than each
-// wait in vain.
+// left for the registry's client.
 func (r *Registry) renewOnTrackers(ctx context.Context, batches [][]*Hold) (rest [][]*Hold) {
-	type queued struct {
-		t       *tracker
-		batches [][]*Hold
-		turn    trackedRenewal
-	}
-	var turns []queued
-	filling := make(map[*tracker]int) // each tracker's last turn, in turns
+	var order []*tracker
+	byTracker := make(map[*tracker][][]*Hold)
 	for _, batch := range batches {
 		var t *tracker
 		if r.tracking.on.Load() {
@@ -149,65 +113,50 @@ func (r *Registry) renewOnTrackers(ctx context.Context, batches [][]*Hold) (rest
 			rest = append(rest, batch)
 			continue
 		}
-		// A turn is whole batches of one tracker, at most
-		// trackedRenewalTurn keys.
-		if i, ok := filling[t]; ok && keyCount(turns[i].batches)+len(batch) <= trackedRenewalTurn {
-			turns[i].batches = append(turns[i].batches, batch)
-			continue
+		if _, ok := byTracker[t]; !ok {
+			order = append(order, t)
 		}
-		filling[t] = len(turns)
-		turns = append(turns, queued{t: t, batches: [][]*Hold{batch}})
+		byTracker[t] = append(byTracker[t], batch)
 	}
-	for i := range turns {
-		turns[i].turn = turns[i].t.queueRenewal(r.renewalCalls(turns[i].batches))
-	}
-	for t := range filling {
-		t.wake()
-	}
-	stuck := make(map[*tracker]bool)
-	wait := r.cfg.expireAfter / trackedRenewalWait
-	for _, q := range turns {
-		var sent time.Time
-		if stuck[q.t] {
-			sent = q.turn.abandon()
-		} else {
-			sent = q.turn.await(ctx, wait)
+	for _, t := range order {
+		for mine := byTracker[t]; len(mine) > 0; {
+			// A turn is whole batches, at most trackedRenewalTurn keys.
+			n, keys := 1, len(mine[0])
+			for n < len(mine) && keys+len(mine[n]) <= trackedRenewalTurn {
+				keys += len(mine[n])
+				n++
+			}
+			left, ran := r.renewTurn(ctx, t, mine[:n])
+			rest = append(rest, left...)
+			mine = mine[n:]
+			if !ran {
+				// No connection, or a stuck one: the rest go on the client
+				// too, rather than each wait in vain.
+				rest = append(rest, mine...)
+				break
+			}
 		}
-		if sent.IsZero() {
-			stuck[q.t] = true
-			rest = append(rest, q.batches...)
-			continue
-		}
-		rest = append(rest, r.applyTurn(ctx, q.t, q.batches, q.turn.calls, sent)...)
 	}
 	return rest
 }
 
-// keyCount is how many holds batches carry.
-func keyCount(batches [][]*Hold) (n int) {
-	for _, b := range batches {
-		n += len(b)
-	}
-	return n
-}
-
-// renewalCalls are the renew.lua calls, one per batch, that renew
-// batches on a tracking connection and read their keys again.
-func (r *Registry) renewalCalls(batches [][]*Hold) []*protocol.Call {
+// renewTurn renews batches on t's tracking connection, a renew.lua call
+// each that reads its keys again, and returns the batches left for the
+// registry's client: all of them if the calls did not run (ran false:
+// no connection, or none that answered in time), else those that failed
+// for the connection, went to the wrong Cluster node, or that the
+// client's round renews key by key (a slot moving, a key of another
+// type).
+func (r *Registry) renewTurn(ctx context.Context, t *tracker, batches [][]*Hold) (left [][]*Hold, ran bool) {
 	calls := make([]*protocol.Call, len(batches))
 	for i, batch := range batches {
 		c := r.peer.RenewTracked(lockKeysOf(batch))
 		calls[i] = &c
 	}
-	return calls
-}
-
-// applyTurn applies the replies of a turn's calls, renewals of batches
-// on t's tracking connection sent at sent, and returns the batches left
-// for the registry's client: those that failed for the connection, went
-// to the wrong Cluster node, or that the client's round renews key by key
-// (a slot moving, a key of another type).
-func (r *Registry) applyTurn(ctx context.Context, t *tracker, batches [][]*Hold, calls []*protocol.Call, sent time.Time) (left [][]*Hold) {
+	sent := t.runOnConnection(ctx, calls, r.cfg.expireAfter/trackedRenewalWait)
+	if sent.IsZero() {
+		return batches, false
+	}
 	r.countCalls(OpRenew, len(calls))
 	evicted := sync.OnceValue(func() bool { return r.evictedSince(ctx, t.addr, t.client) })
 	for i, batch := range batches {
@@ -218,5 +167,5 @@ func (r *Registry) applyTurn(ctx context.Context, t *tracker, batches [][]*Hold,
 		}
 		r.applyRenewal(ctx, batch, calls[i].Cmd, sent, evicted)
 	}
-	return left
+	return left, true
 }

@@ -287,10 +287,8 @@ func (t *tracker) armLoop(stop context.Context) {
 		batch, next := t.dueNow(now)
 		cause, ping := t.retargetCause, t.ping
 		t.retargetCause, t.ping = lossNone, false
-		// At most trackedTurnsPerPass turns a pass (trackedrenewal.go).
-		renewals := t.renewals[:min(len(t.renewals), trackedTurnsPerPass)]
-		t.renewals = t.renewals[len(renewals):]
-		moreRenewals := len(t.renewals) > 0
+		renewals := t.renewals
+		t.renewals = nil
 		t.mu.Unlock()
 		// (Half a check: a tick comes a check after the last, whose use of
 		// the connection may have come a little after it.)
@@ -348,9 +346,6 @@ func (t *tracker) armLoop(stop context.Context) {
 		if len(renewals) > 0 && !runRenewals(stop, conn, renewals) {
 			drop()
 			t.ask(LossRestart, false) // as for an arming
-		}
-		if moreRenewals {
-			t.wake()
 		}
 		if retryCause != lossNone && (next.IsZero() || retryAt.Before(next)) {
 			next = retryAt
