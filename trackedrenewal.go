@@ -34,8 +34,8 @@ import (
 const trackedRenewalTurn = 500
 
 // trackedRenewalWait is how long, as a fraction of the lease, a round
-// waits for a turn's answer before it renews on the registry's client:
-// a sixth leaves the client half a renewal interval.
+// waits for a tracker's turns before it renews the rest on the
+// registry's client: a sixth leaves the client half a renewal interval.
 const trackedRenewalWait = 6
 
 // trackedRenewal is a turn of renewal calls for a tracker's armLoop to
@@ -119,6 +119,10 @@ func (r *Registry) renewOnTrackers(ctx context.Context, batches [][]*Hold) (rest
 		byTracker[t] = append(byTracker[t], batch)
 	}
 	for _, t := range order {
+		// A round gives a tracker's turns a sixth of the lease in all: on a
+		// network whose round trips are long against the turns' work, the
+		// turns left then go in the client's pipeline, one round trip.
+		deadline := time.Now().Add(r.cfg.expireAfter / trackedRenewalWait)
 		for mine := byTracker[t]; len(mine) > 0; {
 			// A turn is whole batches, at most trackedRenewalTurn keys.
 			n, keys := 1, len(mine[0])
@@ -126,7 +130,7 @@ func (r *Registry) renewOnTrackers(ctx context.Context, batches [][]*Hold) (rest
 				keys += len(mine[n])
 				n++
 			}
-			left, ran := r.renewTurn(ctx, t, mine[:n])
+			left, ran := r.renewTurn(ctx, t, mine[:n], time.Until(deadline))
 			rest = append(rest, left...)
 			mine = mine[n:]
 			if !ran {
@@ -143,17 +147,20 @@ func (r *Registry) renewOnTrackers(ctx context.Context, batches [][]*Hold) (rest
 // renewTurn renews batches on t's tracking connection, a renew.lua call
 // each that reads its keys again, and returns the batches left for the
 // registry's client: all of them if the calls did not run (ran false:
-// no connection, or none that answered in time), else those that failed
+// no connection, or none that answered within wait), else those that failed
 // for the connection, went to the wrong Cluster node, or that the
 // client's round renews key by key (a slot moving, a key of another
 // type).
-func (r *Registry) renewTurn(ctx context.Context, t *tracker, batches [][]*Hold) (left [][]*Hold, ran bool) {
+func (r *Registry) renewTurn(ctx context.Context, t *tracker, batches [][]*Hold, wait time.Duration) (left [][]*Hold, ran bool) {
+	if wait <= 0 {
+		return batches, false
+	}
 	calls := make([]*protocol.Call, len(batches))
 	for i, batch := range batches {
 		c := r.peer.RenewTracked(lockKeysOf(batch))
 		calls[i] = &c
 	}
-	sent := t.runOnConnection(ctx, calls, r.cfg.expireAfter/trackedRenewalWait)
+	sent := t.runOnConnection(ctx, calls, wait)
 	if sent.IsZero() {
 		return batches, false
 	}
