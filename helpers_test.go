@@ -61,6 +61,15 @@ func trackingReads(r *Registry) *atomic.Int64 {
 	return reads
 }
 
+// readsSettled waits until the tracker's reads counted by reads (the
+// arming, the checks a new tracking connection or an invalidation asks
+// for) stop, so that a read from then on is news.
+func readsSettled(reads *atomic.Int64) {
+	for last := int64(-1); last != reads.Load(); time.Sleep(20 * time.Millisecond) {
+		last = reads.Load()
+	}
+}
+
 // requireSettled waits for what a registry's first acquisition starts in
 // the background on its client (the owner name's publication, the
 // subscription), so that a test counts its own calls only.

@@ -27,9 +27,7 @@ func TestATrackedRenewalKeepsItsKeyTrackedWithoutAVerify(t *testing.T) {
 	require.Eventually(t, func() bool { return reads.Load() >= 1 }, time.Second, time.Millisecond, "armed")
 	// The new tracking connection's check of the held keys is over.
 	requireTracking(t, r)
-	for last := int64(-1); last != reads.Load(); time.Sleep(20 * time.Millisecond) {
-		last = reads.Load()
-	}
+	readsSettled(reads)
 	armed, renewals := reads.Load(), r.Stats().RenewCalls
 	time.Sleep(lease) // about three ticks
 	require.Greater(t, r.Stats().RenewCalls, renewals+1, "renewed")
@@ -74,9 +72,7 @@ func TestARenewalThatAKeyOfAnotherTypeFailsLeavesTheOthersTracked(t *testing.T) 
 	requireTracking(t, r)
 	require.Eventually(t, func() bool { return reads.Load() >= 1 }, time.Second, time.Millisecond, "armed")
 	// The new tracking connection's check of the held keys is over.
-	for last := int64(-1); last != reads.Load(); time.Sleep(20 * time.Millisecond) {
-		last = reads.Load()
-	}
+	readsSettled(reads)
 	tr := r.trackerFor(held.redisKey())
 	require.NotNil(t, tr)
 

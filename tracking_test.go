@@ -44,9 +44,7 @@ func holdAndChange(t *testing.T, client redis.UniversalClient, key string, chang
 	}, 5*time.Second, 10*time.Millisecond, "the key is tracked")
 	// The reads that the last PEXPIREs asked for are over: a change from
 	// now on is the only news.
-	for last := int64(-1); last != reads.Load(); time.Sleep(20 * time.Millisecond) {
-		last = reads.Load()
-	}
+	readsSettled(reads)
 	requireOpen(t, h.Lost(), "a change that leaves the key the holder's is no loss")
 	change(h.redisKey())
 	blind := requireFires(t, h.Lost(), blindLimit, "the holder learns at once that its key changed")
