@@ -11,16 +11,21 @@
 -- moves its lapse but keeps its place in the queue: releases grant the key
 -- first come, first served (see release.lua). A mark new to the marker
 -- starts a wait, and a place left from an earlier one is replaced.
+-- The numbers go to Redis as text formatted here with '%d': redis.call
+-- formats a Lua number with '%.17g', a float formatting that cost the
+-- server more than the ZADD it feeds. They are milliseconds of the
+-- server's clock, exact integers far below 2^63.
 local function markWaiting(marker, queue, nowMs, ms, member)
-  if redis.call('ZADD', marker, nowMs + ms, member) == 1 then
-    redis.call('ZADD', queue, nowMs, member)
+  local since = string.format('%d', nowMs)
+  if redis.call('ZADD', marker, string.format('%d', nowMs + ms), member) == 1 then
+    redis.call('ZADD', queue, since, member)
   else
-    redis.call('ZADD', queue, 'NX', nowMs, member)
+    redis.call('ZADD', queue, 'NX', since, member)
   end
   local ttl = redis.call('PTTL', marker)
   if ttl < ms then
-    redis.call('PEXPIRE', marker, ms)
     ttl = ms
+    redis.call('PEXPIRE', marker, string.format('%d', ttl))
   end
-  redis.call('PEXPIRE', queue, ttl)
+  redis.call('PEXPIRE', queue, string.format('%d', ttl))
 end

@@ -23,7 +23,7 @@ local function liveMark(marker)
   end
   local now = redis.call('TIME')
   local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  return redis.call('ZRANGEBYSCORE', marker, nowMs, '+inf', 'LIMIT', 0, 1)[1]
+  return redis.call('ZRANGEBYSCORE', marker, string.format('%d', nowMs), '+inf', 'LIMIT', 0, 1)[1]
 end
 -- The client id alone, with the lock's key and the marker, the only keys
 -- it reads, is sent unless the registry expects the rest to be needed (see
@@ -93,8 +93,8 @@ if channel ~= '' then
     if grantee then
       redis.call('ZREM', markerKey, waiter)
       redis.call('SET', lockKey, grantee, 'PX', grantMs)
-      local token = drawToken(fenceKey, now, leaseMs, handedOut)
-      redis.call('PUBLISH', channel .. ':' .. grantee, 'g' .. string.format('%.0f', token) .. ':' .. grantee .. ':' .. key)
+      local token, tokenText = drawToken(fenceKey, now, leaseMs, handedOut)
+      redis.call('PUBLISH', channel .. ':' .. grantee, 'g' .. tokenText .. ':' .. grantee .. ':' .. key)
       if mark then
         markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark)
         return -token
@@ -106,10 +106,10 @@ if channel ~= '' then
     -- that it cannot hold grants up for the registries behind it while it
     -- loses races; popping the queue's last member deleted the queue with
     -- its TTL.
-    redis.call('ZADD', queueKey, nowMs, waiter)
+    redis.call('ZADD', queueKey, string.format('%d', nowMs), waiter)
     local ttl = redis.call('PTTL', markerKey)
     if ttl > 0 then
-      redis.call('PEXPIRE', queueKey, ttl)
+      redis.call('PEXPIRE', queueKey, string.format('%d', ttl))
     end
   end
 end

@@ -112,6 +112,18 @@ func TestAGrantDrawsAboveTheTokenHandedOut(t *testing.T) {
 	e.requireGranted(c.k, c.waiter, c.grants, handedOut+1)
 }
 
+// A stored token ahead of the clock (a fence raised by ForceUnlock, or a
+// clock that stepped back): the grant draws past it, and its message
+// carries that token, not the clock's.
+func TestAGrantDrawsAboveAStoredTokenAheadOfTheClock(t *testing.T) {
+	e := newEnv(t)
+	c := e.contended()
+	ahead := e.serverMicros() + int64(time.Hour/time.Microsecond)
+	require.NoError(t, e.client.Set(e.ctx, c.k.Fence(), ahead, time.Minute).Err())
+	require.Equal(t, Granted, e.release(c.holder, c.k, Release{Full: true}).Outcome)
+	e.requireGranted(c.k, c.waiter, c.grants, ahead+1)
+}
+
 // markInTurn marks each of peers as waiting for k, in order, each in a
 // later millisecond than the last: the queue's scores are milliseconds.
 func (e *env) markInTurn(k Keys, peers ...*Peer) {
