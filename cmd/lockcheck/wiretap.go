@@ -22,8 +22,10 @@ import (
 //
 // A tapped connection parses the RESP requests written on it and the
 // replies read from it, and pairs them in order. It never blocks or
-// changes the bytes: on anything it cannot follow, and from a subscription
-// on (whose replies no longer follow requests), it stops tapping.
+// changes the bytes: on anything it cannot follow, and from a command on
+// whose replies no longer pair with requests one to one (a subscription,
+// an unsubscription, MONITOR, CLIENT REPLY: see unpaired), it stops
+// tapping.
 
 // maxPending bounds the part of a message a tap keeps while the rest is
 // on its way; a larger one stops the tap (the library's calls are small).
@@ -149,7 +151,7 @@ func (c *tappedConn) request(b []byte) (int, error) {
 		return 0, errConfused
 	}
 	switch name := c.args[0]; {
-	case bytes.EqualFold(name, []byte("subscribe")), bytes.EqualFold(name, []byte("psubscribe")), bytes.EqualFold(name, []byte("ssubscribe")):
+	case unpaired(c.args):
 		return 0, errSubscribed
 	case bytes.EqualFold(name, []byte("evalsha")), bytes.EqualFold(name, []byte("eval")):
 		c.push(call{keys: trackedRenewal(c.args), sent: c.writtenAt})
@@ -161,6 +163,25 @@ func (c *tappedConn) request(b []byte) (int, error) {
 
 // errSubscribed: replies no longer follow requests.
 var errSubscribed = errors.New("wiretap: subscribed")
+
+// unpaired reports whether the request args starts a run of replies that
+// no longer answer requests one to one: a subscription, whose messages
+// come unasked; an unsubscription, answered once per channel (RESP2) or
+// by a push, which answers no request (RESP3); MONITOR; CLIENT REPLY,
+// which leaves requests unanswered.
+func unpaired(args [][]byte) bool {
+	if bytes.EqualFold(args[0], []byte("client")) {
+		return len(args) > 1 && bytes.EqualFold(args[1], []byte("reply"))
+	}
+	for _, name := range unpairedCommands {
+		if bytes.EqualFold(args[0], []byte(name)) {
+			return true
+		}
+	}
+	return false
+}
+
+var unpairedCommands = [...]string{"subscribe", "psubscribe", "ssubscribe", "unsubscribe", "punsubscribe", "sunsubscribe", "monitor"}
 
 // trackedRenewal returns the keys of args if they are a renew.lua call on
 // a tracking connection (EVALSHA or EVAL, script, n, n keys, client id,

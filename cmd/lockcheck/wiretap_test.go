@@ -188,3 +188,43 @@ func TestWiretapSeesTrackedRenewals(t *testing.T) {
 		t.Errorf("%d renewals reported of a key held for three leases, want 2 or more:\n%s", renewals, buf.String())
 	}
 }
+
+// TestWiretapStopsWhereRepliesNoLongerPairWithRequests: an UNSUBSCRIBE
+// answers once per channel (RESP2), or by a push (RESP3), and CLIENT REPLY
+// OFF or SKIP leaves requests unanswered; paired in order from there on, a
+// renewal would take the reply of another call, one that renewed where it
+// had not.
+func TestWiretapStopsWhereRepliesNoLongerPairWithRequests(t *testing.T) {
+	renew := func(key string) string { return command("evalsha", "abc", "1", key, "id", "300", "1") }
+	for name, script := range map[string]struct{ requests, replies string }{
+		"RESP2 unsubscribe": {
+			command("unsubscribe", "a", "b") + renew("r:{x}") + renew("r:{y}"),
+			"*3\r\n$11\r\nunsubscribe\r\n$1\r\na\r\n:0\r\n" + "*3\r\n$11\r\nunsubscribe\r\n$1\r\nb\r\n:0\r\n" +
+				"*1\r\n:1\r\n" + "*1\r\n:0\r\n",
+		},
+		"RESP3 unsubscribe": {
+			command("unsubscribe") + renew("r:{x}") + renew("r:{y}"),
+			">3\r\n$11\r\nunsubscribe\r\n_\r\n:0\r\n" + "*1\r\n:0\r\n" + "*1\r\n:1\r\n",
+		},
+		"RESP3 punsubscribe": {
+			command("PUNSUBSCRIBE") + renew("r:{x}") + renew("r:{y}"),
+			">3\r\n$12\r\npunsubscribe\r\n_\r\n:0\r\n" + "*1\r\n:0\r\n" + "*1\r\n:1\r\n",
+		},
+		"client reply off": {
+			command("client", "reply", "off") + renew("r:{x}") + command("client", "reply", "on") + renew("r:{y}"),
+			"+OK\r\n" + "*1\r\n:1\r\n",
+		},
+		"client reply skip": {
+			command("CLIENT", "REPLY", "SKIP") + renew("r:{w}") + renew("r:{x}") + renew("r:{y}"),
+			"*1\r\n:0\r\n" + "*1\r\n:1\r\n",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			for _, cut := range []int{1, 7, 1 << 20} {
+				if got := tapScript(t, script.requests, script.replies, cut); len(got) != 0 {
+					t.Errorf("cut %d: reported %v", cut, got)
+				}
+			}
+		})
+	}
+}
