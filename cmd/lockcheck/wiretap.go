@@ -67,13 +67,18 @@ type tappedConn struct {
 	calls     []call // sent and not answered yet, oldest from head
 	head      int
 	args      [][]byte // the request being read, reused
+	// answered are the renewals paired with their replies by the Read
+	// under way, reported once it lets go of mu.
+	answered []call
 }
 
 // call is a request waiting for its reply: a tracked renewal of keys, sent
-// at sent, or (keys nil) any other call.
+// at sent, or (keys nil) any other call; once answered, replies holds the
+// renewal's reply.
 type call struct {
-	keys []any
-	sent int64
+	keys    []any
+	sent    int64
+	replies []int64
 }
 
 // tappedSyscallConn is a tappedConn whose socket go-redis can reach.
@@ -107,10 +112,18 @@ func (c *tappedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.mu.Lock()
+		var answered []call
 		if !c.off {
-			c.stopIf(c.replies.feed(p[:n], c.reply))
+			err := c.replies.feed(p[:n], c.reply)
+			answered, c.answered = c.answered, nil
+			c.stopIf(err)
 		}
 		c.mu.Unlock()
+		// Reported with mu let go: the report writes out an event, which
+		// must hold up neither a Write nor the next Read.
+		for _, r := range answered {
+			c.renewed(r.keys, r.replies, r.sent)
+		}
 	}
 	return n, err
 }
@@ -119,7 +132,7 @@ func (c *tappedConn) Read(p []byte) (int, error) {
 func (c *tappedConn) stopIf(err error) {
 	if err != nil {
 		c.off = true
-		c.requests.buf, c.replies.buf, c.calls, c.args = nil, nil, nil, nil
+		c.requests.buf, c.replies.buf, c.calls, c.args, c.answered = nil, nil, nil, nil, nil
 	}
 }
 
@@ -226,7 +239,8 @@ func (c *tappedConn) reply(b []byte) (int, error) {
 	c.head++
 	if r.keys != nil && typ == '*' {
 		if replies, ok := integers(b[at:n], len(r.keys)); ok {
-			c.renewed(r.keys, replies, r.sent)
+			r.replies = replies
+			c.answered = append(c.answered, r)
 		}
 	}
 	return n, nil

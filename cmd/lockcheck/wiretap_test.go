@@ -228,3 +228,42 @@ func TestWiretapStopsWhereRepliesNoLongerPairWithRequests(t *testing.T) {
 		})
 	}
 }
+
+// TestWiretapWritesWhileARenewalIsReported: reporting a renewal (the
+// tracker's emitter writes and flushes a line) holds up neither the
+// connection's writes nor its reads.
+func TestWiretapWritesWhileARenewalIsReported(t *testing.T) {
+	client, server := net.Pipe()
+	defer server.Close()
+	reporting, release := make(chan struct{}), make(chan struct{})
+	c, _ := tapDialer(func(context.Context, string, string) (net.Conn, error) { return client, nil },
+		func([]any, []int64, int64) {
+			close(reporting)
+			<-release
+		})(context.Background(), "tcp", "redis")
+	defer c.Close()
+	defer close(release)
+	go func() { _, _ = io.Copy(io.Discard, server) }()
+	if _, err := c.Write([]byte(command("evalsha", "abc", "1", "r:{a}", "id", "300", "1"))); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_, _ = server.Write([]byte("*1\r\n:1\r\n"))
+		_, _ = server.Write([]byte("+PONG\r\n"))
+	}()
+	go func() { _, _ = c.Read(make([]byte, 64)) }()
+	<-reporting
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := c.Write([]byte(command("ping")))
+		wrote <- err
+	}()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("a write waited for a renewal's report")
+	}
+}
