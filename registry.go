@@ -39,9 +39,11 @@ type Registry struct {
 // registry gets a random client id: registries in any process that share a
 // namespace exclude each other; registries with different namespaces
 // never interfere. On a *redis.ClusterClient, the registry pipelines
-// calls on each node's client (batch.go says why): hooks added with
-// OnNewNode see them, hooks added to the ClusterClient itself see only
-// its single calls.
+// calls on each node's client (internal/protocol's runClusterPipeline
+// says why): hooks added with OnNewNode see them, hooks added to the
+// ClusterClient itself see only its single calls. No client's hooks see
+// the calls on the registry's tracking connections (its reads of held keys,
+// the renewals of tracked keys), which Hooks.RedisCalls counts.
 func New(client redis.UniversalClient, namespace string, opts ...Option) (*Registry, error) {
 	cfg, err := newConfig(client, namespace, opts)
 	if err != nil {
