@@ -119,7 +119,7 @@ const (
 	OpRenew    RedisOp = "renew"    // renew.lua, one batch of keys; or SET ... IFEQ, per key
 	OpToken    RedisOp = "token"    // token.lua
 	OpWithdraw RedisOp = "withdraw" // the withdrawal of a waiting mark
-	OpCheck    RedisOp = "check"    // a held key checked after a reconnect, without tracking
+	OpCheck    RedisOp = "check"    // a held key read on the registry's client: without tracking, or while its tracker cannot read it
 	OpTrack    RedisOp = "track"    // a held key read to track it, or checked after its invalidation
 )
 
