@@ -151,10 +151,10 @@ func WithPubSub(on bool) Option {
 // the hold to it without a Redis round trip (the key stays held, the
 // fencing token rises by one), at most n times in a row and for at most d
 // since the key was taken in Redis; then it releases the key in Redis so
-// that other registries get their turn. Where the registry tracks its keys
-// (the default), the unlock that hands off returns once a read of the key
-// after the hand-off confirmed it was still held, about a round trip; the
-// next holder does not wait for it. Default 16 and 10ms; n = 0 turns
+// that other registries get their turn. The unlock that hands off returns
+// once a read of the key after the hand-off confirmed it was still held,
+// about a round trip (with tracking or without); the next holder does not
+// wait for it. Default 16 and 10ms; n = 0 turns
 // hand-offs off, and d must be positive when n is not. n is at most 1,000:
 // ForceUnlock keeps fencing tokens rising past those handed off locally by
 // that bound.
