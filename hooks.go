@@ -59,8 +59,10 @@ type ReleaseEvent struct {
 	// (a LossEvent reported it).
 	WasLost bool
 	// FoundLost, if not zero, is why the release itself found the hold
-	// lost, with no LossEvent before: its lease had run out unrenewed, or
-	// Redis said the key was not the registry's (LossDeleted).
+	// lost, with no LossEvent before: its lease had run out unrenewed,
+	// Redis said the key was not the registry's (LossDeleted, or
+	// LossOverwritten where it can tell), or the read that confirms its
+	// local hand-off found the key changed (the cause it names).
 	FoundLost LossCause
 	Err       error
 }
