@@ -297,6 +297,10 @@ func (r *Registry) renewNatively(ctx context.Context, holds []*Hold, refresh []*
 		case protocol.NativeRenewalRefused(err):
 			r.servers.native.Store(false)
 			return false
+		case protocol.WrongType(err):
+			// A key of another type is no registry's: retried, it would
+			// fail each tick until the lease ran out, named expired.
+			r.changedBehindItsBack(h, LossDeleted, false, false)
 		case err != nil:
 			r.renewalFailed(ctx, h, err)
 		default:

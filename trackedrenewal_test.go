@@ -91,6 +91,31 @@ func TestARenewalThatAKeyOfAnotherTypeFailsLeavesTheOthersTracked(t *testing.T) 
 	requireCause(t, held, LossOverwritten)
 }
 
+// TestARoundLosesAKeyOfAnotherTypeAsOverwrittenWhateverTheServer: the
+// batch that a key of another type fails on the tracking connection goes
+// to the registry's client, natively where the server has SET ... IFEQ
+// (Valkey 8.1); that key, no registry's, must be lost there too, as
+// overwritten, not renewed in vain until its lease runs out. make test
+// runs this on Valkey 8.1 too.
+func TestARoundLosesAKeyOfAnotherTypeAsOverwrittenWhateverTheServer(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithExpireAfter(10*time.Second))
+	held, err := r.Obtain("held").Acquire(ctx)
+	require.NoError(t, err)
+	requireTracking(t, r)
+	// A hold whose key is now a hash, which nobody armed: only the
+	// renewal reads it.
+	hash := unarmedHold(r, "hash", r.cfg.expireAfter)
+	t.Cleanup(func() { client.Del(ctx, hash.redisKey()) })
+	require.NoError(t, client.HSet(ctx, hash.redisKey(), "not", "a lock").Err())
+	r.renew(ctx, [][]*Hold{{held, hash}})
+	require.True(t, hash.isLost(), "the hold of a key made a hash outlived its renewal")
+	requireCause(t, hash, LossOverwritten)
+	require.NoError(t, held.Err(), "the held key was renewed")
+	require.NoError(t, held.Release(ctx))
+}
+
 // TestATrackedRenewalSentAfterTheLeaseRanOutCarriesNothing: a turn waits
 // in the tracker's queue behind its other work (arming, verifying,
 // reconnecting) before it goes on the wire; a renewal that went out after
