@@ -270,7 +270,9 @@ func (r *Registry) extended(h *Hold, renewed bool, sent time.Time, leaseEnd int6
 	// lease carries the hold on.
 	switch {
 	case !renewed:
-		h.endLease(LossDeleted)
+		// Gone, or another's (SET ... IFEQ tells them not apart): named as
+		// renew.lua's reply would be, its lapse or a forced unlock first.
+		r.changedBehindItsBack(h, LossDeleted, true, false)
 	case !h.extendLease(sent, leaseEnd):
 		h.endLease(r.lapseCause(h))
 	}
