@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +37,7 @@ const trackedRenewalTurn = 500
 // trackedRenewalWait is how long, as a fraction of the lease, a round
 // waits for a tracker's turns before it renews the rest on the
 // registry's client: a sixth leaves the client half a renewal interval.
+// A turn of a lease nearer its end (a grant's) waits less: timeLeft.
 const trackedRenewalWait = 6
 
 // trackedRenewal is a turn of renewal calls for a tracker's armLoop to
@@ -130,7 +132,11 @@ func (r *Registry) renewOnTrackers(ctx context.Context, batches [][]*Hold) (rest
 				keys += len(mine[n])
 				n++
 			}
-			left, ran := r.renewTurn(ctx, t, mine[:n], time.Until(deadline))
+			// Nor may a turn wait past half of what is left of its shortest
+			// lease (a grant's, which an extension renews, is far shorter
+			// than a sixth of the registry's): the client must be in time.
+			wait := min(time.Until(deadline), timeLeft(mine[:n])/2)
+			left, ran := r.renewTurn(ctx, t, mine[:n], wait)
 			rest = append(rest, left...)
 			mine = mine[n:]
 			if !ran {
@@ -142,6 +148,18 @@ func (r *Registry) renewOnTrackers(ctx context.Context, batches [][]*Hold) (rest
 		}
 	}
 	return rest
+}
+
+// timeLeft is how long the shortest lease among batches has left, as the
+// registry counts it.
+func timeLeft(batches [][]*Hold) time.Duration {
+	left := time.Duration(math.MaxInt64)
+	for _, batch := range batches {
+		for _, h := range batch {
+			left = min(left, time.Until(instant(h.tenure.leaseEnd.Load()).time()))
+		}
+	}
+	return left
 }
 
 // renewTurn renews batches on t's tracking connection, a renew.lua call

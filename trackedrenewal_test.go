@@ -1,9 +1,14 @@
 package lockreg
 
 import (
+	"bytes"
 	"context"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -146,6 +151,49 @@ func TestATrackedRenewalSentAfterTheLeaseRanOutCarriesNothing(t *testing.T) {
 	<-done
 	require.True(t, h.isLost(), "a renewal sent after the lease ran out carried the hold on")
 	requireCause(t, h, LossExpired)
+}
+
+// TestAGrantsExtensionWaitsForABusyTrackerNoLongerThanItsLeaseAllows: a
+// granted hold's short lease is extended halfway through it, by a round
+// of its one key, whose turn on the tracking connection may wait behind
+// the tracker's other work. A sixth of the registry's lease (5s of the
+// default 30s) is far past the grant's (200ms): the turn must give up in
+// time for the registry's client to extend the lease, or the hold is lost
+// to a busy tracker.
+func TestAGrantsExtensionWaitsForABusyTrackerNoLongerThanItsLeaseAllows(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Shared(t)
+	// A tracking connection (one that sent CLIENT TRACKING) writes slowly
+	// while slow is set: its tracker is busy, the registry's client not.
+	var slow atomic.Bool
+	client := redis.NewClient(&redis.Options{
+		Addr: srv.Addr(),
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			var tracking atomic.Bool
+			return writeHook{Conn: conn, before: func(b []byte) {
+				if bytes.Contains(bytes.ToLower(b), []byte("$8\r\ntracking\r\n")) { // not renew.lua's text, which EVAL sends
+					tracking.Store(true)
+				}
+				if tracking.Load() && slow.Load() {
+					time.Sleep(time.Second)
+				}
+			}}, nil
+		},
+	})
+	t.Cleanup(func() { _ = client.Close() })
+	holder, waiter := newRegistry(t, srv.Client(t)), newRegistry(t, client)
+	trackerOfAHeldKey(t, waiter)
+	t.Cleanup(func() { slow.Store(false) })
+	h := grantedHold(t, holder, waiter, "g", func() { slow.Store(true) })
+	time.Sleep(2 * waiter.grants.lease)
+	require.NoError(t, h.lossNow(), "the granted hold outlives its grant's lease")
+	require.Greater(t, srv.Client(t).PTTL(ctx, h.redisKey()).Val(), waiter.grants.lease, "extended to the registry's lease")
+	slow.Store(false)
+	require.NoError(t, h.Release(ctx))
 }
 
 // trackerOfAHeldKey holds a key of r until the test ends, and returns its
