@@ -108,14 +108,17 @@ func TestHooksSeeAcquisitionsReleasesAndCalls(t *testing.T) {
 	require.Positive(t, token)
 
 	events, acquired, released, lost, calls := rec.snapshot()
+	require.Len(t, events, 9)
 	require.Equal(t, []string{
 		"acquire k", "attempt k in acquire k", "acquired k in acquire k",
 		"acquire k", // the Do, waiting for the hand-off
 		"release k",
-		"acquired k in acquire k", // at once; the release waits for a read of the key (tenure.go)
-		"released k in release k",
-		"release k", "released k in release k",
-	}, events)
+	}, events[:5])
+	// The Do holds the key at once, while the release waits for a read of
+	// the key (tenure.go): which of the two is told first is the
+	// scheduler's choice.
+	require.ElementsMatch(t, []string{"acquired k in acquire k", "released k in release k"}, events[5:7])
+	require.Equal(t, []string{"release k", "released k in release k"}, events[7:])
 	require.Len(t, acquired, 2)
 	require.Equal(t, OutcomeAcquired, acquired[0].Outcome)
 	require.Equal(t, PathRedis, acquired[0].Path)
