@@ -90,6 +90,18 @@ func TestOnlyTheKitsRegistries(t *testing.T) {
 		fatalOf(t, func(t testing.TB) { lockregtest.Lose(t, nil, "k") }))
 }
 
+// TestNewAtFailsTheTestWhenNoRedisAnswers: NewAt on an address where no
+// Redis answers fails the test at once, saying so, rather than return a
+// registry whose acquisitions retry until their contexts end (for ever,
+// with context.Background()).
+func TestNewAtFailsTheTestWhenNoRedisAnswers(t *testing.T) {
+	msg := fatalOf(t, func(t testing.TB) { lockregtest.NewAt(t, "127.0.0.1:1") }) // nothing listens
+	require.Contains(t, msg, `lockregtest: NewAt("127.0.0.1:1"): no Redis answers there: `)
+	addr := redistest.Shared(t).Addr()
+	msg = fatalOf(t, func(t testing.TB) { lockregtest.NewAt(t, "redis://nobody:wrong@"+addr+"/0") }) // no such user
+	require.Contains(t, msg, `lockregtest: NewAt("redis://nobody:xxxxx@`+addr+`/0"): no Redis answers there: `, "the password stays out")
+}
+
 // TestNewNeedsNoRedisServer: the embedded server is all New needs.
 func TestNewNeedsNoRedisServer(t *testing.T) {
 	t.Setenv("PATH", "")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -37,6 +38,9 @@ const (
 	loseTimeout      = 5 * time.Second
 )
 
+// pingTimeout bounds NewAt's check that a Redis answers at its address.
+const pingTimeout = 5 * time.Second
+
 // New returns a registry on a Redis server embedded in the test process
 // (miniredis), a server of its own, in a namespace of its own. It needs no
 // redis-server. The registry, its client and the server are closed when
@@ -63,17 +67,40 @@ func New(t testing.TB, opts ...lockreg.Option) *lockreg.Registry {
 // rediss:// URL, rather than an embedded one: for the tests that need
 // Redis itself. Each call takes a namespace of its own, so tests may
 // share a server; the keys of its locks expire a lease after the test.
+// It fails the test at once if no Redis answers a PING at addr (nothing
+// listens, a wrong password), rather than leave the test's acquisitions
+// retrying until their contexts end.
 func NewAt(t testing.TB, addr string, opts ...lockreg.Option) *lockreg.Registry {
 	t.Helper()
 	options := &redis.Options{Addr: addr}
 	if strings.Contains(addr, "://") {
 		var err error
 		if options, err = redis.ParseURL(addr); err != nil {
-			t.Fatalf("lockregtest: NewAt(%q): %v", addr, err)
+			t.Fatalf("lockregtest: NewAt(%q): %v", redacted(addr), err)
 		}
+	}
+	if err := ping(*options); err != nil {
+		t.Fatalf("lockregtest: NewAt(%q): no Redis answers there: %v", redacted(addr), err)
 	}
 	srv := &redisServer{options: *options}
 	return srv.newRegistry(t, newNamespace(), opts)
+}
+
+// redacted is addr with the password of a URL left out, for failures.
+func redacted(addr string) string {
+	if u, err := url.Parse(addr); err == nil && strings.Contains(addr, "://") {
+		return u.Redacted()
+	}
+	return addr
+}
+
+// ping sends a PING to the server of options, on a client of its own.
+func ping(options redis.Options) error {
+	c := redis.NewClient(&options)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+	defer cancel()
+	return c.Ping(ctx).Err()
 }
 
 // Another returns another registry on r's server, in r's namespace, with
