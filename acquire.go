@@ -39,34 +39,53 @@ func (l *Lock) acquireHold(ctx context.Context, wait bool) (*Hold, error) {
 		return nil, err
 	}
 	start := time.Now()
-	hooks := r.hooks.all()
-	for _, hk := range hooks {
+	if hooks := r.hooks.all(); hooks != nil {
+		return l.acquireHooked(ctx, wait, start, hooks)
+	}
+	return l.takeHold(ctx, wait, start)
+}
+
+// acquireHooked is acquireHold with hooks to tell. A panic (a hook's, a
+// client's) after an AcquireStart hook ran still tells AcquireDone, with
+// OutcomeError, to the hooks whose AcquireStart was called (or all, once
+// every one was), so that what they began, a span, ends; the panic goes
+// on.
+func (l *Lock) acquireHooked(ctx context.Context, wait bool, start time.Time, hooks []Hooks) (h *Hold, err error) {
+	begun, ended := 0, false
+	defer func() {
+		if !ended {
+			e := AcquireEvent{Key: l.key, Wait: time.Since(start), Outcome: OutcomeError,
+				Err: fmt.Errorf("%w: key %q: the acquisition panicked", ErrNotObtained, printedKey(l.key))}
+			tellAcquireDone(ctx, hooks[:begun], e)
+		}
+	}()
+	for i, hk := range hooks {
 		if hk.AcquireStart != nil {
 			ctx = cmp.Or(hk.AcquireStart(ctx, l.key), ctx) // nil keeps ctx
 		}
+		begun = i + 1
 	}
-	h, err := l.takeHold(ctx, wait, start)
-	if hooks != nil {
-		e := AcquireEvent{Key: l.key, Wait: time.Since(start), Outcome: OutcomeAcquired, Err: err}
-		switch {
-		case err == nil:
-			e.Path = h.via.path()
-		case errors.Is(err, ErrClosed):
-			e.Outcome = OutcomeClosed
-		case errors.Is(err, ErrNotObtained) && !refused(err): // errBusy too
-			e.Outcome = OutcomeNotObtained
-		default:
-			e.Outcome = OutcomeError
+	h, err = l.takeHold(ctx, wait, start)
+	ended = true
+	e := AcquireEvent{Key: l.key, Wait: time.Since(start), Outcome: OutcomeAcquired, Err: err}
+	switch {
+	case err == nil:
+		e.Path = h.via.path()
+	case errors.Is(err, ErrClosed):
+		e.Outcome = OutcomeClosed
+	case errors.Is(err, ErrNotObtained) && !refused(err): // errBusy too
+		e.Outcome = OutcomeNotObtained
+	default:
+		e.Outcome = OutcomeError
+	}
+	told := false // a hook that panics leaves nothing held; the panic goes on
+	defer func() {
+		if !told && err == nil {
+			l.releaseUnclaimed()
 		}
-		told := false // a hook that panics leaves nothing held; the panic goes on
-		defer func() {
-			if !told && err == nil {
-				l.releaseUnclaimed()
-			}
-		}()
-		tellAcquireDone(ctx, hooks, e)
-		told = true
-	}
+	}()
+	tellAcquireDone(ctx, hooks, e)
+	told = true
 	return h, err
 }
 

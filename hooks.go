@@ -24,11 +24,14 @@ type Hooks struct {
 	AcquireStart func(ctx context.Context, key string) context.Context
 	// AcquireAttempt is called for each attempt to take the key in Redis.
 	AcquireAttempt func(ctx context.Context, key string)
-	// AcquireDone is called when the acquisition ends.
+	// AcquireDone is called when the acquisition ends; if a panic (a
+	// hook's, a client's) ends it, with OutcomeError, to the hooks whose
+	// AcquireStart was called (every one, once they all were), and the
+	// panic goes on.
 	AcquireDone func(ctx context.Context, e AcquireEvent)
 	// ReleaseStart and ReleaseDone frame the release of a hold (Release,
 	// the last Unlock, Do's), as AcquireStart and AcquireDone frame an
-	// acquisition.
+	// acquisition, a panic's included.
 	ReleaseStart func(ctx context.Context, key string) context.Context
 	ReleaseDone  func(ctx context.Context, e ReleaseEvent)
 	// Lost is called when a hold is signalled lost (its Lost channel

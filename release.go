@@ -20,20 +20,35 @@ func (h *Hold) release(ctx context.Context) error {
 	}
 	held := h.taken.since() // the release's own time is not the hold's
 	started, callerCtx := false, ctx
+	begun, ended := 0, false
 	defer func() {
 		if !started {
 			// A ReleaseStart hook panicked: the hold is released all the
-			// same (ReleaseDone is not told), and the panic goes on.
+			// same, and the panic goes on.
 			_, _ = h.releaseKey(callerCtx)
 		}
+		if !ended {
+			// A panic (a ReleaseStart hook's, a client's) still tells
+			// ReleaseDone to the hooks whose ReleaseStart was called, so
+			// that what they began, a span, ends.
+			e := ReleaseEvent{Key: h.lock.key, Held: held,
+				Err: fmt.Errorf("lockreg: release of key %q panicked", printedKey(h.lock.key))}
+			for _, hk := range hooks[:begun] {
+				if hk.ReleaseDone != nil {
+					hk.ReleaseDone(ctx, e)
+				}
+			}
+		}
 	}()
-	for _, hk := range hooks {
+	for i, hk := range hooks {
 		if hk.ReleaseStart != nil {
 			ctx = cmp.Or(hk.ReleaseStart(ctx, h.lock.key), ctx) // nil keeps ctx
 		}
+		begun = i + 1
 	}
 	started = true
 	loss, err := h.releaseKey(ctx)
+	ended = true
 	e := ReleaseEvent{Key: h.lock.key, Held: held, WasLost: loss.signalled, Err: err}
 	if !loss.signalled {
 		e.FoundLost = loss.cause

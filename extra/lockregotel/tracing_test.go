@@ -282,3 +282,41 @@ func TestSpansBesideAnotherHooksSpan(t *testing.T) {
 		}
 	}
 }
+
+// TestSpansEndWhenAPanicEndsTheirWork: an acquisition and a release that
+// a panic ends (another hook's, here; a go-redis hook's would do the
+// same) end their spans all the same, with an error status, and the
+// panic goes on to the caller.
+func TestSpansEndWhenAPanicEndsTheirWork(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		hooks lockreg.Hooks // added after lockregotel's
+		span  string        // the span the panic must not leave open
+	}{
+		{"in an attempt", lockreg.Hooks{AcquireAttempt: func(context.Context, string) { panic("hook") }}, "lockreg.acquire"},
+		{"as an acquisition starts", lockreg.Hooks{AcquireStart: func(context.Context, string) context.Context { panic("hook") }}, "lockreg.acquire"},
+		{"as a release starts", lockreg.Hooks{ReleaseStart: func(context.Context, string) context.Context { panic("hook") }}, "lockreg.release"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, _ := newRegistry(t, redistest.Shared(t).Client(t))
+			s := newSpans(t)
+			h, err := r.Obtain("k").Acquire(ctx) // before the hooks: its release is the one that panics
+			require.NoError(t, err)
+			s.instrument(t, r)
+			r.AddHooks(tc.hooks)
+			require.PanicsWithValue(t, "hook", func() {
+				if tc.span == "lockreg.release" {
+					_ = h.Release(ctx)
+				} else {
+					_, _ = r.Obtain("other").Acquire(ctx)
+				}
+			})
+			ended := s.ended()
+			require.Len(t, ended, 1, "the span ended")
+			require.Equal(t, tc.span, ended[0].Name())
+			require.Equal(t, codes.Error, ended[0].Status().Code)
+			require.NotContains(t, ended[0].Status().Description, `"other"`, "the key stays out")
+		})
+	}
+}
