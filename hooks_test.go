@@ -407,3 +407,71 @@ func TestAnAcquireAttemptHookThatPanicsLeavesNoKeyHeld(t *testing.T) {
 		})
 	}
 }
+
+// TestAPanicStillTellsTheDoneHooksOfWhatItEnded: a hook whose Start was
+// called is told the end of an acquisition or release that a panic cut
+// short (so that a span it began ends), with an error that names what
+// happened: the acquisition not obtained, the release's Redis call
+// failed. Nothing is left taken in Redis: not the key an attempt took,
+// nor the key a release's call freed before the hook that counts it
+// panicked. A release whose ReleaseStart hook panicked is done all the
+// same, and says so.
+func TestAPanicStillTellsTheDoneHooksOfWhatItEnded(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	panicOn := func(want RedisOp) Hooks {
+		return Hooks{RedisCalls: func(op RedisOp, _ int) {
+			if op == want {
+				panic("hook")
+			}
+		}}
+	}
+	for _, tc := range []struct {
+		name    string
+		hooks   Hooks
+		release bool  // the release panics, not the acquisition
+		want    error // nil: the release was done
+	}{
+		{"in an attempt", panicOn(OpAcquire), false, ErrNotObtained},
+		{"in a release's call", panicOn(OpRelease), true, ErrRedis},
+		{"as a release starts", Hooks{ReleaseStart: func(context.Context, string) context.Context { panic("hook") }}, true, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRegistry(t, client)
+			var h *Hold
+			if tc.release {
+				var err error
+				h, err = r.Obtain("k").Acquire(ctx) // before the hooks
+				require.NoError(t, err)
+			}
+			rec := &recorder{}
+			r.AddHooks(rec.hooks())
+			r.AddHooks(tc.hooks)
+			require.PanicsWithValue(t, "hook", func() {
+				if tc.release {
+					_ = h.Release(ctx)
+				} else {
+					_, _ = r.Obtain("other").Acquire(ctx)
+				}
+			})
+			_, acquired, released, _, _ := rec.snapshot()
+			if !tc.release {
+				require.Len(t, acquired, 1, "AcquireDone was told")
+				require.Equal(t, OutcomeError, acquired[0].Outcome)
+				require.ErrorIs(t, acquired[0].Err, tc.want)
+				require.Zero(t, client.Exists(ctx, r.Obtain("other").keys().Lock()).Val(), "nothing left held in Redis")
+				requireNoLocalState(t, r, "nor here")
+				return
+			}
+			require.Len(t, released, 1, "ReleaseDone was told")
+			if tc.want == nil {
+				require.NoError(t, released[0].Err)
+				require.Zero(t, client.Exists(ctx, h.redisKey()).Val(), "released in Redis")
+				requireNoLocalState(t, r, "and here")
+				return
+			}
+			require.ErrorIs(t, released[0].Err, tc.want)
+			require.Zero(t, client.Exists(ctx, h.redisKey()).Val(), "released in Redis all the same")
+		})
+	}
+}

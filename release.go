@@ -22,21 +22,24 @@ func (h *Hold) release(ctx context.Context) error {
 	started, callerCtx := false, ctx
 	begun, ended := 0, false
 	defer func() {
-		if !started {
-			// A ReleaseStart hook panicked: the hold is released all the
-			// same, and the panic goes on.
-			_, _ = h.releaseKey(callerCtx)
+		if ended {
+			return // a ReleaseDone hook panicked: it is not told again
 		}
-		if !ended {
-			// A panic (a ReleaseStart hook's, a client's) still tells
-			// ReleaseDone to the hooks whose ReleaseStart was called, so
-			// that what they began, a span, ends.
-			e := ReleaseEvent{Key: h.lock.key, Held: held,
-				Err: fmt.Errorf("lockreg: release of key %q panicked", printedKey(h.lock.key))}
-			for _, hk := range hooks[:begun] {
-				if hk.ReleaseDone != nil {
-					hk.ReleaseDone(ctx, e)
-				}
+		// A panic (a ReleaseStart hook's, a client's) still tells
+		// ReleaseDone to the hooks whose ReleaseStart was called, so that
+		// what they began, a span, ends; the panic goes on.
+		e := ReleaseEvent{Key: h.lock.key, Held: held}
+		if !started {
+			// A ReleaseStart hook's: the hold is released all the same.
+			_, e.Err = h.releaseKey(callerCtx)
+		} else {
+			// A client's, in the release's Redis calls (a go-redis hook's,
+			// a RedisCalls hook's).
+			e.Err = fmt.Errorf("%w: key %q: the release panicked", ErrRedis, printedKey(h.lock.key))
+		}
+		for _, hk := range hooks[:begun] {
+			if hk.ReleaseDone != nil {
+				hk.ReleaseDone(ctx, e)
 			}
 		}
 	}()
@@ -327,8 +330,11 @@ func (l *Lock) releaseRedis(ctx context.Context, o protocol.Release) (protocol.R
 	r := l.r
 	o.Full = r.contention.looksContended(l.key)
 	for {
+		cmd := l.runScript(ctx, r.peer.Release(l.keys(), l.key, o))
+		// Told once the call was made: a RedisCalls hook that panics then
+		// leaves the key released, not taken for a lease.
 		r.countCalls(OpRelease, 1)
-		found, err := protocol.ReadRelease(l.runScript(ctx, r.peer.Release(l.keys(), l.key, o)))
+		found, err := protocol.ReadRelease(cmd)
 		if err != nil {
 			return protocol.ReleaseReply{}, fmt.Errorf("%w: release %q: %w", ErrRedis, printedKey(l.key), err)
 		}
