@@ -412,9 +412,9 @@ func TestAnAcquireAttemptHookThatPanicsLeavesNoKeyHeld(t *testing.T) {
 // called is told the end of an acquisition or release that a panic cut
 // short (so that a span it began ends), with an error that names what
 // happened: the acquisition not obtained, the release's Redis call
-// failed. Nothing is left taken in Redis: not the key an attempt took,
-// nor the key a release's call freed before the hook that counts it
-// panicked. A release whose ReleaseStart hook panicked is done all the
+// failed. Nothing is left taken, in Redis or here: not the key an
+// attempt took, nor the key a release's call freed before the hook that
+// counts it panicked. A release whose ReleaseStart hook panicked is done all the
 // same, and says so.
 func TestAPanicStillTellsTheDoneHooksOfWhatItEnded(t *testing.T) {
 	ctx := context.Background()
@@ -472,6 +472,7 @@ func TestAPanicStillTellsTheDoneHooksOfWhatItEnded(t *testing.T) {
 			}
 			require.ErrorIs(t, released[0].Err, tc.want)
 			require.Zero(t, client.Exists(ctx, h.redisKey()).Val(), "released in Redis all the same")
+			requireNoLocalState(t, r, "and here")
 		})
 	}
 }

@@ -35,7 +35,7 @@ func (h *Hold) release(ctx context.Context) error {
 		} else {
 			// A client's, in the release's Redis calls (a go-redis hook's,
 			// a RedisCalls hook's).
-			e.Err = fmt.Errorf("%w: key %q: the release panicked", ErrRedis, printedKey(h.lock.key))
+			e.Err = errReleasePanicked(h.lock.key)
 		}
 		for _, hk := range hooks[:begun] {
 			if hk.ReleaseDone != nil {
@@ -62,6 +62,12 @@ func (h *Hold) release(ctx context.Context) error {
 		}
 	}
 	return err
+}
+
+// errReleasePanicked is the error of a release that a panic in its Redis
+// calls cut short: the key is freed in Redis, or left to its lease.
+func errReleasePanicked(key string) error {
+	return fmt.Errorf("%w: key %q: the release panicked", ErrRedis, printedKey(key))
 }
 
 // releaseLoss is what a release knew of its hold's loss: its cause, if it
@@ -136,6 +142,20 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	// reads back the registry's own client id).
 	grantBefore := local.grantedToken.Load()
 	local.hold.Store(nil)
+	// A panic in the release's calls (a go-redis hook's, a RedisCalls
+	// hook's) lets go of the key here all the same, and tells the releases
+	// that wait for this one (tenure.go): else they, and every goroutine
+	// after the key, would wait for good. The panic goes on.
+	settled := false
+	defer func() {
+		if !settled {
+			if c := h.tenure.confirm.Load(); c != nil {
+				c.end(verdict{err: errReleasePanicked(l.key)}, true)
+			}
+			local.unlock(handoff{})
+			r.leave(l.key)
+		}
+	}()
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = r.releaseContext(ctx)
@@ -197,6 +217,7 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	case protocol.Granted:
 		r.contention.saw(l.key)
 	}
+	settled = true
 	if !local.unlock(handoff{mark: mark}) && mark.isSet() {
 		// The waiter was abandoned meanwhile. unlock kept the mutex, so that
 		// the withdrawal is on record before the next owner can attempt.
