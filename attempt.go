@@ -126,7 +126,7 @@ func (a *acquisition) firstAttemptHere() (*Hold, error) {
 	sent := time.Now()
 	held, wentOut, err := l.setIfFree(a.ctx, false)
 	if wentOut {
-		l.tellTaken(a.ctx, held, func() { l.r.attempting(a.ctx, l.key) })
+		l.r.attempting(a.ctx, l.key)
 	}
 	switch {
 	case !wentOut:
@@ -250,25 +250,11 @@ func (l *Lock) setIfFree(ctx context.Context, queue bool) (held, wentOut bool, e
 	if !wentOut {
 		return false, false, nil
 	}
+	r.countCalls(OpAcquire, 1)
 	if held, err = protocol.ReadSetIfFree(cmd); err != nil {
-		err = fmt.Errorf("%w: attempt: %w", ErrRedis, err)
+		return false, true, fmt.Errorf("%w: attempt: %w", ErrRedis, err)
 	}
-	l.tellTaken(ctx, held, func() { r.countCalls(OpAcquire, 1) })
-	return held, true, err
-}
-
-// tellTaken runs tell, which tells hooks of an attempt that went out, once
-// its reply came: took says that it took the key. A hook that panics then
-// must not leave the key taken with no hold, for a lease: it goes back.
-func (l *Lock) tellTaken(ctx context.Context, took bool, tell func()) {
-	told := false
-	defer func() {
-		if took && !told {
-			_, _ = l.releaseRedis(context.WithoutCancel(ctx), protocol.Release{})
-		}
-	}()
-	tell()
-	told = true
+	return held, true, nil
 }
 
 // obtain runs obtain.lua once.
