@@ -554,8 +554,15 @@ func TestAKeyOfAnotherTypeIsLostAloneAsOverwritten(t *testing.T) {
 			require.NoError(t, err)
 			kept, err := r.Obtain("kept").Acquire(ctx)
 			require.NoError(t, err)
-			require.NoError(t, admin.Del(ctx, spoiled.redisKey()).Err())
-			require.NoError(t, admin.HSet(ctx, spoiled.redisKey(), "not", "a lock").Err())
+			// In one step: a read between a DEL and an HSET (a renewal, or
+			// the client's check of held keys while tracking is refused)
+			// would find the key gone, and rightly say deleted.
+			_, err = admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.Del(ctx, spoiled.redisKey())
+				p.HSet(ctx, spoiled.redisKey(), "not", "a lock")
+				return nil
+			})
+			require.NoError(t, err)
 			told := 3 * lease / 4 // a renewal, lease/3 away at most; expired, at the lease's end
 			if tracked {
 				told = blindLimit
