@@ -167,9 +167,10 @@ func (r *Registry) stopTracking() {
 }
 
 // newTracker makes the tracker of base's server: two clients of its own,
-// each of one connection, with base's options but RESP2 (so that
-// invalidations arrive as messages) and no caching or notifications of
-// go-redis's own.
+// the target's and the tracking connection's (whose pool may open a
+// second connection, for INFO stats), with base's options but RESP2 (so
+// that invalidations arrive as messages) and no caching or notifications
+// of go-redis's own.
 func (r *Registry) newTracker(base *redis.Client) *tracker {
 	opt := *base.Options()
 	opt.Protocol = 2
