@@ -19,8 +19,8 @@ func (h *Hold) release(ctx context.Context) error {
 		return err
 	}
 	held := h.taken.since() // the release's own time is not the hold's
-	started, callerCtx := false, ctx
-	begun, ended := 0, false
+	callerCtx := ctx
+	begun, ended := 0, false // begun: the hooks whose ReleaseStart returned
 	defer func() {
 		if ended {
 			return // a ReleaseDone hook panicked: it is not told again
@@ -29,7 +29,7 @@ func (h *Hold) release(ctx context.Context) error {
 		// ReleaseDone to the hooks whose ReleaseStart was called, so that
 		// what they began, a span, ends; the panic goes on.
 		e := ReleaseEvent{Key: h.lock.key, Held: held}
-		if !started {
+		if begun < len(hooks) {
 			// A ReleaseStart hook's: the hold is released all the same.
 			_, e.Err = h.releaseKey(callerCtx)
 		} else {
@@ -49,7 +49,6 @@ func (h *Hold) release(ctx context.Context) error {
 		}
 		begun = i + 1
 	}
-	started = true
 	loss, err := h.releaseKey(ctx)
 	ended = true
 	e := ReleaseEvent{Key: h.lock.key, Held: held, WasLost: loss.signalled, Err: err}
