@@ -2,7 +2,6 @@ package lockreg
 
 import (
 	"context"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -150,16 +149,17 @@ func (r *Registry) renewOnTrackers(ctx context.Context, batches [][]*Hold) (rest
 	return rest
 }
 
-// timeLeft is how long the shortest lease among batches has left, as the
-// registry counts it.
+// timeLeft is how long the shortest lease among batches (a turn's, never
+// empty) has left, as the registry counts it: one clock read per turn,
+// not one per key.
 func timeLeft(batches [][]*Hold) time.Duration {
-	left := time.Duration(math.MaxInt64)
+	end := batches[0][0].tenure.leaseEnd.Load()
 	for _, batch := range batches {
 		for _, h := range batch {
-			left = min(left, time.Until(instant(h.tenure.leaseEnd.Load()).time()))
+			end = min(end, h.tenure.leaseEnd.Load())
 		}
 	}
-	return left
+	return time.Until(instant(end).time())
 }
 
 // renewTurn renews batches on t's tracking connection, a renew.lua call
