@@ -159,8 +159,13 @@ func (a *acquisition) firstAttemptHere() (*Hold, error) {
 // earlier doubt standing, as the key that call may have taken is still
 // there.
 func (a *acquisition) settleDoubt(err error) {
-	a.mayHoldKey = mayHaveRun(err) || (a.mayHoldKey && err != nil)
+	a.mayHoldKey = mayHaveRun(err) || errors.Is(err, errKeyKept) || (a.mayHoldKey && err != nil)
 }
+
+// errKeyKept marks the error of an attempt that took the key but could not
+// give it back (obtainReplicated): the key may be this registry's, however
+// surely the error says that the failed call did not run.
+var errKeyKept = errors.New("the key may be held until its lease ends")
 
 // failedWith records a Redis error of an attempt, logging it unless it
 // repeats the last one or ctx ended (it then says nothing new). An attempt
@@ -281,7 +286,11 @@ func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (protoco
 	// Too few replicas have the key: a failover now could lose it. Give it
 	// back rather than hold a lock that might not survive.
 	if _, err := l.releaseRedis(ctx, protocol.Release{}); err != nil {
-		return protocol.ObtainReply{}, err
+		// obtain.lua took the key, and the release that failed may not
+		// have run (an error reply says it did not): the key may still be
+		// this registry's, which the error must say, or an acquisition
+		// that ends now would leave it locked for the lease.
+		return protocol.ObtainReply{}, fmt.Errorf("%w (%w)", err, errKeyKept)
 	}
 	if waitErr != nil {
 		// WAIT itself failed: an ACL without it is permanent, and says so.

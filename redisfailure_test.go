@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -312,4 +313,64 @@ func TestLockLogsALastingRefusalOnce(t *testing.T) {
 	require.NoError(t, client.Del(ctx, lock.keys().Lock()).Err())
 	requireFires(t, locked, 5*time.Second, "Lock took the key once it was free")
 	require.Equal(t, 1, strings.Count(logs.String(), "Lock cannot take the key"), logs.String())
+}
+
+// With WithWaitReplicas, an attempt whose key too few replicas
+// acknowledged gives the key back at once. If Redis refuses that give-back
+// without running it (an error reply: BUSY, say), the key is still the
+// registry's: an acquisition that ends then (TryLock's one attempt, or a
+// LockContext whose ctx ends before its next attempt) must release it,
+// not leave it locked for the lease with nobody holding it.
+func TestAnUnacknowledgedKeyWhoseGiveBackRedisRefusedIsReleased(t *testing.T) {
+	srv := redistest.Start(t) // no replica: WAIT 1 acknowledges nothing
+	var refuse atomic.Value   // the Redis key whose next release is refused
+	refuse.Store("")
+	client := srv.Client(t, redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			key := refuse.Load().(string)
+			if n := cmd.Name(); key != "" && (n == "evalsha" || n == "eval") && slices.Contains(cmd.Args(), any(key)) && refuse.CompareAndSwap(key, "") {
+				err := refusal("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.")
+				cmd.SetErr(err)
+				return err
+			}
+			return next(ctx, cmd)
+		}
+	}})
+	r := newRegistry(t, client, WithWaitReplicas(1, 20*time.Millisecond), WithRetryInterval(5*time.Second))
+	// Subscribed already, a failed attempt is followed by a pause, not by
+	// another attempt at once.
+	require.NoError(t, r.subscribe(context.Background()))
+	other := newRegistry(t, srv.Client(t))
+	for _, c := range []struct {
+		name    string
+		acquire func(l *Lock) error
+	}{
+		{"TryLock", func(l *Lock) error {
+			if l.TryLock() {
+				return nil
+			}
+			return ErrNotObtained
+		}},
+		{"LockContext", func(l *Lock) error {
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			return l.LockContext(ctx)
+		}},
+	} {
+		name, acquire := c.name, c.acquire
+		t.Run(name, func(t *testing.T) {
+			lock := r.Obtain(name)
+			refuse.Store(lock.keys().Lock())
+			require.ErrorIs(t, acquire(lock), ErrNotObtained)
+			require.Empty(t, refuse.Load(), "the give-back was refused")
+			requireNoLocalState(t, r)
+			require.Eventually(t, func() bool {
+				if !other.Obtain(name).TryLock() {
+					return false
+				}
+				other.Obtain(name).Unlock()
+				return true
+			}, 2*time.Second, 10*time.Millisecond, "the key is free again, not locked for the lease")
+		})
+	}
 }
