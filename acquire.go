@@ -229,7 +229,7 @@ func (a *acquisition) begin() error {
 	if a.state == attemptDue {
 		err := l.awaitPending(a.ctx)
 		if err == nil {
-			err = l.r.contention.yield(a.ctx, l.r.life.closing, l.key)
+			err = l.r.contention.yield(a.ctx, l.r.life.closing, l.key, a.wait)
 		}
 		if err != nil {
 			l.unlockLocal(a.local)

@@ -59,8 +59,17 @@ func (c *contention) yieldAfter(key string) {
 
 // yield waits, before an acquisition's first attempt on key, while a
 // release of it asks to (see yields), or until ctx ends (its error) or the
-// registry closes (ErrClosed).
-func (c *contention) yield(ctx context.Context, closed <-chan struct{}, key string) error {
+// registry closes (ErrClosed). An acquisition that cannot wait (TryLock,
+// which makes one attempt without waiting) gets errBusy instead, at once,
+// as the key is promised to the registry the yield is for; the yield is
+// left for the next acquisition.
+func (c *contention) yield(ctx context.Context, closed <-chan struct{}, key string, wait bool) error {
+	if !wait {
+		if until, ok := c.yields.Load(key); ok && time.Now().Before(until) {
+			return errBusy
+		}
+		return nil
+	}
 	until, ok := c.yields.LoadAndDelete(key)
 	if !ok || !time.Now().Before(until) {
 		return nil

@@ -88,6 +88,31 @@ func TestAReleaseOthersWaitForLetsThemTakeTheKeyFirst(t *testing.T) {
 	require.True(t, at.Before(again), "the waiter took the key %v after the releaser took it back", at.Sub(again))
 }
 
+// TestTryLockDoesNotWaitOutAYield: TryLock makes one attempt without
+// waiting, so the yield after a release that another registry waited for
+// (a retry interval with pub/sub off) must not hold it back: it reports at
+// once, and leaves the key to the waiter as the yield meant.
+func TestTryLockDoesNotWaitOutAYield(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	releaser := newRegistry(t, client, WithPubSub(false), WithRetryInterval(time.Second))
+	waiter := newRegistry(t, client, WithPubSub(false), WithRetryInterval(100*time.Millisecond))
+	lock := releaser.Obtain("k")
+	lock.Lock()
+	taken := lockInBackground(ctx, waiter.Obtain("k"))
+	waitUntilWaiting(t, waiter)
+	failed := waiter.Stats().FailedAttempts
+	require.Eventually(t, func() bool { return waiter.Stats().FailedAttempts > failed }, 5*time.Second, 100*time.Microsecond)
+	lock.Unlock()
+
+	start := time.Now()
+	took := lock.TryLock()
+	require.Less(t, time.Since(start), 200*time.Millisecond, "TryLock does not wait out the releaser's yield of a retry interval")
+	require.False(t, took, "the yield leaves the key to the waiter")
+	requireTaken(t, taken)
+	requireNoLocalState(t, waiter, "the waiter unlocked")
+}
+
 func TestFailedAttemptLeavesOwnerKeyUntouched(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)

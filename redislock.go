@@ -116,8 +116,10 @@ func parkForever() { select {} }
 // TryLock makes one attempt, without waiting, and reports whether the
 // calling goroutine now holds the lock. It fails if another goroutine or
 // Hold of this registry holds or is acquiring the lock, another owner
-// holds the Redis key, Redis fails (logged), the registry is closed, or
-// the calling goroutine holds the lock already but its hold is lost.
+// holds the Redis key, a release of this registry just left the key to
+// another that waited (the yield, docs/PROTOCOL.md), Redis fails (logged),
+// the registry is closed, or the calling goroutine holds the lock already
+// but its hold is lost.
 func (l *Lock) TryLock() bool {
 	return l.acquire(context.Background(), false) == nil
 }
