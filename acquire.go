@@ -268,15 +268,17 @@ func (a *acquisition) run(attempts func() (*Hold, error)) (*Hold, error) {
 // attemptsHere makes the attempt that is due. If it fails while the
 // registry has no subscription yet, it subscribes and, once subscribed,
 // tries again at once: a release between the failed attempt and the
-// subscription must not be missed. It returns the hold, or the error that
-// ended the acquisition, or neither when it is time to wait.
+// subscription must not be missed; unless ctx ended meanwhile, as
+// attemptsAside's caller then left and told AcquireDone. It returns the
+// hold, or the error that ended the acquisition, or neither when it is
+// time to wait.
 func (a *acquisition) attemptsHere() (*Hold, error) {
 	for {
 		if h, err := a.attempt(); h != nil || err != nil {
 			return h, err
 		}
 		r := a.l.r
-		if !r.cfg.pubSub || r.notes.subscribed.Load() || r.subscribe(a.ctx) != nil {
+		if !r.cfg.pubSub || r.notes.subscribed.Load() || r.subscribe(a.ctx) != nil || a.ctx.Err() != nil {
 			return nil, nil
 		}
 		if h := a.takeGrant(); h != nil {
