@@ -383,13 +383,6 @@ func (l *Lock) releaseThenUnlockLocal(ctx context.Context, local *localLock) {
 	l.unlockLocal(local)
 }
 
-// unlockLocal unlocks the local mutex, with nothing to hand off, and ends
-// the caller's part in the key's local state.
-func (l *Lock) unlockLocal(local *localLock) {
-	local.unlock(handoff{})
-	l.r.leave(l.key)
-}
-
 // notAcquired turns the reason an acquisition stopped into its error: a
 // Redis error that retrying would not mend ends it with that error.
 func (l *Lock) notAcquired(ctx context.Context, reason, lastErr error) error {

@@ -244,6 +244,13 @@ func (l *localLock) unlock(next handoff) (handedOff bool) {
 	return false
 }
 
+// unlockLocal unlocks the local mutex, with nothing to hand off, and ends
+// the caller's part in the key's local state.
+func (l *Lock) unlockLocal(local *localLock) {
+	local.unlock(handoff{})
+	l.r.leave(l.key)
+}
+
 // localLocks holds the localLock of every key some goroutine holds or waits
 // for, and drops it when the last one leaves, so memory follows the keys in
 // use, not the keys ever seen. Join and leave are atomic per key: one key
