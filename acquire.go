@@ -139,14 +139,14 @@ func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold,
 		r.arm(h, LossDeleted, local.waited())
 	}
 	r.stats.acquired(time.Since(start), handedOff)
-	// Close signals the holds it finds, after closing: a hold stored once
-	// it looked would never be signalled, nor renewed. Such an
-	// acquisition, which Close (or Shutdown) overtook, fails as the
-	// waiting ones do, and gives the key back.
+	// Close signals the holds it finds, after closing: one stored later would
+	// never be, nor renewed. Such an acquisition fails as the waiting ones do
+	// and gives the key back unclaimed (the hooks never hear of its loss).
 	if r.closing() {
 		_, _ = h.releaseKey(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("%w: cannot lock %q", ErrClosed, printedKey(l.key))
 	}
+	h.claim()
 	r.subscribeSoon()
 	return h, nil
 }

@@ -60,10 +60,14 @@ type Hold struct {
 	// over says that the hold ended, and how is known (Done, Err): it was
 	// lost, or its release is done.
 	released, keyReleased, over bool
+	// unclaimed says that no acquisition has returned the hold yet (see
+	// claim); untold, that it was lost meanwhile and the hooks were not
+	// told.
+	unclaimed, untold bool
 }
 
 func newHold(l *Lock, token int64, sent time.Time, lease time.Duration) *Hold {
-	h := &Hold{lock: l, via: viaRedis, token: token, taken: instantOf(sent), tenure: new(tenure)}
+	h := &Hold{lock: l, via: viaRedis, token: token, taken: instantOf(sent), tenure: new(tenure), unclaimed: true}
 	h.redisTaken = h.taken
 	h.tenure.leaseEnd.Store(int64(instantOf(sent.Add(lease))))
 	return h

@@ -2,9 +2,9 @@ package lockreg
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -479,48 +479,79 @@ func TestAPanicStillTellsTheDoneHooksOfWhatItEnded(t *testing.T) {
 	}
 }
 
-// An acquisition whose caller left (ctx ended during its attempt, which
-// runs aside) is done, and AcquireDone told: its goroutine, which finishes
-// the attempt, makes no further one. Here the subscription it opens after
-// the failed attempt was opened meanwhile by another goroutine (as
-// subscribeSoon does for a holder), so its subscribe returns at once,
-// with ctx ended.
-func TestNoAttemptIsToldAfterItsAcquisitionIsDone(t *testing.T) {
-	client := redistest.Shared(t).Client(t)
-	holder := newRegistry(t, client)
-	r := newRegistry(t, client, WithRetryInterval(5*time.Second))
-	holder.Obtain("k").Lock()
-	defer holder.Obtain("k").Unlock()
-	var done, late atomic.Bool
+// TestEveryHoldTheHooksSeeEndsOnce: each hold an acquisition reported
+// acquired ends once for the hooks, by a Lost or by a ReleaseDone whose
+// WasLost is false (as extra/lockregtest and lockregotel count holds),
+// while local hand-offs race keys deleted behind their holders' backs. A
+// hand-off whose tenure a loss struck before its waiter took it is
+// discarded (the waiter takes the key in Redis instead): the hooks must
+// not hear of that hold's loss, as no acquisition returned it. Rounds of
+// 1 s, each checked once every hold ended: the race comes a few times a
+// second.
+func TestEveryHoldTheHooksSeeEndsOnce(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Shared(t)
+	admin := srv.Client(t)
+	r := newRegistry(t, srv.Client(t), WithExpireAfter(time.Second), WithLocalHandoff(64, time.Second))
+	var mu sync.Mutex
+	var acquired, ended int
 	r.AddHooks(Hooks{
-		AcquireAttempt: func(context.Context, string) {
-			if done.Load() {
-				late.Store(true)
+		AcquireDone: func(_ context.Context, e AcquireEvent) {
+			mu.Lock()
+			defer mu.Unlock()
+			if e.Outcome == OutcomeAcquired {
+				acquired++
 			}
 		},
-		AcquireDone: func(context.Context, AcquireEvent) { done.Store(true) },
+		ReleaseDone: func(_ context.Context, e ReleaseEvent) {
+			mu.Lock()
+			defer mu.Unlock()
+			if !e.WasLost && !errors.Is(e.Err, ErrNotHeld) {
+				ended++
+			}
+		},
+		Lost: func(LossEvent) {
+			mu.Lock()
+			defer mu.Unlock()
+			ended++
+		},
 	})
-
-	n := &r.notes
-	n.mu.Lock() // another goroutine is subscribing
-	ctx, cancel := context.WithCancel(context.Background())
-	ended := make(chan error, 1)
-	go func() { ended <- r.Obtain("k").LockContext(ctx) }()
-	require.Eventually(t, func() bool { return r.Stats().FailedAttempts > 0 }, 5*time.Second, time.Millisecond)
-	cancel()
-	require.ErrorIs(t, <-ended, context.Canceled)
-	require.True(t, done.Load())
-	// The other goroutine's subscription is confirmed.
-	sub := client.Subscribe(context.Background(), n.names...)
-	for range n.names {
-		_, err := sub.ReceiveTimeout(context.Background(), 5*time.Second)
-		require.NoError(t, err)
+	lock := r.Obtain("k")
+	for round := 0; round < 5; round++ {
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 6 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					h, err := lock.Acquire(ctx)
+					if !assert.NoError(t, err) {
+						return
+					}
+					_ = h.Release(ctx)
+				}
+			})
+		}
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Millisecond):
+				}
+				admin.Del(ctx, lock.keys().Lock())
+			}
+		})
+		time.Sleep(time.Second)
+		close(stop)
+		wg.Wait()
+		mu.Lock()
+		a, e := acquired, ended
+		mu.Unlock()
+		require.Equal(t, a, e, "round %d: holds acquired, and holds ended for the hooks", round)
 	}
-	require.True(t, r.goBackground(func(stop context.Context) { r.route(stop, sub) }))
-	n.sub = sub
-	n.subscribed.Store(true)
-	n.mu.Unlock()
-
-	requireNoLocalState(t, r)
-	require.False(t, late.Load(), "an attempt was told after AcquireDone")
 }

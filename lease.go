@@ -92,7 +92,23 @@ func (h *Hold) loseLocked(cause LossCause) (tell func()) {
 	if h.lost != nil {
 		close(h.lost)
 	}
-	onLoss, err := h.onLoss, h.lostErr
+	if h.unclaimed {
+		// No acquisition returned the hold yet, and none may: a hand-off
+		// whose tenure a loss struck is discarded by its waiter, which
+		// takes the key in Redis instead, and an acquisition that Close
+		// overtook releases its hold and says ErrClosed. The hooks, which
+		// count the holds that AcquireDone reported, hear of the loss once
+		// the hold is claimed, if ever; else they would count one hold
+		// ended twice.
+		h.untold = true
+		return func() {}
+	}
+	return h.tellLoss(cause, h.onLoss, h.lostErr)
+}
+
+// tellLoss tells onLoss, if any, and the hooks that h was lost for cause,
+// with err; h.mu is not held.
+func (h *Hold) tellLoss(cause LossCause, onLoss func(error), err error) func() {
 	return func() {
 		if onLoss != nil {
 			onLoss(err)
@@ -103,6 +119,19 @@ func (h *Hold) loseLocked(cause LossCause) (tell func()) {
 				hk.Lost(e)
 			}
 		}
+	}
+}
+
+// claim records that an acquisition returns h, and tells the hooks of a
+// loss that came before (see loseLocked).
+func (h *Hold) claim() {
+	h.mu.Lock()
+	h.unclaimed = false
+	untold, cause, err := h.untold, h.cause, h.lostErr
+	h.untold = false
+	h.mu.Unlock()
+	if untold {
+		h.tellLoss(cause, nil, err)()
 	}
 }
 

@@ -327,6 +327,7 @@ func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 		redisTaken: h.redisTaken,
 		handoffs:   h.handoffs + 1,
 		tenure:     h.tenure,
+		unclaimed:  true,
 	}
 	if token != 0 {
 		next.token = token + 1
