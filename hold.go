@@ -287,16 +287,25 @@ func errReleasedWhileDrawn(key string) error {
 // it cannot have one.
 func (h *Hold) usableToken() (int64, error) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	switch {
 	case h.released:
+		h.mu.Unlock()
 		return 0, fmt.Errorf("%w: key %q: the hold was released", ErrNotHeld, printedKey(h.lock.key))
 	case h.cause != lossNone:
+		h.mu.Unlock()
 		return 0, h.lostErr
-	case h.leaseOver():
-		return 0, fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(h.lock.key), LossExpired.explain())
 	}
-	return h.token, nil
+	token := h.token
+	h.mu.Unlock()
+	// A lease that ran out (or a tenure a loss struck) before the
+	// watchdog's tick signals it is signalled now, naming its cause
+	// (lossNow): else Token would call the hold lost, as expired, while
+	// Lost stayed open and Err, then Release, named another cause (past
+	// WithMaxHold, say).
+	if err := h.lossNow(); err != nil {
+		return 0, err
+	}
+	return token, nil
 }
 
 // closedSignal is what Lock.Lost returns to a goroutine that holds nothing.

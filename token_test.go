@@ -179,3 +179,26 @@ func TestATokenDrawnWhileItsHoldIsReleasedIsNotHeld(t *testing.T) {
 	close(goOn)
 	require.ErrorIs(t, <-drawn, ErrNotHeld)
 }
+
+// TestATokenRefusedForALapsedLeaseNamesItsCause: a hold past WithMaxHold
+// whose lease ran out asks for its token before the watchdog's next tick
+// (up to a third of the lease later). Token refuses it as lost, and says
+// why as Err and Release will: it was held past WithMaxHold; and Lost has
+// fired, as Token's doc says of a hold it calls lost.
+func TestATokenRefusedForALapsedLeaseNamesItsCause(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t), WithExpireAfter(300*time.Millisecond), WithMaxHold(time.Millisecond))
+	// The watchdog ticks every 100 ms from New on: taken 50 ms in, the
+	// lease runs out about 50 ms before the tick that signals it.
+	time.Sleep(50 * time.Millisecond)
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	for !h.leaseOver() {
+		time.Sleep(time.Millisecond)
+	}
+	_, err = h.Token(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	require.ErrorContains(t, err, LossMaxHold.explain(), "the cause Err and Release name")
+	requireFires(t, h.Lost(), time.Millisecond, "Lost, as Token said lost")
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+}
