@@ -64,7 +64,8 @@ type ReleaseEvent struct {
 	// FoundLost, if not zero, is why the release itself found the hold
 	// lost, with no LossEvent before: its lease had run out unrenewed,
 	// Redis said the key was not the registry's (LossDeleted, or
-	// LossOverwritten where it can tell), or the read that confirms its
+	// LossOverwritten where it can tell, LossForced where news of a forced
+	// unlock came first), or the read that confirms its
 	// local hand-off found the key changed (the cause it names).
 	FoundLost LossCause
 	Err       error

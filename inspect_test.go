@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -362,4 +363,45 @@ func TestForceUnlockFreesALockKeyOfAnotherType(t *testing.T) {
 	h, err := r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
 	require.NoError(t, h.Release(ctx))
+}
+
+// TestAReleaseAfterAForcedUnlockSaysForced: the news of a forced unlock
+// reached the holder, whose check of the key (without tracking, a read on
+// its client) has not come back yet when it releases. Its release finds
+// the key not its own and names the cause the registry knows, forced (as
+// that check would have), not an unexplained deletion.
+func TestAReleaseAfterAForcedUnlockSaysForced(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := aclClient(t, srv, "+@all", "-client") // no tracking
+	var armed atomic.Bool
+	var lockKey atomic.Value
+	blocked, gate := make(chan struct{}), make(chan struct{})
+	client.AddHook(redistest.Hook{ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			if args := cmds[0].Args(); cmds[0].Name() == "get" && args[1] == lockKey.Load() && armed.CompareAndSwap(true, false) {
+				close(blocked)
+				<-gate
+			}
+			return next(ctx, cmds)
+		}
+	}})
+	var logs syncBuffer
+	r := newRegistry(t, client, WithRenewal(false), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "CLIENT TRACKING unavailable") }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, r.notes.subscribed.Load, 5*time.Second, time.Millisecond)
+
+	lockKey.Store(h.redisKey())
+	armed.Store(true)
+	found, err := newRegistry(t, srv.Client(t)).ForceUnlock(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, found)
+	<-blocked // the holder heard, and its check of the key waits
+	err = h.Release(ctx)
+	close(gate)
+	require.ErrorIs(t, err, ErrLockLost)
+	require.ErrorContains(t, err, LossForced.explain())
+	require.Equal(t, err, h.Err())
 }

@@ -232,6 +232,12 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	case leaseRanOut:
 		loss.cause = r.lapseCause(h)
 		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(l.key), loss.cause.explain())
+	case (overwritten || err == nil && found.Outcome == protocol.NotOurs) && h.wasForced():
+		// News of a forced unlock came before the check it asked for
+		// (receiveForced): the registry knows the cause, which that check
+		// would have named.
+		loss.cause = LossForced
+		lostErr = lossError(l.key, loss.cause)
 	case overwritten:
 		loss.cause = LossOverwritten
 		lostErr = lossError(l.key, loss.cause)
@@ -264,6 +270,14 @@ func (h *Hold) confirmed(v verdict) (releaseLoss, error) {
 		h.foundLost(v.cause, v.err)
 	}
 	return releaseLoss{cause: v.cause}, v.err
+}
+
+// wasForced reports whether news came that an operator forced h's key
+// open (receiveForced).
+func (h *Hold) wasForced() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.forced
 }
 
 // foundLost records that h's release found it lost for cause, with err,
