@@ -32,9 +32,15 @@ if not redis.call('SET', lockKey, clientID, 'NX', 'PX', leaseMs) then
     markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark)
     -- A stored value below 1 is no token (one written by hand): minus it
     -- would read as held (-1) or as no mark, so one is drawn instead.
-    local last = tonumber(redis.call('GET', fenceKey))
+    local stored = redis.call('GET', fenceKey)
+    local last = tonumber(stored)
     if not last or last < 1 then
       last = drawToken(fenceKey, now, leaseMs, 0)
+    elseif last >= exactBelow and string.match(stored, '^%d+$') then
+      -- Beyond 2^53 a number reply would round the token, maybe below
+      -- it, and a grant drawn before this mark would pass the trust rule
+      -- (see drawtoken.lua): its text is exact.
+      return '-' .. stored
     end
     return -last
   end

@@ -93,10 +93,14 @@ if channel ~= '' then
     if grantee then
       redis.call('ZREM', markerKey, waiter)
       redis.call('SET', lockKey, grantee, 'PX', grantMs)
-      local token, tokenText = drawToken(fenceKey, now, leaseMs, handedOut)
+      -- The handed-out token as its text, exact beyond 2^53 (drawtoken.lua).
+      local token, tokenText = drawToken(fenceKey, now, leaseMs, ARGV[2])
       redis.call('PUBLISH', channel .. ':' .. grantee, 'g' .. tokenText .. ':' .. grantee .. ':' .. key)
       if mark then
         markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark)
+        if token >= exactBelow then
+          return '-' .. tokenText -- exact, where a number would round
+        end
         return -token
       end
       return 3
@@ -123,8 +127,13 @@ redis.call('DEL', lockKey)
 -- Local hand-offs raise the token without a round trip; the stored token
 -- must not fall behind them.
 if handedOut > 0 then
-  local last = tonumber(redis.call('GET', fenceKey))
-  if not last or last < handedOut then
+  local stored = redis.call('GET', fenceKey)
+  local last = tonumber(stored)
+  local behind = not last or last < handedOut
+  if last and math.max(last, handedOut) >= exactBelow and string.match(stored, '^%d+$') then
+    behind = not notBelow(stored, ARGV[2]) -- exact beyond 2^53 (drawtoken.lua)
+  end
+  if behind then
     redis.call('SET', fenceKey, ARGV[2], 'PX', leaseMs)
   end
 end

@@ -15,4 +15,9 @@ end
 if not fenceKey then
   return -1
 end
-return drawToken(fenceKey, redis.call('TIME'), leaseMs, 0)
+local token, text = drawToken(fenceKey, redis.call('TIME'), leaseMs, 0)
+if token >= exactBelow then
+  -- A number reply would round it (see drawtoken.lua): its text is exact.
+  return text
+end
+return token

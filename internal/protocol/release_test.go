@@ -248,3 +248,36 @@ func TestAGiveBackDeletesTheGrantOnlyWhileItIsUntouched(t *testing.T) {
 		})
 	}
 }
+
+// Beyond 2^53 (a fence written by hand), where Lua's doubles skip
+// integers, an attempt still replies the key's last token exactly, a grant
+// draws exactly one past a stored or handed-out token and a release keeps
+// the stored token from falling behind the one handed out: otherwise a
+// grant drawn before a mark could pass the trust rule, or repeat a token.
+func TestGrantsAndMarksKeepExactTokensBeyond2To53(t *testing.T) {
+	const big = int64(1)<<53 + 1 // odd: no double holds it
+	t.Run("the attempt's reply and the grant", func(t *testing.T) {
+		e := newEnv(t)
+		holder, k := e.holder()
+		require.NoError(t, e.client.Set(e.ctx, k.Fence(), big, time.Minute).Err())
+		waiter := e.peer()
+		require.Equal(t, big, e.wait(waiter, k), "the key's last token, exactly")
+		grants := e.subscribe(GrantChannel(e.namespace, waiter.ClientID()))
+		found := e.release(holder, k, Release{Full: true, MarkNext: true})
+		require.Equal(t, ReleaseReply{Outcome: Granted, MarkToken: big + 1}, found)
+		e.requireGranted(k, waiter, grants, big+1)
+	})
+	t.Run("a grant above the token handed out", func(t *testing.T) {
+		e := newEnv(t)
+		c := e.contended()
+		require.Equal(t, Granted, e.release(c.holder, c.k, Release{HandedOut: big}).Outcome)
+		e.requireGranted(c.k, c.waiter, c.grants, big+1)
+	})
+	t.Run("the stored token follows the one handed out", func(t *testing.T) {
+		e := newEnv(t)
+		p, k := e.holder()
+		require.NoError(t, e.client.Set(e.ctx, k.Fence(), big+2, time.Minute).Err())
+		require.Equal(t, Deleted, e.release(p, k, Release{HandedOut: big + 3}).Outcome)
+		require.Equal(t, big+3, e.fence(k))
+	})
+}

@@ -370,3 +370,21 @@ func TestObtainReplicatedRunsAScriptRedisDoesNotHaveYet(t *testing.T) {
 	require.Zero(t, acked, "no replicas")
 	require.Equal(t, p.ClientID(), e.owner(k))
 }
+
+// Lua's numbers are doubles, exact up to 2^53 only: a stored last token
+// beyond it (written by hand: the clock's microseconds stay below it) must
+// still give strictly rising tokens, each above the stored one, never the
+// same one twice nor one below it.
+func TestDrawTokenRisesPastAStoredTokenBeyond2To53(t *testing.T) {
+	e := newEnv(t)
+	p, k := e.holder()
+	const stored = int64(1)<<53 + 1
+	require.NoError(t, e.client.Set(e.ctx, k.Fence(), stored, testLease).Err())
+	last := stored
+	for range 3 {
+		token := e.drawToken(p, k)
+		require.Equal(t, last+1, token)
+		require.Equal(t, token, e.fence(k), "and stored")
+		last = token
+	}
+}
