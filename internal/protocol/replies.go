@@ -88,6 +88,9 @@ func ReadRelease(cmd *redis.Cmd) (ReleaseReply, error) {
 	switch {
 	case err != nil:
 		return ReleaseReply{}, err
+	case n == math.MinInt64:
+		// No token's opposite (a token of 2^63): -n would stay negative, a
+		// mark token every grant's would exceed. As ReadObtain refuses it.
 	case n < 0:
 		return ReleaseReply{Outcome: Granted, MarkToken: -n}, nil
 	case n <= int64(NeedsArguments):

@@ -3,6 +3,7 @@ package protocol
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -81,6 +82,11 @@ func TestReadRelease(t *testing.T) {
 		// Another version's outcome must not pass for one of ours.
 		{name: "an unknown outcome", cmd: reply(int64(5), nil), wantErr: true},
 		{name: "a far unknown outcome", cmd: reply(int64(200), nil), wantErr: true},
+		// Minus a token of 2^63 (a fence written by hand, raised by a
+		// grant) has no int64 opposite: it must not pass for a negative
+		// mark token, which every grant's token would exceed.
+		{name: "no token's opposite", cmd: reply(int64(math.MinInt64), nil), wantErr: true},
+		{name: "no token's opposite, as text", cmd: reply("-9223372036854775808", nil), wantErr: true},
 		{name: "a real error", cmd: reply(nil, errConn), wantErr: true},
 	})
 }
