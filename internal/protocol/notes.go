@@ -51,8 +51,12 @@ func ParseNote(payload string) (n Note, known bool, err error) {
 	case strings.HasPrefix(payload, "g"):
 		n.Kind = GrantNote
 		tokenText, rest, _ := strings.Cut(payload[1:], ":")
-		n.ClientID, n.Key, _ = strings.Cut(rest, ":")
-		if n.Token, err = strconv.ParseInt(tokenText, 10, 64); err != nil || n.Token <= 0 {
+		var named bool
+		n.ClientID, n.Key, named = strings.Cut(rest, ":")
+		// release.lua always names the grantee and a key, never empty: a
+		// grant without one names no lock, and would be taken, or given
+		// back, as key "" (whose lock keys span slots on Cluster).
+		if n.Token, err = strconv.ParseInt(tokenText, 10, 64); err != nil || n.Token <= 0 || !named || n.Key == "" {
 			return Note{Kind: GrantNote, Key: n.Key, ClientID: n.ClientID}, true, errMalformedGrant
 		}
 		return n, true, nil

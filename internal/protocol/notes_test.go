@@ -24,6 +24,11 @@ func TestParseNote(t *testing.T) {
 		{name: "grant without a number", payload: "gx:id:k", want: Note{Kind: GrantNote, ClientID: "id", Key: "k"}, known: true, malformed: true},
 		{name: "grant of token 0", payload: "g0:id:k", want: Note{Kind: GrantNote, ClientID: "id", Key: "k"}, known: true, malformed: true},
 		{name: "grant of a negative token", payload: "g-5:id:k", want: Note{Kind: GrantNote, ClientID: "id", Key: "k"}, known: true, malformed: true},
+		// release.lua always names the grantee and a key, which is never
+		// empty: a grant without them names no lock to take or give back.
+		{name: "grant without a key", payload: "g42:id", want: Note{Kind: GrantNote, ClientID: "id"}, known: true, malformed: true},
+		{name: "grant with an empty key", payload: "g42:id:", want: Note{Kind: GrantNote, ClientID: "id"}, known: true, malformed: true},
+		{name: "grant without a client id", payload: "g42", want: Note{Kind: GrantNote}, known: true, malformed: true},
 		{name: "another version's kind", payload: "zid:k"},
 		{name: "empty", payload: ""},
 	} {
@@ -42,7 +47,7 @@ func TestParseNote(t *testing.T) {
 
 // FuzzParseNote checks that no payload makes ParseNote panic, that an
 // unknown kind reads as nothing, and that a grant it reads without error
-// has a token to trust.
+// has a token to trust and a key.
 func FuzzParseNote(f *testing.F) {
 	for _, seed := range []string{"", "w", "wk", "g", "g1", "g1:id:k", "g0:id:k", "g-1:id:k", "g9999999999999999999:id:k", "f", "fid:k", "x"} {
 		f.Add(seed)
@@ -56,6 +61,7 @@ func FuzzParseNote(f *testing.F) {
 		}
 		if n.Kind == GrantNote && err == nil {
 			require.Positive(t, n.Token, payload)
+			require.NotEmpty(t, n.Key, payload)
 		}
 	})
 }
