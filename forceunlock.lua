@@ -32,9 +32,24 @@ if not holder or (only and only ~= '' and holder ~= only) then
 end
 if fenceKey then
   local now = redis.call('TIME')
-  local last = tonumber(redis.call('GET', fenceKey)) or 0
-  local floor = math.max(last, tonumber(now[1]) * 1000000 + tonumber(now[2])) + margin
-  redis.call('SET', fenceKey, string.format('%.0f', floor), 'PX', math.max(redis.call('PTTL', fenceKey), fenceMs))
+  local stored = redis.call('GET', fenceKey)
+  local last = tonumber(stored) or 0
+  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local floor = string.format('%.0f', math.max(last, clock) + margin)
+  if last >= 9007199254740992 and last > clock and string.match(stored, '^%d+$') then
+    -- Beyond 2^53 (a fence written by hand) doubles skip integers, and
+    -- last + margin may round below it: add the margin digit by digit.
+    local digits, carry = {}, margin
+    for i = #stored, 1, -1 do
+      local d = string.byte(stored, i) - 48 + carry
+      digits[i], carry = d % 10, math.floor(d / 10)
+    end
+    floor = table.concat(digits)
+    if carry > 0 then
+      floor = string.format('%d', carry) .. floor
+    end
+  end
+  redis.call('SET', fenceKey, floor, 'PX', math.max(redis.call('PTTL', fenceKey), fenceMs))
 end
 -- 'f<client id>:<key>' tells the holder's registry, which then signals the
 -- hold lost: first on the holder's forced-unlock channel, where its

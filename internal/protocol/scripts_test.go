@@ -388,3 +388,19 @@ func TestDrawTokenRisesPastAStoredTokenBeyond2To53(t *testing.T) {
 		last = token
 	}
 }
+
+// Beyond 2^53 (a fence written by hand), where Lua's doubles skip
+// integers, the forced fence must still be the margin past the last token,
+// exactly: a holder may have handed out that many tokens past it locally.
+func TestForceUnlockRaisesAFenceBeyond2To53ByTheWholeMargin(t *testing.T) {
+	const margin = 1000
+	for _, last := range []int64{1<<53 + 1, 999_999_999_999_999_999} {
+		e := newEnv(t)
+		_, k := e.holder()
+		require.NoError(t, e.client.Set(e.ctx, k.Fence(), last, testLease).Err())
+		_, held, err := ReadForceUnlock(e.run(e.peer(noGrants).ForceUnlock(k, "k", margin, 2*time.Second, "")))
+		require.NoError(t, err)
+		require.True(t, held)
+		require.Equal(t, last+margin, e.fence(k))
+	}
+}
