@@ -18,50 +18,47 @@
 -- stored text plus one, added digit by digit, and callers reply its text,
 -- which Go reads as exactly (ReadToken, ReadRelease, ReadObtain).
 local exactBelow = 9007199254740992
--- plusOne is the decimal digits text plus one, exactly.
-local function plusOne(text)
-  local i = #text
-  while i > 0 and string.byte(text, i) == 57 do -- '9'
-    i = i - 1
-  end
-  if i == 0 then
-    return '1' .. string.rep('0', #text)
-  end
-  return string.sub(text, 1, i - 1) .. string.char(string.byte(text, i) + 1) .. string.rep('0', #text - i)
-end
--- notBelow reports whether the decimal digits a are at least b's.
-local function notBelow(a, b)
-  a, b = string.match(a, '^0*(%d*)$'), string.match(b, '^0*(%d*)$')
-  if #a ~= #b then
-    return #a > #b
-  end
-  return a >= b
-end
 -- floor is a number, or the text of one (a token Go handed out), which is
--- read exactly beyond 2^53.
+-- read exactly beyond 2^53. The exact path's arithmetic is written inline:
+-- a helper function would be made anew on every call of every script this
+-- library is put before, which would cost the usual call.
 local function drawToken(fence, now, lease, floor)
   local token = math.max(tonumber(now[1]) * 1000000 + tonumber(now[2]), tonumber(floor) + 1)
-  local text
+  -- base: beyond 2^53, the larger of floor and the stored token, as digits.
+  local base
   if token < exactBelow or type(floor) ~= 'string' then
-    text = string.format('%.0f', token)
-  else
-    text = plusOne(floor)
-  end
-  local stored = redis.call('SET', fence, text, 'PX', lease, 'GET')
-  local last = tonumber(stored)
-  if last and last >= exactBelow - 1 and string.match(stored, '^%d+$') and string.match(text, '^%d+$') then
-    if notBelow(stored, text) then
-      -- Without leading zeros, as '%.0f' writes it: a give-back compares
-      -- the stored text with the grant's token.
-      text = plusOne(string.match(stored, '^0*(%d+)$'))
-      token = tonumber(text)
-      redis.call('SET', fence, text, 'PX', lease)
+    local text = string.format('%.0f', token)
+    local stored = redis.call('SET', fence, text, 'PX', lease, 'GET')
+    local last = tonumber(stored)
+    if not last or last < token then
+      return token, text
     end
-  elseif last and last >= token then
-    token = last + 1
-    text = string.format('%.0f', token)
-    redis.call('SET', fence, text, 'PX', lease)
+    if last < exactBelow - 1 or not string.match(stored, '^%d+$') then
+      token = last + 1
+      text = string.format('%.0f', token)
+      redis.call('SET', fence, text, 'PX', lease)
+      return token, text
+    end
+    base = string.match(stored, '^0*(%d+)$')
+  else
+    base = string.match(floor, '^0*(%d+)$')
+    local stored = string.match(redis.call('GET', fence) or '', '^0*(%d+)$')
+    if stored and (#stored > #base or #stored == #base and stored > base) then
+      base = stored
+    end
   end
-  return token, text
+  -- base plus one, digit by digit, without leading zeros, as '%.0f' writes
+  -- it: a give-back compares the stored text with the grant's token.
+  local i = #base
+  while i > 0 and string.byte(base, i) == 57 do -- '9'
+    i = i - 1
+  end
+  local text = string.rep('0', #base - i)
+  if i == 0 then
+    text = '1' .. text
+  else
+    text = string.sub(base, 1, i - 1) .. string.char(string.byte(base, i) + 1) .. text
+  end
+  redis.call('SET', fence, text, 'PX', lease)
+  return tonumber(text), text
 end
-

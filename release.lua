@@ -131,7 +131,10 @@ if handedOut > 0 then
   local last = tonumber(stored)
   local behind = not last or last < handedOut
   if last and math.max(last, handedOut) >= exactBelow and string.match(stored, '^%d+$') then
-    behind = not notBelow(stored, ARGV[2]) -- exact beyond 2^53 (drawtoken.lua)
+    -- Exact beyond 2^53 (drawtoken.lua): digits without leading zeros
+    -- compare by length, then as text.
+    local a, b = string.match(stored, '^0*(%d+)$'), string.match(ARGV[2], '^0*(%d+)$')
+    behind = #a < #b or #a == #b and a < b
   end
   if behind then
     redis.call('SET', fenceKey, ARGV[2], 'PX', leaseMs)

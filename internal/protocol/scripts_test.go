@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -376,16 +377,23 @@ func TestObtainReplicatedRunsAScriptRedisDoesNotHaveYet(t *testing.T) {
 // still give strictly rising tokens, each above the stored one, never the
 // same one twice nor one below it.
 func TestDrawTokenRisesPastAStoredTokenBeyond2To53(t *testing.T) {
-	e := newEnv(t)
-	p, k := e.holder()
-	const stored = int64(1)<<53 + 1
-	require.NoError(t, e.client.Set(e.ctx, k.Fence(), stored, testLease).Err())
-	last := stored
-	for range 3 {
-		token := e.drawToken(p, k)
-		require.Equal(t, last+1, token)
-		require.Equal(t, token, e.fence(k), "and stored")
-		last = token
+	// The stored text, and the token it was written as: the last two carry
+	// over nines, and the third has leading zeros that a token's text has not.
+	for stored, last := range map[string]int64{
+		"9007199254740993":    1<<53 + 1,
+		"9007199254740999":    9007199254740999,
+		"999999999999999999":  999_999_999_999_999_999,
+		"0009007199254740993": 1<<53 + 1,
+	} {
+		e := newEnv(t)
+		p, k := e.holder()
+		require.NoError(t, e.client.Set(e.ctx, k.Fence(), stored, testLease).Err())
+		for range 3 {
+			token := e.drawToken(p, k)
+			require.Equal(t, last+1, token, "after %s", stored)
+			require.Equal(t, strconv.FormatInt(token, 10), e.client.Get(e.ctx, k.Fence()).Val(), "and stored as its text")
+			last = token
+		}
 	}
 }
 
