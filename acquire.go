@@ -89,19 +89,6 @@ func (l *Lock) acquireHooked(ctx context.Context, wait bool, start time.Time, ho
 	return h, err
 }
 
-// checkAcquisition refuses bad input, or a closed registry, at once.
-func (l *Lock) checkAcquisition(ctx context.Context) error {
-	switch {
-	case l.key == "":
-		return fmt.Errorf("%w: empty key", ErrInvalidKey)
-	case ctx == nil:
-		return errNilContext
-	case l.r.closing():
-		return fmt.Errorf("%w: cannot lock %q", ErrClosed, printedKey(l.key))
-	}
-	return nil
-}
-
 // takeHold is acquireHold's work, begun at start.
 func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold, error) {
 	r := l.r
@@ -227,7 +214,12 @@ func (a *acquisition) attempts() (*Hold, error) {
 func (a *acquisition) begin() error {
 	l := a.l
 	if a.state == attemptDue {
-		err := l.awaitPending(a.ctx)
+		// A ctx ended already fails the call unsent, unable to tell that it
+		// did not run: a release and withdrawals would follow, for nothing.
+		err := a.ctx.Err()
+		if err == nil {
+			err = l.awaitPending(a.ctx)
+		}
 		if err == nil {
 			err = l.r.contention.yield(a.ctx, l.r.life.closing, l.key, a.wait)
 		}

@@ -94,3 +94,17 @@ func TestNoAttemptIsToldAfterItsAcquisitionIsDone(t *testing.T) {
 	requireNoLocalState(t, r)
 	require.False(t, late.Load(), "an attempt was told after AcquireDone")
 }
+
+// An acquisition whose ctx ended before it began sends Redis nothing: no
+// attempt, and so no release or withdrawal of what it might have taken.
+func TestAnAcquisitionWhoseContextEndedSendsRedisNothing(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	var calls atomic.Int64
+	r.AddHooks(Hooks{RedisCalls: func(_ RedisOp, n int) { calls.Add(int64(n)) }})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, r.Obtain("k").LockContext(ctx), context.Canceled)
+	require.ErrorIs(t, r.Obtain("k").LockContext(ctx), ErrNotObtained)
+	requireNoLocalState(t, r)
+	require.Zero(t, calls.Load())
+}

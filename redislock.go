@@ -224,3 +224,16 @@ func (l *Lock) Lost() <-chan struct{} {
 	}
 	return closedSignal
 }
+
+// checkAcquisition refuses bad input, or a closed registry, at once.
+func (l *Lock) checkAcquisition(ctx context.Context) error {
+	switch {
+	case l.key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalidKey)
+	case ctx == nil:
+		return errNilContext
+	case l.r.closing():
+		return fmt.Errorf("%w: cannot lock %q", ErrClosed, printedKey(l.key))
+	}
+	return nil
+}
