@@ -63,23 +63,7 @@ func TestAContendedKeySkipsThePlainSet(t *testing.T) {
 // releasing goroutine, which needs no notification, would otherwise take
 // the key again long before the waiter's next attempt.
 func TestAReleaseOthersWaitForLetsThemTakeTheKeyFirst(t *testing.T) {
-	ctx := context.Background()
-	client := redistest.Shared(t).Client(t)
-	// With pub/sub off a release deletes the key rather than granting it,
-	// and the waiter hears of it only by polling, every 100ms; the
-	// releaser's next acquisition waits a retry interval of its own, 1s.
-	releaser := newRegistry(t, client, WithPubSub(false), WithRetryInterval(time.Second))
-	waiter := newRegistry(t, client, WithPubSub(false), WithRetryInterval(100*time.Millisecond))
-	lock := releaser.Obtain("k")
-	lock.Lock()
-	taken := lockInBackground(ctx, waiter.Obtain("k"))
-	waitUntilWaiting(t, waiter)
-	// Release just after one of the waiter's attempts failed: its mark,
-	// which that attempt renewed for two retry intervals, is live, and its
-	// next attempt is a retry interval away.
-	failed := waiter.Stats().FailedAttempts
-	require.Eventually(t, func() bool { return waiter.Stats().FailedAttempts > failed }, 5*time.Second, 100*time.Microsecond)
-	lock.Unlock()
+	_, waiter, lock, taken := releaseToAWaiter(t)
 	lock.Lock() // at once, as a loop around the critical section would
 	again := time.Now()
 	lock.Unlock()
@@ -94,18 +78,7 @@ func TestAReleaseOthersWaitForLetsThemTakeTheKeyFirst(t *testing.T) {
 // (a retry interval with pub/sub off) must not hold it back: it reports at
 // once, and leaves the key to the waiter as the yield meant.
 func TestTryLockDoesNotWaitOutAYield(t *testing.T) {
-	ctx := context.Background()
-	client := redistest.Shared(t).Client(t)
-	releaser := newRegistry(t, client, WithPubSub(false), WithRetryInterval(time.Second))
-	waiter := newRegistry(t, client, WithPubSub(false), WithRetryInterval(100*time.Millisecond))
-	lock := releaser.Obtain("k")
-	lock.Lock()
-	taken := lockInBackground(ctx, waiter.Obtain("k"))
-	waitUntilWaiting(t, waiter)
-	failed := waiter.Stats().FailedAttempts
-	require.Eventually(t, func() bool { return waiter.Stats().FailedAttempts > failed }, 5*time.Second, 100*time.Microsecond)
-	lock.Unlock()
-
+	releaser, waiter, lock, taken := releaseToAWaiter(t)
 	var attempts atomic.Int32
 	releaser.AddHooks(Hooks{AcquireAttempt: func(context.Context, string) { attempts.Add(1) }})
 	start := time.Now()
@@ -115,6 +88,28 @@ func TestTryLockDoesNotWaitOutAYield(t *testing.T) {
 	require.Zero(t, attempts.Load(), "nor does it attempt after the yield")
 	requireTaken(t, taken)
 	requireNoLocalState(t, waiter, "the waiter unlocked")
+}
+
+// releaseToAWaiter releases, on a releaser's lock of key k, a key that a
+// waiter's goroutine waits for (taken reports when it took it), with the
+// yield rule's timing: with pub/sub off a release deletes the key rather
+// than granting it, and the waiter hears of it only by polling, every
+// 100ms; the releaser's next acquisition waits a retry interval of its
+// own, 1s. The release comes just after one of the waiter's attempts
+// failed: its mark, which that attempt renewed for two retry intervals,
+// is live, and its next attempt is a retry interval away.
+func releaseToAWaiter(t *testing.T) (releaser, waiter *Registry, lock *Lock, taken <-chan time.Time) {
+	client := redistest.Shared(t).Client(t)
+	releaser = newRegistry(t, client, WithPubSub(false), WithRetryInterval(time.Second))
+	waiter = newRegistry(t, client, WithPubSub(false), WithRetryInterval(100*time.Millisecond))
+	lock = releaser.Obtain("k")
+	lock.Lock()
+	taken = lockInBackground(context.Background(), waiter.Obtain("k"))
+	waitUntilWaiting(t, waiter)
+	failed := waiter.Stats().FailedAttempts
+	require.Eventually(t, func() bool { return waiter.Stats().FailedAttempts > failed }, 5*time.Second, 100*time.Microsecond)
+	lock.Unlock()
+	return releaser, waiter, lock, taken
 }
 
 func TestFailedAttemptLeavesOwnerKeyUntouched(t *testing.T) {
