@@ -369,7 +369,7 @@ func (a *acquisition) abandon(stop error) error {
 func (l *Lock) releaseThenUnlockLocal(ctx context.Context, local *localLock) {
 	ctx, cancel := context.WithTimeout(ctx, l.r.cfg.expireAfter)
 	defer cancel()
-	if _, err := l.releaseRedis(ctx, protocol.Release{}); err != nil {
+	if _, err := l.releaseRedisAside(ctx, protocol.Release{}); err != nil {
 		l.r.cfg.logger.Debug("lockreg: could not release the key of an abandoned attempt; it expires after the lease", "key", printedKey(l.key), "error", err)
 	}
 	l.unlockLocal(local)

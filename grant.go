@@ -144,8 +144,9 @@ func (l *Lock) withdrawMark() {
 	if !r.goBackground(func(ctx context.Context) {
 		defer finish()
 		calls := r.peer.Withdraw(l.keys())
-		r.countCalls(OpWithdraw, len(calls))
-		protocol.RunPipeline(ctx, r.client, calls)
+		if r.countCallsAside(OpWithdraw, calls) == nil {
+			protocol.RunPipeline(ctx, r.client, calls)
+		}
 		for _, c := range calls {
 			if err := c.Cmd.Err(); err != nil {
 				r.cfg.logger.Debug("lockreg: could not withdraw a waiting mark; it lapses by itself", "key", printedKey(l.key), "error", err)
@@ -248,7 +249,7 @@ func (r *Registry) giveBack(ctx context.Context, key string, token int64, holder
 	l := r.Obtain(key)
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.expireAfter)
 	defer cancel()
-	found, err := l.releaseRedis(ctx, protocol.Release{GiveBack: token})
+	found, err := l.releaseRedisAside(ctx, protocol.Release{GiveBack: token})
 	if err != nil {
 		r.cfg.logger.Debug("lockreg: could not give a granted key back; it expires after its grant lease", "key", printedKey(key), "error", err)
 		return

@@ -2,9 +2,14 @@ package lockreg
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // Hooks are told what a registry does, for metrics and traces: see
@@ -147,6 +152,9 @@ func (r *Registry) AddHooks(h Hooks) {
 type hookList struct {
 	mu   sync.Mutex // serializes AddHooks
 	list atomic.Pointer[[]Hooks]
+	// panicked says that a hook panicked in background work: only the
+	// first is logged as an error, as a broken hook panics at every call.
+	panicked atomic.Bool
 }
 
 // all returns the hooks, or nil: the one check an event costs without any.
@@ -172,6 +180,38 @@ func (r *Registry) countCalls(op RedisOp, n int) {
 			hk.RedisCalls(op, n)
 		}
 	}
+}
+
+// countCallsAside is countCalls for the registry's background work, where
+// a hook's panic has no caller to go on to and would crash the process. As
+// a foreground panic fails its operation, this one fails calls, not sent
+// yet, as a Redis error would: their holds are handled as on one (a
+// renewal is tried again, then its lease lapses, signalled lost). It
+// reports the error, or nil.
+func (r *Registry) countCallsAside(op RedisOp, calls []*protocol.Call) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = r.hookPanicked(op, v)
+			for _, c := range calls {
+				c.Cmd = redis.NewCmd(context.Background())
+				c.Cmd.SetErr(err)
+			}
+		}
+	}()
+	r.countCalls(op, len(calls))
+	return nil
+}
+
+// hookPanicked logs v, the panic of a hook told of calls for op in
+// background work, and returns the error the calls fail with.
+func (r *Registry) hookPanicked(op RedisOp, v any) error {
+	err := fmt.Errorf("%w: a RedisCalls hook panicked for %s calls: %v", ErrRedis, op, v)
+	if r.hooks.panicked.CompareAndSwap(false, true) {
+		r.cfg.logger.Error("lockreg: a hook panicked in background work; its calls fail as on a Redis error (later panics are logged at debug level)", "error", err)
+	} else {
+		r.cfg.logger.Debug("lockreg: a hook panicked in background work", "error", err)
+	}
+	return err
 }
 
 // attempting tells the hooks of an attempt to take key in Redis.

@@ -323,8 +323,9 @@ func (r *Registry) checkHoldsOnce(ctx context.Context, holds []*Hold, cause Loss
 		calls[i] = r.peer.CheckOwner(h.redisKey())
 		confirming[i] = h.tenure.toConfirm()
 	}
-	r.countCalls(OpCheck, len(calls))
-	protocol.RunPipeline(ctx, r.client, calls)
+	if r.countCallsAside(OpCheck, calls) == nil {
+		protocol.RunPipeline(ctx, r.client, calls)
+	}
 	logged := false
 	for i, h := range holds {
 		owner, err := r.peer.ReadOwner(calls[i])

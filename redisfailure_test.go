@@ -374,3 +374,40 @@ func TestAnUnacknowledgedKeyWhoseGiveBackRedisRefusedIsReleased(t *testing.T) {
 		})
 	}
 }
+
+// TestARedisCallsHookThatPanicsInTheBackgroundFailsTheCall: a RedisCalls
+// hook that panics in the registry's background work (a renewal, a
+// tracker's read) has no caller to panic to: the registry logs it and
+// fails the call as a Redis error would, rather than crash the process.
+// A renewal that always panics leaves the hold to lapse, signalled lost;
+// a tracker's read leaves the hold to its renewals.
+func TestARedisCallsHookThatPanicsInTheBackgroundFailsTheCall(t *testing.T) {
+	srv := redistest.Shared(t)
+	for _, op := range []RedisOp{OpRenew, OpTrack} {
+		t.Run(string(op), func(t *testing.T) {
+			ctx := context.Background()
+			var logs syncBuffer
+			r := newRegistry(t, srv.Client(t), WithExpireAfter(300*time.Millisecond),
+				WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+			var panics atomic.Int64
+			r.AddHooks(Hooks{RedisCalls: func(o RedisOp, _ int) {
+				if o == op {
+					panics.Add(1)
+					panic("hook")
+				}
+			}})
+			h, err := r.Obtain("k").Acquire(ctx)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return panics.Load() > 0 }, 2*time.Second, time.Millisecond)
+			if op == OpRenew {
+				requireFires(t, h.Lost(), 2*time.Second, "the unrenewed hold lapses")
+				require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+			} else {
+				time.Sleep(time.Second) // three leases: the renewals carry the hold
+				requireOpen(t, h.Lost(), "the hold is renewed")
+				require.NoError(t, h.Release(ctx))
+			}
+			require.Contains(t, logs.String(), "panicked")
+		})
+	}
+}

@@ -349,6 +349,19 @@ func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 	return next
 }
 
+// releaseRedisAside is releaseRedis for the registry's background work: a
+// RedisCalls hook's panic, with no caller to go on to, fails the release
+// as a Redis error would (countCallsAside). The call was made: the key is
+// released, or left to its lease.
+func (l *Lock) releaseRedisAside(ctx context.Context, o protocol.Release) (got protocol.ReleaseReply, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			got, err = protocol.ReleaseReply{}, l.r.hookPanicked(OpRelease, v)
+		}
+	}()
+	return l.releaseRedis(ctx, o)
+}
+
 // releaseRedis runs release.lua, for a hold (o.HandedOut: the last token
 // it handed out locally), or for an attempt that may have taken the key,
 // or for a grant nobody here took (o.GiveBack). With o.MarkNext, a release

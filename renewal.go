@@ -222,8 +222,8 @@ func lockKeysOf(holds []*Hold) []string {
 // registry's client, and returns when they were sent.
 func (r *Registry) sendRenewals(ctx context.Context, calls, refresh []*protocol.Call) (sent time.Time) {
 	sent = time.Now()
-	if len(calls) > 0 {
-		r.countCalls(OpRenew, len(calls))
+	if len(calls) > 0 && r.countCallsAside(OpRenew, calls) != nil {
+		return sent // the refresh waits for the next round
 	}
 	protocol.RunPipeline(ctx, r.client, append(calls, refresh...))
 	if len(refresh) > 0 {

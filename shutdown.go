@@ -205,7 +205,7 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 			c.releaseBegins()
 		}
 		releases.Go(func() {
-			got, err := h.lock.releaseRedis(ctx, protocol.Release{HandedOut: handedOut})
+			got, err := h.lock.releaseRedisAside(ctx, protocol.Release{HandedOut: handedOut})
 			var v verdict
 			switch {
 			case err != nil:

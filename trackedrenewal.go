@@ -182,7 +182,10 @@ func (r *Registry) renewTurn(ctx context.Context, t *tracker, batches [][]*Hold,
 	if sent.IsZero() {
 		return batches, false
 	}
-	r.countCalls(OpRenew, len(calls))
+	if r.countCallsAside(OpRenew, calls) != nil {
+		// Failed, though the calls ran: the client's round sends them again.
+		return batches, false
+	}
 	evicted := sync.OnceValue(func() bool { return r.evictedSince(ctx, t.addr, t.client) })
 	for i, batch := range batches {
 		err := calls[i].Cmd.Err()

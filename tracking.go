@@ -260,7 +260,15 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 		calls[i] = r.peer.Arm(req.h.redisKey())
 		confirming[i] = req.h.tenure.toConfirm()
 	}
-	r.countCalls(OpTrack, len(calls))
+	if err := r.countCallsAside(OpTrack, calls); err != nil {
+		// As reads the node refused for now (below): a broken connection's
+		// successor would read, and fail, at once again.
+		for i, req := range batch {
+			req.h.tenure.settle(confirming[i], false)
+		}
+		r.rearm(batch)
+		return true
+	}
 	protocol.RunPipeline(ctx, conn, calls)
 	var redirected []armRequest
 	// Where the server may evict, each batch reads how many keys it
