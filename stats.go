@@ -35,7 +35,9 @@ type Stats struct {
 	Notifications int64
 	// Tracking says that the registry learns at once that a held key
 	// changed (CLIENT TRACKING: a DEL, an overwrite, a flush, an eviction).
-	// False until tracking is on, and for good where the server refuses it
+	// False until tracking is on, while no tracker's server answers (its
+	// subscription broke: until it is back, holders learn of changes at
+	// their renewals), and for good where the server refuses it
 	// (an ACL without CLIENT, a proxy) or the client is neither a
 	// *redis.Client nor a *redis.ClusterClient: holders then learn of such
 	// changes at their next renewal.
@@ -102,7 +104,7 @@ func (r *Registry) Stats() Stats {
 		Notifications:  c.notes.Load(),
 		Held:           c.held.Load(),
 		Tracked:        r.locals.size(),
-		Tracking:       r.tracking.on.Load() && !r.tracking.refused.Load(),
+		Tracking:       r.tracking.on.Load() && !r.tracking.refused.Load() && r.trackingUp(),
 	}
 	w := &s.Wait
 	w.Count = c.waitCount.Load()

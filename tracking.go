@@ -156,6 +156,22 @@ func (r *Registry) trackerFor(redisKey string) *tracker {
 	return t
 }
 
+// trackingUp reports whether a tracker's subscription is up, on which
+// invalidations arrive: on a Cluster, any node's.
+func (r *Registry) trackingUp() bool {
+	if t := r.tracking.single.Load(); t != nil {
+		return t.up.Load()
+	}
+	r.tracking.mu.Lock()
+	defer r.tracking.mu.Unlock()
+	for _, t := range r.tracking.trackers {
+		if t.up.Load() && !t.refused.Load() {
+			return true
+		}
+	}
+	return false
+}
+
 // stopTracking closes the trackers' subscriptions, which ends their
 // goroutines once Close cancelled their context.
 func (r *Registry) stopTracking() {

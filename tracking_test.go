@@ -544,3 +544,17 @@ func restartAfterALongOutage(t *testing.T, pubSub bool) {
 		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "(*ConnPool).tryDial")
 	}, 3*time.Second, 10*time.Millisecond, "go-redis's dial probes end")
 }
+
+// TestStatsTrackingIsFalseWhileTheServerIsDown: Stats().Tracking says
+// that the registry learns at once that a held key changed, which it
+// cannot while its tracker's server does not answer; it is true again
+// once the tracker is back.
+func TestStatsTrackingIsFalseWhileTheServerIsDown(t *testing.T) {
+	srv := redistest.Start(t)
+	r := newRegistry(t, srv.Client(t))
+	requireTracking(t, r)
+	srv.Stop(t)
+	require.Eventually(t, func() bool { return !r.Stats().Tracking }, 5*time.Second, time.Millisecond, "tracking is off while the server is down")
+	srv.Restart(t)
+	requireTracking(t, r)
+}
