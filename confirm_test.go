@@ -21,14 +21,7 @@ func TestAHandOffWhoseCheckFailedIsCheckedAgainWithoutTracking(t *testing.T) {
 	client := aclClient(t, srv, "+@all", "-client")
 	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour), WithRetryInterval(10*time.Millisecond))
 	require.False(t, r.Stats().Tracking)
-	first, err := r.Obtain("k").Acquire(ctx)
-	require.NoError(t, err)
-	next := make(chan *Hold, 1)
-	go func() {
-		h, _ := r.Obtain("k").Acquire(ctx)
-		next <- h
-	}()
-	require.Eventually(t, func() bool { return waitersOf(r, "k") == 1 }, 5*time.Second, time.Millisecond)
+	first, next := heldAndWaitedFor(t, r, "k")
 
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "-get").Err())
 	released := make(chan error, 1)
@@ -46,4 +39,46 @@ func TestAHandOffWhoseCheckFailedIsCheckedAgainWithoutTracking(t *testing.T) {
 		t.Fatalf("the release still waits for its confirmation while the next hold lasts (then: %v)", <-released)
 	}
 	require.NoError(t, h.Release(ctx))
+}
+
+// TestATenureStruckTwiceTellsEveryHoldTheFirstCause: two goroutines may
+// find a tenure's key changed at once (the tracker, the watchdog), each
+// with its cause. The first strike is the tenure's loss: the release
+// waiting for its hand-off's confirmation learns it, and so must the hold
+// it was handed to, though the other goroutine tells the holds first.
+func TestATenureStruckTwiceTellsEveryHoldTheFirstCause(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	client := aclClient(t, srv, "+@all", "-client", "-get") // no check answers the hand-off
+	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour))
+	first, next := heldAndWaitedFor(t, r, "k")
+	released := make(chan error, 1)
+	go func() { released <- first.Release(ctx) }()
+	h := <-next
+	require.NotNil(t, h, "the waiter got the key")
+
+	h.tenure.strike("k", LossOverwritten) // the first finder, which tells the holds next
+	h.endLease(LossDeleted)               // the second, all at once
+	h.lose(LossOverwritten)
+	require.ErrorContains(t, <-released, LossOverwritten.explain(), "the release learns the first strike")
+	require.ErrorContains(t, h.Err(), LossOverwritten.explain(), "so does the hold it was handed to")
+	require.Equal(t, LossOverwritten, h.tenure.loss())
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "+get").Err())
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+}
+
+// heldAndWaitedFor takes key on r, and has another goroutine wait for it:
+// first's release hands it off, and next then gets the waiter's hold.
+func heldAndWaitedFor(t *testing.T, r *Registry, key string) (first *Hold, next <-chan *Hold) {
+	t.Helper()
+	first, err := r.Obtain(key).Acquire(context.Background())
+	require.NoError(t, err)
+	waiter := make(chan *Hold, 1)
+	go func() {
+		h, _ := r.Obtain(key).Acquire(context.Background())
+		waiter <- h
+	}()
+	require.Eventually(t, func() bool { return waitersOf(r, key) == 1 }, 5*time.Second, time.Millisecond)
+	return first, waiter
 }

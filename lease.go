@@ -165,7 +165,7 @@ func (h *Hold) whenLost(fn func(error)) {
 // for its current hold: a hold handed off from h that becomes current
 // after the look finds the strike itself (Lock.takeHold).
 func (h *Hold) endLease(cause LossCause) {
-	h.tenure.strike(h.lock.key, cause)
+	cause = h.tenure.strike(h.lock.key, cause)
 	h.lose(cause)
 	if current := currentOf(h); current != h {
 		current.lose(cause)

@@ -206,13 +206,27 @@ func (c *confirmations) end(outcome verdict, byRelease bool) {
 	c.waiting = nil
 }
 
-// strike ends t for a loss of key, for cause: its releases waiting for a
-// confirmation learn it first (see end), then its lease is over, for good.
-func (t *tenure) strike(key string, cause LossCause) {
+// strike ends t for a loss of key, for cause: its lease is over, for
+// good, and its releases waiting for a confirmation learn the loss (a
+// read that settles in between sees the lease over, and leaves them to
+// end). It returns the tenure's cause: an earlier strike's, if one came
+// first (two finders of one change may strike at once), which its
+// releases learn, and its holds must be told too.
+func (t *tenure) strike(key string, cause LossCause) LossCause {
+	for {
+		end := t.leaseEnd.Load()
+		if end <= 0 {
+			cause = LossCause(-end)
+			break
+		}
+		if t.leaseEnd.CompareAndSwap(end, -int64(cause)) {
+			break
+		}
+	}
 	if c := t.confirm.Load(); c != nil {
 		c.end(verdict{cause: cause, err: lossError(key, cause)}, false)
 	}
-	t.leaseEnd.Store(-int64(cause))
+	return cause
 }
 
 // loss is the cause of the loss that struck t, or lossNone while t lasts.

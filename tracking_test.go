@@ -331,14 +331,7 @@ func TestAHoldHandedOffIsConfirmedAtItsRelease(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour))
-	first, err := r.Obtain("confirmed").Acquire(ctx)
-	require.NoError(t, err)
-	next := make(chan *Hold, 1)
-	go func() {
-		h, _ := r.Obtain("confirmed").Acquire(ctx)
-		next <- h
-	}()
-	require.Eventually(t, func() bool { return waitersOf(r, "confirmed") == 1 }, 5*time.Second, time.Millisecond)
+	first, next := heldAndWaitedFor(t, r, "confirmed")
 	require.NoError(t, first.Release(ctx), "a read after the hand-off found the key the registry's")
 	require.ErrorIs(t, first.Err(), ErrNotHeld)
 	h := <-next
