@@ -30,11 +30,14 @@ import (
 const Lease = 3 * time.Second
 
 // How long Lose waits: for the holder's subscription, which the holder
-// opens in the background once it holds a key; and for the holder to be
-// told of its loss, which takes milliseconds, or up to a renewal interval
-// (Lease/3) with pub/sub off.
+// opens in the background once it holds a key (milliseconds, unless the
+// machine is loaded), where it has no tracking to hear of the forced
+// unlock by (a holder with pub/sub off on the embedded server never has
+// either, and waits it all); and for the holder to be told of its loss,
+// which takes milliseconds, or up to a renewal interval (Lease/3) with
+// pub/sub off.
 const (
-	subscriptionWait = 250 * time.Millisecond
+	subscriptionWait = time.Second
 	loseTimeout      = 5 * time.Second
 )
 
@@ -50,6 +53,13 @@ const pingTimeout = 5 * time.Second
 // the test's output.
 func New(t testing.TB, opts ...lockreg.Option) *lockreg.Registry {
 	t.Helper()
+	return newEmbedded(t, nil, opts)
+}
+
+// newEmbedded is New; hook, if not nil, sees each command first, as
+// miniredis's pre-hooks do, for the kit's own tests.
+func newEmbedded(t testing.TB, hook server.Hook, opts []lockreg.Option) *lockreg.Registry {
+	t.Helper()
 	mr := miniredis.NewMiniRedis()
 	// miniredis freezes TTLs unless told otherwise; leases must run out on
 	// the wall clock, as on Redis.
@@ -58,7 +68,9 @@ func New(t testing.TB, opts ...lockreg.Option) *lockreg.Registry {
 		t.Fatalf("lockregtest: start the embedded Redis: %v", err)
 	}
 	t.Cleanup(mr.Close)
-	mr.Server().SetPreHook(answerInfoMemory)
+	mr.Server().SetPreHook(func(peer *server.Peer, cmd string, args ...string) bool {
+		return hook != nil && hook(peer, cmd, args...) || answerInfoMemory(peer, cmd, args...)
+	})
 	srv := &redisServer{options: redis.Options{Addr: mr.Addr()}, embedded: true}
 	return srv.newRegistry(t, newNamespace(), opts)
 }
@@ -156,7 +168,7 @@ func Lose(t testing.TB, r *lockreg.Registry, key string) {
 	// r hears of a forced unlock by pub/sub, once it has subscribed (in
 	// the background, as it first holds a key); on the embedded server,
 	// which has no CLIENT TRACKING, by nothing else until its next renewal.
-	s.awaitSubscription(ctx, r.Key(), info.OwnerID)
+	s.awaitSubscription(ctx, r, info.OwnerID)
 	lost := s.expectLoss(key)
 	// Only while r holds it: another registry may take it meanwhile.
 	forced, err := r.ForceUnlockHeldBy(ctx, key, r.OwnerID())
@@ -376,16 +388,16 @@ func (s *state) expectLoss(key string) <-chan struct{} {
 	return lost
 }
 
-// awaitSubscription waits, for subscriptionWait at most, until the
-// registry of clientID in namespace has subscribed to its notifications:
-// its grant channel (docs/PROTOCOL.md), subscribed to in one SUBSCRIBE
-// with the channel of forced unlocks. A registry with pub/sub off never
-// does.
-func (s *state) awaitSubscription(ctx context.Context, namespace, clientID string) {
-	channel := namespace + ":released:" + clientID
+// awaitSubscription waits, for subscriptionWait at most, until r, the
+// registry of clientID, hears of a forced unlock at once: it has
+// subscribed to its notifications (its grant channel, docs/PROTOCOL.md,
+// subscribed to in one SUBSCRIBE with the channel of forced unlocks), or
+// has tracking on. A registry with pub/sub off never subscribes.
+func (s *state) awaitSubscription(ctx context.Context, r *lockreg.Registry, clientID string) {
+	channel := r.Key() + ":released:" + clientID
 	ctx, cancel := context.WithTimeout(ctx, subscriptionWait)
 	defer cancel()
-	for {
+	for !r.Stats().Tracking {
 		n, err := s.client.PubSubNumSub(ctx, channel).Result()
 		if err == nil && n[channel] > 0 {
 			return

@@ -1,0 +1,35 @@
+package lockregtest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2/server"
+
+	"github.com/lockreg/lockreg"
+)
+
+// TestLoseWaitsForASlowSubscription: on a loaded machine the holder's
+// subscription, which it opens in the background once it holds a key, may
+// take longer than usual; Lose waits for it, so that the holder hears of
+// the forced unlock (LossForced), rather than force the key first and
+// leave the holder to find it gone at its next renewal (LossDeleted).
+func TestLoseWaitsForASlowSubscription(t *testing.T) {
+	slow := func(_ *server.Peer, cmd string, _ ...string) bool {
+		if cmd == "SUBSCRIBE" {
+			time.Sleep(400 * time.Millisecond)
+		}
+		return false
+	}
+	r := newEmbedded(t, slow, nil)
+	causes := make(chan lockreg.LossCause, 1)
+	r.AddHooks(lockreg.Hooks{Lost: func(e lockreg.LossEvent) { causes <- e.Cause }})
+	if _, err := r.Obtain("k").Acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	Lose(t, r, "k")
+	if cause := <-causes; cause != lockreg.LossForced {
+		t.Fatalf("the holder was told %v, not %v", cause, lockreg.LossForced)
+	}
+}
