@@ -3,6 +3,7 @@ package lockregtest_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -157,4 +158,19 @@ func (o *outputRecorder) String() string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.buf.String()
+}
+
+// TestEachRegistryOfATestHasANameOfItsOwn: the kit numbers a test's
+// registries in the order it makes them, whichever function makes them.
+func TestEachRegistryOfATestHasANameOfItsOwn(t *testing.T) {
+	onBoth(t, func(t *testing.T, srv server) {
+		registries := []*lockreg.Registry{srv.newRegistry(t), srv.newRegistry(t)}
+		registries = append(registries, lockregtest.Another(t, registries[1]))
+		for i, r := range registries {
+			key := fmt.Sprint("k", i)
+			_, err := r.Obtain(key).Acquire(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, fmt.Sprintf("%s#%d", t.Name(), i+1), holder(t, r, key).Owner)
+		}
+	})
 }

@@ -48,8 +48,8 @@ const pingTimeout = 5 * time.Second
 // (miniredis), a server of its own, in a namespace of its own. It needs no
 // redis-server. The registry, its client and the server are closed when
 // the test ends (t.Cleanup). opts apply after the kit's own: a lease of
-// Lease, an owner name (the test's name and the registry's number on the
-// server: "TestPack#1"), and a logger that writes warnings and errors to
+// Lease, an owner name (the test's name and the registry's number in the
+// test: "TestPack#1"), and a logger that writes warnings and errors to
 // the test's output.
 func New(t testing.TB, opts ...lockreg.Option) *lockreg.Registry {
 	t.Helper()
@@ -200,18 +200,40 @@ func holder(info lockreg.LockInfo) string {
 type redisServer struct {
 	options  redis.Options // how to connect to it
 	embedded bool          // miniredis, which the kit started
-	mu       sync.Mutex    // guards made
-	made     int           // registries made on it, which numbers their names
+}
+
+// made counts the registries made in each running test, by its name, to
+// number their names: by test rather than by server, as each New and
+// NewAt makes a server of its own.
+var made struct {
+	mu     sync.Mutex
+	byTest map[string]int
+}
+
+// ownerName is the name of the next registry of t: its name and number.
+func ownerName(t testing.TB) string {
+	made.mu.Lock()
+	defer made.mu.Unlock()
+	if made.byTest == nil {
+		made.byTest = make(map[string]int)
+	}
+	name := t.Name()
+	if made.byTest[name] == 0 {
+		t.Cleanup(func() {
+			made.mu.Lock()
+			delete(made.byTest, name)
+			made.mu.Unlock()
+		})
+	}
+	made.byTest[name]++
+	return fmt.Sprintf("%s#%d", name, made.byTest[name])
 }
 
 // newRegistry makes a registry of namespace on s, and its client, both
 // closed when the test ends.
 func (s *redisServer) newRegistry(t testing.TB, namespace string, opts []lockreg.Option) *lockreg.Registry {
 	t.Helper()
-	s.mu.Lock()
-	s.made++
-	owner := fmt.Sprintf("%s#%d", t.Name(), s.made)
-	s.mu.Unlock()
+	owner := ownerName(t)
 
 	options := s.options
 	c := redis.NewClient(&options)
