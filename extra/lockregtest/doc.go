@@ -30,6 +30,19 @@
 // ErrLockLost; a registry waiting for the key takes it. It fails the test
 // if the registry does not hold the key.
 //
+// # goleak
+//
+// The kit closes its registries, clients and servers in the test's
+// cleanup (t.Cleanup), which runs after the test's deferred calls: a
+// deferred goleak.VerifyNone(t) finds their goroutines still running.
+// Register the check as a cleanup before the kit's, which then runs after
+// them (cleanups run last registered first):
+//
+//	t.Cleanup(func() { goleak.VerifyNone(t) }) // before New
+//	r := lockregtest.New(t)
+//
+// or check the whole package at once with goleak.VerifyTestMain.
+//
 // # An embedded server is not Redis
 //
 // The library runs on miniredis as it does on Redis: the same scripts,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/lockreg/lockreg"
 	"github.com/lockreg/lockreg/extra/lockregtest"
@@ -172,5 +173,20 @@ func TestEachRegistryOfATestHasANameOfItsOwn(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, fmt.Sprintf("%s#%d", t.Name(), i+1), holder(t, r, key).Owner)
 		}
+	})
+}
+
+// TestGoleakInACleanupBeforeTheKitsFindsNothing: the check doc.go advises
+// runs after the kit closed its registries, clients and servers.
+func TestGoleakInACleanupBeforeTheKitsFindsNothing(t *testing.T) {
+	onBoth(t, func(t *testing.T, srv server) {
+		t.Run("test", func(t *testing.T) {
+			before := goleak.IgnoreCurrent() // the other tests' goroutines, the shared server's
+			t.Cleanup(func() { goleak.VerifyNone(t, before) })
+			r := srv.newRegistry(t)
+			lockregtest.Another(t, r)
+			_, err := r.Obtain("k").Acquire(context.Background())
+			require.NoError(t, err)
+		})
 	})
 }
