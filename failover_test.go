@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
@@ -228,4 +229,38 @@ func TestFailoverWithWaitReplicasLosesNoAcknowledgedHold(t *testing.T) {
 	defer cancel()
 	require.NoError(t, lock.LockContext(tctx), "a replica of the new primary acknowledges again")
 	require.NoError(t, lock.UnlockContext(ctx))
+}
+
+// TestATrackerOfANodeThatLeftTheClusterEnds: a primary that failed over
+// and did not come back serves nothing: its tracker, which would dial
+// it, and keep two goroutines and two clients, until Close, ends once its
+// holds moved to the node that took its slots.
+func TestATrackerOfANodeThatLeftTheClusterEnds(t *testing.T) {
+	c, stop, err := redistest.LaunchCluster(3, 1)
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	r := newRegistry(t, clusterClient(t, c.Addrs()))
+	h, err := r.Obtain("k").Acquire(context.Background())
+	require.NoError(t, err)
+	requireTracking(t, r)
+	primary, replica, err := c.Shard(protocol.Slot(h.redisKey()))
+	require.NoError(t, err)
+	left := r.trackerFor(h.redisKey())
+	require.NotNil(t, left)
+	primary.Crash()
+	require.NoError(t, c.AwaitFailover(protocol.Slot(h.redisKey()), replica, 30*time.Second))
+	require.Eventually(t, func() bool {
+		r.tracking.mu.Lock()
+		defer r.tracking.mu.Unlock()
+		_, ok := r.tracking.trackers[replica.Addr()]
+		return ok
+	}, 10*time.Second, 10*time.Millisecond, "the hold moves to the new primary's tracker")
+	require.Eventually(t, func() bool {
+		r.tracking.mu.Lock()
+		defer r.tracking.mu.Unlock()
+		_, ok := r.tracking.trackers[primary.Addr()]
+		return !ok
+	}, 10*time.Second, 10*time.Millisecond, "the tracker of the node that left ends")
+	require.Eventually(t, func() bool { return errors.Is(left.client.Ping(context.Background()).Err(), redis.ErrClosed) },
+		5*time.Second, 10*time.Millisecond, "its goroutines ended, and closed its client")
 }

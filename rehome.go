@@ -45,7 +45,8 @@ func (t *tracker) serverDown() {
 			holds = append(holds, h)
 		}
 	})
-	if len(holds) == 0 || !r.goBackground(func(ctx context.Context) { t.rehome(ctx, cluster, holds) }) {
+	// Without holds too: the watch ends t if its server left the Cluster.
+	if !r.goBackground(func(ctx context.Context) { t.rehome(ctx, cluster, holds) }) {
 		t.rehoming.Store(false)
 	}
 }
@@ -87,6 +88,58 @@ func (t *tracker) rehome(ctx context.Context, cluster *redis.ClusterClient, hold
 			return true
 		})
 		pause.Reset(wait)
+	}
+	// run calls serverDown again at each failed subscription, which looks
+	// again, as a failover takes longer than a broken connection.
+	if !t.up.Load() && !servesSlots(ctx, cluster, t.addr) {
+		r.retireTracker(t)
+	}
+}
+
+// servesSlots reports whether the Cluster names addr as a primary, or
+// cannot tell.
+func servesSlots(ctx context.Context, cluster *redis.ClusterClient, addr string) bool {
+	slots, err := cluster.ClusterSlots(ctx).Result()
+	if err != nil {
+		return true
+	}
+	for _, s := range slots {
+		if len(s.Nodes) > 0 && s.Nodes[0].Addr == addr {
+			return true
+		}
+	}
+	return false
+}
+
+// retireTracker ends t, whose server left the Cluster and holds nothing of
+// the registry's: left, it would dial that server, and keep its goroutines
+// and clients, until Close. A node that serves slots again later gets a
+// new tracker (trackerFor). Holds queued on t meanwhile are armed anew
+// where their keys are.
+func (r *Registry) retireTracker(t *tracker) {
+	r.tracking.mu.Lock()
+	if r.tracking.trackers[t.addr] != t {
+		r.tracking.mu.Unlock()
+		return
+	}
+	retire := r.tracking.retire[t.addr]
+	delete(r.tracking.trackers, t.addr)
+	delete(r.tracking.retire, t.addr)
+	r.tracking.mu.Unlock()
+	retire()
+	t.stop()
+	t.mu.Lock()
+	queued := t.queue
+	t.queue = nil
+	t.mu.Unlock()
+	if len(queued) == 0 {
+		return
+	}
+	r.rearm(queued)
+	for _, req := range queued {
+		if req.invalidated {
+			req.h.local.unchecked.Add(-1) // as armLoop does once it read them
+		}
 	}
 }
 

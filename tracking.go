@@ -42,8 +42,9 @@ import (
 
 // tracking is a registry's trackers, by server address.
 type tracking struct {
-	mu       sync.Mutex // guards trackers
+	mu       sync.Mutex // guards trackers and retire
 	trackers map[string]*tracker
+	retire   map[string]context.CancelFunc // ends a tracker's goroutines (retireTracker)
 	// single is the one tracker of a registry on one server (not a
 	// Cluster), found without the lock.
 	single atomic.Pointer[tracker]
@@ -139,17 +140,23 @@ func (r *Registry) trackerFor(redisKey string) *tracker {
 	}
 	if r.tracking.trackers == nil {
 		r.tracking.trackers = make(map[string]*tracker)
+		r.tracking.retire = make(map[string]context.CancelFunc)
 	}
 	t := r.newTracker(base)
-	if !r.goBackground(t.armLoop) { // closing: no goroutine closes them
+	// Its goroutines end at Close, or once its server left the Cluster.
+	ctx, retire := context.WithCancel(r.life.stopCtx)
+	if !r.goBackground(func(context.Context) { t.armLoop(ctx) }) { // closing: no goroutine closes them
+		retire()
 		_, _ = t.client.Close(), t.sub.Close()
 		return nil
 	}
-	if !r.goBackground(t.run) {
+	if !r.goBackground(func(context.Context) { t.run(ctx) }) {
+		retire()
 		_ = t.sub.Close() // armLoop closes t.client as it ends
 		return nil
 	}
 	r.tracking.trackers[addr] = t
+	r.tracking.retire[addr] = retire
 	if r.client == redis.UniversalClient(base) {
 		r.tracking.single.Store(t)
 	}
