@@ -474,17 +474,23 @@ func requireSettledGiveBacks(t *testing.T, r *Registry) {
 // token), tells nothing of the sort.
 func TestAGrantDuringItsHoldsReleaseLosesTheHold(t *testing.T) {
 	for _, late := range []bool{false, true} {
-		t.Run(fmt.Sprint("late=", late), func(t *testing.T) { grantDuringRelease(t, late) })
+		t.Run(fmt.Sprint("late=", late), func(t *testing.T) { grantDuringRelease(t, late, false) })
 	}
+	// The release's ctx ends as its script's reply comes: the read of the
+	// key's last token that judges the grant must not end with it.
+	t.Run("ctxEnds", func(t *testing.T) { grantDuringRelease(t, false, true) })
 }
 
-func grantDuringRelease(t *testing.T, late bool) {
+func grantDuringRelease(t *testing.T, late, ctxEnds bool) {
 	ctx := context.Background()
+	releaseCtx, endRelease := context.WithCancel(ctx)
+	defer endRelease()
 	srv := redistest.Start(t)
 	var (
-		r     *Registry
-		armed atomic.Bool
-		token = int64(1_000_000)
+		r         *Registry
+		armed     atomic.Bool
+		releasing atomic.Bool // the release's first call was seen
+		token     = int64(1_000_000)
 	)
 	isRelease := func(cmd redis.Cmder) bool {
 		name := cmd.Name()
@@ -494,7 +500,17 @@ func grantDuringRelease(t *testing.T, late bool) {
 		for _, cmd := range cmds {
 			if isRelease(cmd) && armed.CompareAndSwap(true, false) {
 				r.receiveGrant("g", token) // the grant's note lands now
+				releasing.Store(true)
 				return
+			}
+		}
+	}
+	replied := func(cmds ...redis.Cmder) {
+		for _, cmd := range cmds {
+			// The release's last call: not one that asks for every
+			// argument (4), after which it is sent again.
+			if c, ok := cmd.(*redis.Cmd); ok && ctxEnds && releasing.Load() && c.Err() == nil && c.Val() != nil && c.Val() != int64(4) {
+				endRelease()
 			}
 		}
 	}
@@ -502,13 +518,17 @@ func grantDuringRelease(t *testing.T, late bool) {
 		Process: func(next redis.ProcessHook) redis.ProcessHook {
 			return func(ctx context.Context, cmd redis.Cmder) error {
 				grantFirst(cmd)
-				return next(ctx, cmd)
+				err := next(ctx, cmd)
+				replied(cmd)
+				return err
 			}
 		},
 		ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 			return func(ctx context.Context, cmds []redis.Cmder) error {
 				grantFirst(cmds...)
-				return next(ctx, cmds)
+				err := next(ctx, cmds)
+				replied(cmds...)
+				return err
 			}
 		},
 	})
@@ -527,7 +547,7 @@ func grantDuringRelease(t *testing.T, late bool) {
 	}
 	require.NoError(t, raw.Set(ctx, lock.keys().Fence(), strconv.FormatInt(last, 10), time.Minute).Err())
 	armed.Store(true)
-	err = h.Release(ctx)
+	err = h.Release(releaseCtx)
 	require.False(t, armed.Load(), "the release's script call was not seen")
 	if late {
 		require.NoError(t, err, "a late note of a grant this registry took")

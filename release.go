@@ -204,7 +204,7 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 	// before it ran, if its token is still the key's last (a note that
 	// came late, of a grant an attempt of this registry took, is not).
 	g := local.grantedToken.Load()
-	grantedBehind := err == nil && g != 0 && g != grantBefore && (found.MarkToken == 0 || g <= found.MarkToken) && r.grantIsLast(ctx, l, g)
+	grantedBehind := err == nil && g != 0 && g != grantBefore && (found.MarkToken == 0 || g <= found.MarkToken) && r.grantIsLastAfterRelease(ctx, l, g)
 	var mark waitMark
 	if found.MarkToken != 0 {
 		mark = waitMark{sent: sent, token: found.MarkToken}
@@ -303,6 +303,18 @@ func (l *Lock) releaseUnclaimed() {
 		defer cancel()
 		_, _ = h.releaseKey(ctx)
 	}
+}
+
+// grantIsLastAfterRelease is grantIsLast for a release whose script ran:
+// a ctx that ended since must not hide the grant's verdict, which the
+// read alone gives, so the read runs as a release whose ctx ended does.
+func (r *Registry) grantIsLastAfterRelease(ctx context.Context, l *Lock, token int64) bool {
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = r.releaseContext(ctx)
+		defer cancel()
+	}
+	return r.grantIsLast(ctx, l, token)
 }
 
 // releaseContext is the context of a release that must not be cut short
