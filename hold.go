@@ -45,6 +45,9 @@ type Hold struct {
 	// closed once the hold may be lost (lose), done once it ended
 	// (released or lost).
 	lost, done chan struct{}
+	// shutDown is closed once the release Shutdown made of the key (see
+	// keyReleased) is done, and the hold's error says what it found.
+	shutDown chan struct{}
 
 	// The bytes, side by side so that a Hold keeps to its size class (it is
 	// allocated on every fresh acquisition): via, how it was taken, set

@@ -110,7 +110,12 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		h.mu.Unlock()
 	}()
 	if keyReleased {
-		// Shutdown's release of the key ends the tenure (shutdown.go).
+		// Shutdown's release of the key ends the tenure (shutdown.go); what
+		// it found, bounded by its grace, is the hold's outcome.
+		<-h.shutDown
+		h.mu.Lock()
+		loss.cause, lostErr = h.cause, h.lostErr
+		h.mu.Unlock()
 		local.hold.Store(nil)
 		l.unlockLocal(local)
 		return loss, lostErr

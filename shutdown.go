@@ -193,6 +193,7 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 		// Lost with the key taken from it, in one step: its owner's
 		// release must not find the one without the other.
 		h.keyReleased = true
+		h.shutDown = make(chan struct{})
 		tell := h.loseLocked(LossClosed)
 		handedOut := h.handedOut(h.token)
 		h.mu.Unlock()
@@ -208,12 +209,15 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 			got, err := h.lock.releaseRedisAside(ctx, protocol.Release{HandedOut: handedOut})
 			var v verdict
 			switch {
+			case protocol.WrongType(err):
+				v = verdict{cause: LossOverwritten, err: lossError(h.Key(), LossOverwritten)}
 			case err != nil:
 				r.cfg.logger.Warn("lockreg: Shutdown could not release a key; it expires after its lease", "key", printedKey(h.Key()), "error", err)
 				v.err = err
 			case got.Outcome == protocol.NotOurs:
 				v = verdict{cause: LossDeleted, err: lossError(h.Key(), LossDeleted)}
 			}
+			h.foundAtShutdown(v)
 			if c != nil {
 				c.end(v, true)
 			}
@@ -221,6 +225,20 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 	})
 	releases.Wait()
 	return found
+}
+
+// foundAtShutdown records what Shutdown's release of h's key found, v,
+// and lets h's own release, which waits for it, report it. h was lost as
+// closed before that release, so that no news of its own DEL could name
+// another cause; a key the release found not the registry's had been
+// taken from h before, and the closing must not hide that.
+func (h *Hold) foundAtShutdown(v verdict) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if v.cause != lossNone && h.cause == LossClosed {
+		h.cause, h.lostErr = v.cause, v.err
+	}
+	close(h.shutDown)
 }
 
 // shutdownGrace bounds the releases Shutdown makes itself, once its ctx

@@ -396,3 +396,38 @@ func TestShutdownAfterCloseReturnsAtOnceAndLeavesTheKeys(t *testing.T) {
 	require.EqualValues(t, 1, client.Exists(ctx, h.redisKey()).Val(), "the key stays until its lease runs out or its owner releases it")
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 }
+
+// TestShutdownsReleaseSaysWhatItFound: a key taken from its hold behind
+// its back, unseen (no tracking, no renewal), is found so by the release
+// Shutdown makes once its ctx ended: the hold's error names what it found,
+// not the registry's closing, which would hide that another owner may
+// have held the key beside it.
+func TestShutdownsReleaseSaysWhatItFound(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	r := untrackedRegistry(t, srv)
+	holds := make(map[LossCause]*Hold)
+	for _, cause := range []LossCause{LossDeleted, LossOverwritten} {
+		h, err := r.Obtain(cause.String()).Acquire(ctx)
+		require.NoError(t, err)
+		holds[cause] = h
+	}
+	admin := srv.Client(t)
+	require.NoError(t, admin.Del(ctx, holds[LossDeleted].redisKey()).Err())
+	_, err := admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, holds[LossOverwritten].redisKey())
+		p.HSet(ctx, holds[LossOverwritten].redisKey(), "not", "a lock")
+		return nil
+	})
+	require.NoError(t, err)
+
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, r.Shutdown(ended), context.Canceled, "Shutdown released the keys still held")
+	for cause, h := range holds {
+		err := h.Release(ctx)
+		require.ErrorIs(t, err, ErrLockLost, h.Key())
+		require.ErrorContains(t, err, cause.explain(), h.Key())
+		require.ErrorContains(t, h.Err(), cause.explain(), h.Key())
+	}
+}
