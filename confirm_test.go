@@ -68,6 +68,37 @@ func TestATenureStruckTwiceTellsEveryHoldTheFirstCause(t *testing.T) {
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 }
 
+// A hold handed off locally ends with a live lease (nextLocalHold): a
+// lapse of the tenure's lease comes during a later hold, and is that
+// hold's loss. A release waiting for its confirmation when the lease runs
+// out was not confirmed, and must say so, not report the later hold's
+// lapse as its own loss.
+func TestAHandOffIsNotToldTheLapseOfALaterHold(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	client := aclClient(t, srv, "+@all", "-client")
+	const lease = time.Second
+	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour), WithRetryInterval(10*time.Millisecond),
+		WithExpireAfter(lease), WithRenewal(false))
+	first, next := heldAndWaitedFor(t, r, "k")
+	// The hand-off comes well into the lease, so that the release's wait
+	// for its confirmation outlasts the lease (confirmHandoff).
+	time.Sleep(lease / 3)
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "-get").Err()) // no check confirms it
+	released := make(chan error, 1)
+	go func() { released <- first.Release(ctx) }()
+	h := <-next
+	require.NotNil(t, h, "the waiter got the key")
+	require.Equal(t, viaHandoff, h.via)
+	require.Eventually(t, h.leaseOver, 2*lease, time.Millisecond)
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "+get").Err())
+	err := <-released
+	require.NotErrorIs(t, err, ErrLockLost, "the lapse is the next hold's")
+	require.ErrorIs(t, err, ErrRedis, "no read confirmed the key")
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost, "the next hold's lease ran out")
+}
+
 // heldAndWaitedFor takes key on r, and has another goroutine wait for it:
 // first's release hands it off, and next then gets the waiter's hold.
 func heldAndWaitedFor(t *testing.T, r *Registry, key string) (first *Hold, next <-chan *Hold) {

@@ -263,7 +263,7 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		err = lostErr
 	}
 	if c != nil {
-		c.end(verdict{cause: loss.cause, err: err}, true)
+		c.end(handedOffVerdict(l.key, verdict{cause: loss.cause, err: err}), true)
 	}
 	return loss, err
 }

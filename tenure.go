@@ -224,9 +224,21 @@ func (t *tenure) strike(key string, cause LossCause) LossCause {
 		}
 	}
 	if c := t.confirm.Load(); c != nil {
-		c.end(verdict{cause: cause, err: lossError(key, cause)}, false)
+		c.end(handedOffVerdict(key, verdict{cause: cause, err: lossError(key, cause)}), false)
 	}
 	return cause
+}
+
+// handedOffVerdict is what the releases waiting for a confirmation learn
+// from outcome, the end of their tenure of key. A lapse of the tenure's
+// lease is a later hold's loss: theirs ended with a live lease (a hold
+// whose lease is over is not handed off, nextLocalHold), so the lapse
+// tells them only that no read confirmed them in time.
+func handedOffVerdict(key string, outcome verdict) verdict {
+	if outcome.cause != LossExpired && outcome.cause != LossMaxHold {
+		return outcome
+	}
+	return verdict{err: fmt.Errorf("%w: release %q: no read confirmed the key after its local hand-off before the lease ran out", ErrRedis, printedKey(key))}
 }
 
 // loss is the cause of the loss that struck t, or lossNone while t lasts.

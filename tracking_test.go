@@ -302,14 +302,7 @@ func handedOffJustAfterAChange(t *testing.T, r *Registry, admin *redis.Client) {
 	for name, change := range changes {
 		for i := range 20 {
 			key := name + "-" + strconv.Itoa(i)
-			first, err := r.Obtain(key).Acquire(ctx)
-			require.NoError(t, err)
-			next := make(chan *Hold, 1)
-			go func() {
-				h, _ := r.Obtain(key).Acquire(ctx)
-				next <- h
-			}()
-			require.Eventually(t, func() bool { return waitersOf(r, key) == 1 }, 5*time.Second, time.Millisecond)
+			first, next := holdWithAWaiter(t, r, key)
 			change(first.redisKey())
 			require.ErrorIs(t, first.Release(ctx), ErrLockLost, "the hold that held the key when it changed is told")
 			require.ErrorIs(t, first.Err(), ErrLockLost)
