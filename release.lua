@@ -4,7 +4,7 @@
 -- internal/protocol puts before it; Peer.Release builds the arguments
 -- below, and ReadRelease reads the reply.
 -- Returns 0 when the key had expired or has another owner (which is left
--- untouched), 1 when deleted, 2 when deleted while another registry waits
+-- untouched; only the fence is raised to the tokens handed out), 1 when deleted, 2 when deleted while another registry waits
 -- (its mark, set by a failed attempt, has not lapsed), 3 when granted to a
 -- waiting registry, or minus the grant's token if mark marked this one,
 -- and 4, changing nothing, when another registry waits and only the
@@ -13,7 +13,8 @@
 -- names, draws its token and publishes 'g<token>:<client id>:<key>'; a
 -- release others wait for publishes 'w<key>' to wake them.
 local lockKey, clientID = KEYS[1], ARGV[1]
-if redis.call('GET', lockKey) ~= clientID then
+local ours = redis.call('GET', lockKey) == clientID
+if not ours and (#ARGV == 1 or #KEYS == 1) then
   return 0
 end
 -- liveMark returns the first mark in marker that has not lapsed, if any.
@@ -56,6 +57,27 @@ local handedOut, leaseMs, channel, key, giveBack, mark, markMs =
 -- Called with the lock's key alone while its slot migrates between Redis
 -- Cluster nodes: it only deletes the key; waiters find it free by polling.
 local migrating = #KEYS == 1
+-- Local hand-offs raise the token without a round trip; the stored token
+-- must not fall behind them, even if the key was taken from the hold that
+-- handed them out: while the stored token is ahead of the clock, the next
+-- draw would hand one of them out again.
+if not migrating and handedOut > 0 then
+  local stored = redis.call('GET', fenceKey)
+  local last = tonumber(stored)
+  local behind = not last or last < handedOut
+  if last and math.max(last, handedOut) >= exactBelow and string.match(stored, '^%d+$') then
+    -- Exact beyond 2^53 (drawtoken.lua): digits without leading zeros
+    -- compare by length, then as text.
+    local a, b = string.match(stored, '^0*(%d+)$'), string.match(ARGV[2], '^0*(%d+)$')
+    behind = #a < #b or #a == #b and a < b
+  end
+  if behind then
+    redis.call('SET', fenceKey, ARGV[2], 'PX', leaseMs)
+  end
+end
+if not ours then
+  return 0
+end
 if giveBack and giveBack ~= '' then
   local token, grantMs = string.match(giveBack, '^(%d+):(%d+)$')
   if migrating or redis.call('GET', fenceKey) ~= token or redis.call('PTTL', lockKey) > tonumber(grantMs) then
@@ -124,22 +146,6 @@ if not waiter then
   waiter = liveMark(markerKey)
 end
 redis.call('DEL', lockKey)
--- Local hand-offs raise the token without a round trip; the stored token
--- must not fall behind them.
-if handedOut > 0 then
-  local stored = redis.call('GET', fenceKey)
-  local last = tonumber(stored)
-  local behind = not last or last < handedOut
-  if last and math.max(last, handedOut) >= exactBelow and string.match(stored, '^%d+$') then
-    -- Exact beyond 2^53 (drawtoken.lua): digits without leading zeros
-    -- compare by length, then as text.
-    local a, b = string.match(stored, '^0*(%d+)$'), string.match(ARGV[2], '^0*(%d+)$')
-    behind = #a < #b or #a == #b and a < b
-  end
-  if behind then
-    redis.call('SET', fenceKey, ARGV[2], 'PX', leaseMs)
-  end
-end
 if not waiter then
   return 1
 end

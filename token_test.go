@@ -202,3 +202,34 @@ func TestATokenRefusedForALapsedLeaseNamesItsCause(t *testing.T) {
 	requireFires(t, h.Lost(), time.Millisecond, "Lost, as Token said lost")
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 }
+
+// TestATokenHandedOffToAHoldThatLostItsKeyIsNotDrawnAgain: a local
+// hand-off raises the token without a call, and the tenure's release
+// stores the last one handed out. A release that finds the key taken from
+// it must store it all the same: while the stored token is ahead of the
+// server's clock (a clock that stepped back, a token written by hand),
+// the next draw is the stored one plus one, which would hand out again a
+// token that a holder used already.
+func TestATokenHandedOffToAHoldThatLostItsKeyIsNotDrawnAgain(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour))
+	lock := r.Obtain("fence")
+	const ahead = int64(4_000_000_000_000_000) // µs: past 2096, below 2^53
+	require.NoError(t, client.Set(ctx, lock.keys().Fence(), ahead, time.Minute).Err())
+	first, next := holdWithAWaiter(t, r, "fence")
+	require.Equal(t, ahead+1, mustHoldToken(t, first))
+	require.NoError(t, first.Release(ctx))
+	h := <-next
+	require.NotNil(t, h, "the waiter got the key")
+	require.Equal(t, viaHandoff, h.via)
+	handedOff := mustHoldToken(t, h)
+	require.Equal(t, ahead+2, handedOff)
+	require.NoError(t, client.Del(ctx, h.redisKey()).Err()) // behind the hold's back
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+
+	later, err := lock.Acquire(ctx)
+	require.NoError(t, err)
+	require.Greater(t, mustHoldToken(t, later), handedOff, "a later hold's token exceeds every earlier one")
+	require.NoError(t, later.Release(ctx))
+}
