@@ -217,7 +217,7 @@ func TestATokenHandedOffToAHoldThatLostItsKeyIsNotDrawnAgain(t *testing.T) {
 	lock := r.Obtain("fence")
 	const ahead = int64(4_000_000_000_000_000) // µs: past 2096, below 2^53
 	require.NoError(t, client.Set(ctx, lock.keys().Fence(), ahead, time.Minute).Err())
-	first, next := holdWithAWaiter(t, r, "fence")
+	first, next := heldAndWaitedFor(t, r, "fence")
 	require.Equal(t, ahead+1, mustHoldToken(t, first))
 	require.NoError(t, first.Release(ctx))
 	h := <-next

@@ -302,7 +302,7 @@ func handedOffJustAfterAChange(t *testing.T, r *Registry, admin *redis.Client) {
 	for name, change := range changes {
 		for i := range 20 {
 			key := name + "-" + strconv.Itoa(i)
-			first, next := holdWithAWaiter(t, r, key)
+			first, next := heldAndWaitedFor(t, r, key)
 			change(first.redisKey())
 			require.ErrorIs(t, first.Release(ctx), ErrLockLost, "the hold that held the key when it changed is told")
 			require.ErrorIs(t, first.Err(), ErrLockLost)
