@@ -71,7 +71,8 @@ var (
 // KeyOf is the key of the namespace's lock whose Redis key is redisKey, if
 // it is one: <namespace>:{<escaped key>}, whose braces the key's escaping
 // leaves alone (a fence, a mark or another namespace's lock has more after
-// the brace, or braces inside it).
+// the brace, or braces inside it), and whose escapes are LockKeys's own:
+// what it returns escapes back to redisKey exactly.
 func KeyOf(namespace, redisKey string) (string, bool) {
 	escaped, ok := strings.CutPrefix(redisKey, namespace+":{")
 	if !ok || !strings.HasSuffix(escaped, "}") {
@@ -81,7 +82,17 @@ func KeyOf(namespace, redisKey string) (string, bool) {
 	if escaped == "" || strings.ContainsAny(escaped, "{}") {
 		return "", false
 	}
-	return keyUnescaper.Replace(escaped), true
+	if !strings.Contains(escaped, "%") {
+		return escaped, true
+	}
+	// Only the escapes LockKeys writes: "%7b", a lone '%' or "%41" would
+	// read back as a key whose lock key is another, so that an inspector
+	// or a tracker would name a lock that is not the one in Redis.
+	key := keyUnescaper.Replace(escaped)
+	if keyEscaper.Replace(key) != escaped {
+		return "", false
+	}
+	return key, true
 }
 
 // LockPattern matches, for SCAN, every Redis key that may be one of the

@@ -22,6 +22,10 @@ func FuzzRedisKeys(f *testing.F) {
 		{"r", "%7B", "r", "{"},
 		{"r", "line\nbreak", "r\n", "x"},
 		{"r", "\xff\xfe", "r", "\xef\xbf\xbd"},
+		{"r", "k", "r", "%7b"},
+		{"r", "k", "r", "%"},
+		{"r", "k", "r", "%2"},
+		{"r", "k", "r", "%zz"},
 	} {
 		f.Add(seed[0], seed[1], seed[2], seed[3])
 	}
@@ -42,6 +46,14 @@ func FuzzRedisKeys(f *testing.F) {
 		}
 		if got, ok := KeyOf(namespace1, keys1[0]); !ok || got != key1 {
 			t.Fatalf("KeyOf(%q, %q) = %q, %v; want %q", namespace1, keys1[0], got, ok, key1)
+		}
+		// Any Redis key of the namespace's lock shape, key2 read as escaped
+		// text: what KeyOf accepts escapes back to that Redis key, so a key
+		// read back from Redis names the lock it came from, and no other.
+		for _, redisKey := range []string{key2, namespace1 + ":{" + key2 + "}"} {
+			if got, ok := KeyOf(namespace1, redisKey); ok && LockKeys(namespace1, got).Lock() != redisKey {
+				t.Fatalf("KeyOf(%q, %q) = %q, which escapes to %q", namespace1, redisKey, got, LockKeys(namespace1, got).Lock())
+			}
 		}
 		for _, k := range keys1[1:] {
 			if _, ok := KeyOf(namespace1, k); ok {
@@ -98,6 +110,15 @@ func TestKeyOfPicksTheNamespacesLocksOnly(t *testing.T) {
 		"other:{k}":       "",
 		"ns:x:{k}":        "",
 		"ns:owner:id":     "",
+		// Escapes LockKeys never writes: each would read back as a key
+		// whose lock key is another ("%7b" escapes to "%257b").
+		"ns:{%7b}": "",
+		"ns:{%7d}": "",
+		"ns:{%}":   "",
+		"ns:{a%}":  "",
+		"ns:{%2}":  "",
+		"ns:{%zz}": "",
+		"ns:{%41}": "",
 	} {
 		got, ok := KeyOf("ns", redisKey)
 		require.Equal(t, want != "", ok, redisKey)
