@@ -244,7 +244,7 @@ func (r *Registry) deliver(payload string) {
 	switch {
 	case !known || (n.Kind != protocol.WakeNote && n.ClientID != r.clientID):
 	case err != nil:
-		r.cfg.logger.Warn("lockreg: malformed grant ignored; the key expires after a short lease", "note", payload)
+		r.cfg.logger.Warn("lockreg: malformed note ignored; a grant's key expires after a short lease", "note", payload)
 	case n.Kind == protocol.GrantNote:
 		r.receiveGrant(n.Key, n.Token)
 	case n.Kind == protocol.ForcedNote:

@@ -22,7 +22,9 @@ type Note struct {
 	Token    int64  // a grant's token
 }
 
-var errMalformedGrant = errors.New("malformed grant")
+// errMalformedNote: a note of a known kind that no script writes. The
+// registry ignores it: a grant's key then expires after its short lease.
+var errMalformedNote = errors.New("malformed note")
 
 // NoteKind is what a notification says.
 type NoteKind uint8
@@ -38,15 +40,28 @@ var noteKinds = [...]string{"wake-up", "grant", "forced unlock"}
 func (k NoteKind) String() string { return name(noteKinds[:], int(k), "note kind") }
 
 // ParseNote reads a notification. known is false for a kind it does not
-// know (another version's), which the registry ignores; err is set for a
-// grant it cannot read, whose note names what it could read.
+// know (another version's), which the registry ignores; err
+// (errMalformedNote) is set for a note of a known kind that no script
+// writes, whose note names what it could read. It accepts exactly what
+// the scripts write: a key is never empty (Obtain and ForceUnlock refuse
+// one), a grantee never either, a holder only for a lock key of another
+// type ('f:<key>'), and a token is digits without a sign or a leading
+// zero, as drawtoken.lua writes it.
 func ParseNote(payload string) (n Note, known bool, err error) {
 	switch {
 	case strings.HasPrefix(payload, "w"):
-		return Note{Kind: WakeNote, Key: payload[1:]}, true, nil
+		n = Note{Kind: WakeNote, Key: payload[1:]}
+		if n.Key == "" {
+			return n, true, errMalformedNote
+		}
+		return n, true, nil
 	case strings.HasPrefix(payload, "f"):
 		n.Kind = ForcedNote
-		n.ClientID, n.Key, _ = strings.Cut(payload[1:], ":")
+		var named bool
+		n.ClientID, n.Key, named = strings.Cut(payload[1:], ":")
+		if !named || n.Key == "" {
+			return n, true, errMalformedNote
+		}
 		return n, true, nil
 	case strings.HasPrefix(payload, "g"):
 		n.Kind = GrantNote
@@ -56,8 +71,10 @@ func ParseNote(payload string) (n Note, known bool, err error) {
 		// release.lua always names the grantee and a key, never empty: a
 		// grant without one names no lock, and would be taken, or given
 		// back, as key "" (whose lock keys span slots on Cluster).
-		if n.Token, err = strconv.ParseInt(tokenText, 10, 64); err != nil || n.Token <= 0 || !named || n.Key == "" {
-			return Note{Kind: GrantNote, Key: n.Key, ClientID: n.ClientID}, true, errMalformedGrant
+		// ParseInt alone takes "+42" and "042" too, which no script writes.
+		n.Token, err = strconv.ParseInt(tokenText, 10, 64)
+		if err != nil || n.Token <= 0 || tokenText[0] == '+' || tokenText[0] == '0' || !named || n.ClientID == "" || n.Key == "" {
+			return Note{Kind: GrantNote, Key: n.Key, ClientID: n.ClientID}, true, errMalformedNote
 		}
 		return n, true, nil
 	}
