@@ -133,13 +133,25 @@ func ReadRenewOne(cmd *redis.Cmd) (bool, error) {
 func NativeRenewalRefused(err error) bool { return replyStarts(err, "ERR syntax error") }
 
 // ReadToken reads token.lua's reply: the token, or 0 if the key was not
-// this registry's; ErrFenceMoving if the key's slot is migrating.
+// this registry's; ErrFenceMoving if the key's slot is migrating (-1).
+// Another negative number is no reply of token.lua's, and text is one only
+// as drawtoken.lua writes a token (digits without a sign or a leading
+// zero, beyond 2^53): Int64 would read "+42" or "042" as a token, and
+// "-5" would have the caller draw again for a slot that does not move.
 func ReadToken(cmd *redis.Cmd) (int64, error) {
 	n, err := cmd.Int64()
-	if err == nil && n < 0 {
+	text, isText := cmd.Val().(string)
+	switch {
+	case err != nil:
+		return 0, err
+	case isText && (text[0] < '1' || text[0] > '9'):
+		return 0, fmt.Errorf("token.lua answered %q", text)
+	case n == -1:
 		return 0, ErrFenceMoving
+	case n < 0:
+		return 0, fmt.Errorf("token.lua answered %d", n)
 	}
-	return n, err
+	return n, nil
 }
 
 // ErrFenceMoving: token.lua ran on the lock's key alone, as while its slot

@@ -109,6 +109,23 @@ func TestReadToken(t *testing.T) {
 	})
 }
 
+// token.lua replies -1 alone of the negatives (its slot migrates), and
+// text only for a token beyond 2^53, as drawtoken.lua writes it: digits
+// without a sign or a leading zero. Anything else is no token, nor a slot
+// that moves, after which the caller would draw again.
+func TestReadTokenRefusesWhatTokenLuaNeverReplies(t *testing.T) {
+	_, err := ReadToken(reply(int64(-1), nil))
+	require.ErrorIs(t, err, ErrFenceMoving)
+	n, err := ReadToken(reply("9007199254740993", nil))
+	require.NoError(t, err)
+	require.Equal(t, int64(9007199254740993), n)
+	for _, val := range []any{int64(-2), int64(math.MinInt64), "-1", "-5", "+42", "042", "0"} {
+		_, err := ReadToken(reply(val, nil))
+		require.Error(t, err, val)
+		require.NotErrorIs(t, err, ErrFenceMoving, val)
+	}
+}
+
 func TestReadOwner(t *testing.T) {
 	p := NewPeer(nil, Config{Namespace: "ns", ClientID: "ours"})
 	readOwner := func(cmd *redis.Cmd) (OwnerState, error) { return p.ReadOwner(&Call{Cmd: cmd}) }
