@@ -79,11 +79,16 @@ func NewPeer(scripts *Scripts, cfg Config) *Peer {
 	// An attempt that will not wait (TryLock's) leaves no mark: nobody
 	// would answer a wake-up, and its mark, served first, would cost a
 	// real waiter its grant.
+	// The mark argument is the mark a waiting attempt sets, wherever a
+	// success withdraws one (wasMarked '1'): an attempt that will not wait
+	// but was marked, which no acquisition makes today (one that will not
+	// wait never has a mark), would else withdraw the bare client id and
+	// leave the real mark for releases to grant the key to.
 	markMs := [2]string{"0", p.markMs}
 	marks := [2]string{cfg.ClientID, p.mark}
 	for wait := range 2 {
 		for marked, wasMarked := range []string{"0", "1"} {
-			p.obtain[wait][marked] = []any{p.clientIDArg, p.leaseArg, markMs[wait], wasMarked, marks[wait]}
+			p.obtain[wait][marked] = []any{p.clientIDArg, p.leaseArg, markMs[wait], wasMarked, marks[max(wait, marked)]}
 		}
 	}
 	p.ownerAndLease = []any{p.clientIDArg, p.leaseArg}

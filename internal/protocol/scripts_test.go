@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -126,16 +127,24 @@ func TestObtainOfOurOwnKeyRefreshesTheLeaseAndDrawsANewerToken(t *testing.T) {
 	require.Greater(t, e.fence(k), token, "a give-back of the grant's token now spares the key")
 }
 
+// A success withdraws the mark an earlier attempt set, whether or not
+// this attempt would have waited: the mark withdrawn is the one a waiting
+// attempt set, with its grant lease. (No acquisition makes an attempt that
+// will not wait with a mark today: such an acquisition never has one.)
 func TestASuccessfulObtainWithdrawsTheMark(t *testing.T) {
-	e := newEnv(t)
-	_, k := e.holder()
-	p := e.peer()
-	e.wait(p, k)
-	require.NoError(t, e.client.Del(e.ctx, k.Lock()).Err())
-	found, err := ReadObtain(e.run(p.Obtain(k, true, true)))
-	require.NoError(t, err)
-	require.True(t, found.Held)
-	e.requireMarked(k, markOf(p, testGrantLease), false)
+	for _, wait := range []bool{true, false} {
+		t.Run(fmt.Sprintf("wait=%v", wait), func(t *testing.T) {
+			e := newEnv(t)
+			_, k := e.holder()
+			p := e.peer()
+			e.wait(p, k)
+			require.NoError(t, e.client.Del(e.ctx, k.Lock()).Err())
+			found, err := ReadObtain(e.run(p.Obtain(k, wait, true)))
+			require.NoError(t, err)
+			require.True(t, found.Held)
+			e.requireMarked(k, markOf(p, testGrantLease), false)
+		})
+	}
 }
 
 func TestRenewExtendsOnlyOurKeys(t *testing.T) {
