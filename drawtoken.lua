@@ -28,7 +28,13 @@ local function drawToken(fence, now, lease, floor)
   local base
   if token < exactBelow or type(floor) ~= 'string' then
     local text = string.format('%.0f', token)
-    local stored = redis.call('SET', fence, text, 'PX', lease, 'GET')
+    local stored = redis.pcall('SET', fence, text, 'PX', lease, 'GET')
+    if type(stored) == 'table' then
+      -- A fence of another type (made by hand), which SET ... GET leaves
+      -- as it is: an error that names it, and not a WRONGTYPE reply,
+      -- which callers read as the lock key's (a hold overwritten).
+      error('lockreg: ' .. fence .. ': ' .. stored.err)
+    end
     local last = tonumber(stored)
     if not last or last < token then
       return token, text

@@ -32,7 +32,17 @@ if not holder or (only and only ~= '' and holder ~= only) then
 end
 if fenceKey then
   local now = redis.call('TIME')
-  local stored = redis.call('GET', fenceKey)
+  -- A fence of another type (made by hand) fails every token.lua, and
+  -- is no reason to keep a stuck hold: it is replaced as a lost fence is,
+  -- past the clock, which stands for every token drawn (drawtoken.lua).
+  -- Any other error stands.
+  local stored = redis.pcall('GET', fenceKey)
+  if type(stored) == 'table' then
+    if string.sub(stored.err or '', 1, 9) ~= 'WRONGTYPE' then
+      return stored
+    end
+    stored = false
+  end
   local last = tonumber(stored) or 0
   local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
   local floor = string.format('%.0f', math.max(last, clock) + margin)

@@ -15,12 +15,25 @@
 -- formats a Lua number with '%.17g', a float formatting that cost the
 -- server more than the ZADD it feeds. They are milliseconds of the
 -- server's clock, exact integers far below 2^63.
+-- A marker or queue of another type (made by hand) is an error, returned
+-- for the caller to reply, which names the key and leaves nothing written:
+-- a mark the marker took is taken back, as the acquisition that the error
+-- ends withdraws it, since a release could grant the key to it.
 local function markWaiting(marker, queue, nowMs, ms, member)
   local since = string.format('%d', nowMs)
-  if redis.call('ZADD', marker, string.format('%d', nowMs + ms), member) == 1 then
-    redis.call('ZADD', queue, since, member)
+  local added = redis.pcall('ZADD', marker, string.format('%d', nowMs + ms), member)
+  if type(added) == 'table' then
+    return {err = added.err .. ' (' .. marker .. ')'}
+  end
+  local queued
+  if added == 1 then
+    queued = redis.pcall('ZADD', queue, since, member)
   else
-    redis.call('ZADD', queue, 'NX', since, member)
+    queued = redis.pcall('ZADD', queue, 'NX', since, member)
+  end
+  if type(queued) == 'table' then
+    redis.call('ZREM', marker, member)
+    return {err = queued.err .. ' (' .. queue .. ')'}
   end
   local ttl = redis.call('PTTL', marker)
   if ttl < ms then

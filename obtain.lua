@@ -21,18 +21,29 @@ local migrating = #KEYS == 1
 -- marked the registry, storing one drawn from the clock if none is stored,
 -- or 0 if it did not mark: a grant that follows this attempt comes with a
 -- larger token.
-if not redis.call('SET', lockKey, clientID, 'NX', 'PX', leaseMs) then
+-- A fence, marker or queue of another type (made by hand) fails the
+-- attempt with an error that names it, and nothing written: the fence is
+-- read before the mark is set, and a key taken before a withdrawal fails
+-- is given back.
+local took = redis.call('SET', lockKey, clientID, 'NX', 'PX', leaseMs)
+if not took then
   if redis.call('GET', lockKey) ~= clientID then
     if migrating or markMs == '0' then
       return 0
     end
+    local stored = redis.pcall('GET', fenceKey)
+    if type(stored) == 'table' then
+      return {err = stored.err .. ' (' .. fenceKey .. ')'}
+    end
     -- Tell the holder who waits, so that it grants the key on release.
     local now = redis.call('TIME')
     local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-    markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark)
+    local failed = markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark)
+    if failed then
+      return failed
+    end
     -- A stored value below 1 is no token (one written by hand): minus it
     -- would read as held (-1) or as no mark, so one is drawn instead.
-    local stored = redis.call('GET', fenceKey)
     local last = tonumber(stored)
     if not last or last < 1 then
       last = drawToken(fenceKey, now, leaseMs, 0)
@@ -48,13 +59,22 @@ if not redis.call('SET', lockKey, clientID, 'NX', 'PX', leaseMs) then
   -- being given back (see release.lua's giveBack). Drawing a token moves
   -- the key's last token past the grant's, so that the give-back spares
   -- the key this acquisition now holds.
-  redis.call('PEXPIRE', lockKey, leaseMs)
+  -- The token first: a fence of another type fails it before any write.
   if not migrating then
     drawToken(fenceKey, redis.call('TIME'), leaseMs, 0)
   end
+  redis.call('PEXPIRE', lockKey, leaseMs)
 end
 if not migrating and wasMarked == '1' then
-  redis.call('ZREM', markerKey, mark)
-  redis.call('ZREM', queueKey, mark)
+  local failed, key = redis.pcall('ZREM', markerKey, mark), markerKey
+  if type(failed) ~= 'table' then
+    failed, key = redis.pcall('ZREM', queueKey, mark), queueKey
+  end
+  if type(failed) == 'table' then
+    if took then
+      redis.call('DEL', lockKey)
+    end
+    return {err = failed.err .. ' (' .. key .. ')'}
+  end
 end
 return 1

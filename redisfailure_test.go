@@ -411,3 +411,32 @@ func TestARedisCallsHookThatPanicsInTheBackgroundFailsTheCall(t *testing.T) {
 		})
 	}
 }
+
+// A lock's queue of another type, made by hand, ends a contended
+// acquisition at once, with an ErrRedis error that names that key, and
+// leaves no mark behind; a fence of another type does not keep the lock
+// from being forced open.
+func TestAKeyOfAnotherTypeBesideTheLockIsNamedAndLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder, waiter := newRegistry(t, client), newRegistry(t, client)
+	keys := holder.Obtain("k").keys()
+	t.Cleanup(func() { client.Del(ctx, keys.Queue(), keys.Fence()) })
+	h, err := holder.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, client.Set(ctx, keys.Queue(), "x", 0).Err())
+	waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = waiter.Obtain("k").Acquire(waitCtx)
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, ErrRedis)
+	require.ErrorContains(t, err, keys.Queue())
+	require.NoError(t, waitCtx.Err(), "refused for good: no retries")
+	require.Zero(t, client.Exists(ctx, keys.Marker()).Val(), "a mark left behind")
+
+	require.NoError(t, client.HSet(ctx, keys.Fence(), "field", "value").Err())
+	forced, err := waiter.ForceUnlock(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, forced)
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+}

@@ -119,6 +119,8 @@ if channel ~= '' then
       local token, tokenText = drawToken(fenceKey, now, leaseMs, ARGV[2])
       redis.call('PUBLISH', channel .. ':' .. grantee, 'g' .. tokenText .. ':' .. grantee .. ':' .. key)
       if mark then
+        -- It cannot fail here: ZPOPMIN and ZSCORE above found the queue
+        -- and the marker sorted sets (or none).
         markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark)
         if token >= exactBelow then
           return '-' .. tokenText -- exact, where a number would round

@@ -233,3 +233,23 @@ func TestATokenHandedOffToAHoldThatLostItsKeyIsNotDrawnAgain(t *testing.T) {
 	require.Greater(t, mustHoldToken(t, later), handedOff, "a later hold's token exceeds every earlier one")
 	require.NoError(t, later.Release(ctx))
 }
+
+// A fence of another type, made by hand, fails every draw of the key's
+// token, with an ErrRedis error that names it: the hold, whose key is
+// still its own, is not lost, as it would be for a lock key of another
+// type (above).
+func TestTokenOfAHoldWhoseFenceIsOfAnotherTypeNamesIt(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	lock := newRegistry(t, client).Obtain("k")
+	fence := lock.keys().Fence()
+	t.Cleanup(func() { client.Del(ctx, fence) })
+	h, err := lock.Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, client.HSet(ctx, fence, "field", "value").Err())
+	_, err = h.Token(ctx)
+	require.ErrorIs(t, err, ErrRedis)
+	require.NotErrorIs(t, err, ErrLockLost)
+	require.ErrorContains(t, err, fence)
+	require.NoError(t, h.Release(ctx))
+}
