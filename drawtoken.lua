@@ -39,13 +39,22 @@ local function drawToken(fence, now, lease, floor)
     if not last or last < token then
       return token, text
     end
-    if last < exactBelow - 1 or not string.match(stored, '^%d+$') then
+    if last < exactBelow - 1 then
       token = last + 1
       text = string.format('%.0f', token)
       redis.call('SET', fence, text, 'PX', lease)
       return token, text
     end
-    base = string.match(stored, '^0*(%d+)$')
+    -- Beyond 2^53, a stored token spelled otherwise by hand ('1e16') is
+    -- read as its double's digits, which '%.0f' writes exactly: last + 1
+    -- would round back to last. NaN and the infinities have no digits,
+    -- and no token can follow them: the fence is put back, and the draw
+    -- refused with an error that names it (NaN would reply -2^63).
+    base = string.match(stored, '^0*(%d+)$') or string.match(string.format('%.0f', last), '^%d+$')
+    if not base then
+      redis.call('SET', fence, stored, 'PX', lease)
+      error('lockreg: ' .. fence .. ' holds ' .. string.sub(stored, 1, 40) .. ', which no token can follow')
+    end
   else
     base = string.match(floor, '^0*(%d+)$')
     local stored = string.match(redis.call('GET', fence) or '', '^0*(%d+)$')

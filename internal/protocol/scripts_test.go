@@ -393,6 +393,9 @@ func TestDrawTokenRisesPastAStoredTokenBeyond2To53(t *testing.T) {
 		"9007199254740999":    9007199254740999,
 		"999999999999999999":  999_999_999_999_999_999,
 		"0009007199254740993": 1<<53 + 1,
+		// Spelled as a float by hand: last + 1 would round back to last.
+		"1e16":   10_000_000_000_000_000,
+		"9.1e15": 9_100_000_000_000_000,
 	} {
 		e := newEnv(t)
 		p, k := e.holder()
@@ -403,6 +406,22 @@ func TestDrawTokenRisesPastAStoredTokenBeyond2To53(t *testing.T) {
 			require.Equal(t, strconv.FormatInt(token, 10), e.client.Get(e.ctx, k.Fence()).Val(), "and stored as its text")
 			last = token
 		}
+	}
+}
+
+// A fence written by hand as no number a token can follow (NaN, an
+// infinity) is refused with an error that names it, and kept: a token
+// from the clock would fall below what it stands for, and NaN read as the
+// integer -2^63, which no token is.
+func TestDrawTokenRefusesAFenceNoTokenCanFollow(t *testing.T) {
+	for _, stored := range []string{"inf", "nan", "-nan"} {
+		e := newEnv(t)
+		p, k := e.holder()
+		require.NoError(t, e.client.Set(e.ctx, k.Fence(), stored, testLease).Err())
+		_, err := ReadToken(e.run(p.DrawToken(k)))
+		require.ErrorContains(t, err, k.Fence(), stored)
+		require.NotErrorIs(t, err, ErrFenceMoving, stored)
+		require.Equal(t, stored, e.client.Get(e.ctx, k.Fence()).Val(), "kept")
 	}
 }
 
