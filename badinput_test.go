@@ -73,6 +73,9 @@ func TestAnEmptyKeyIsAnErrorForEveryCall(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidKey)
 	_, err = r.ForceUnlock(ctx, "")
 	require.ErrorIs(t, err, ErrInvalidKey)
+	// The key's error first, whatever else is wrong, as for every call.
+	_, err = r.ForceUnlockHeldBy(ctx, "", "")
+	require.ErrorIs(t, err, ErrInvalidKey)
 	require.PanicsWithError(t, "lockreg: invalid key: empty key", lock.Lock, "Lock cannot return it: it panics at the call")
 	require.Zero(t, r.locals.size(), "nothing was taken")
 }
@@ -96,6 +99,8 @@ func TestANilContextOrFunctionIsAnError(t *testing.T) {
 	} {
 		require.ErrorIs(t, err, ErrInvalidArgument, name)
 	}
+	_, err := r.ForceUnlockHeldBy(nil, "k", "")
+	require.ErrorIs(t, err, errNilContext, "the context's error before the owner id's, as before Do's fn's")
 	require.Nil(t, r.HoldFor(nil, "k"))
 	require.False(t, r.closing(), "the refused Shutdown changed nothing")
 

@@ -124,7 +124,8 @@
 //
 // Bad input is an error, never a panic: an empty key (ErrInvalidKey), a nil
 // context or function (ErrInvalidArgument), a nil client or an invalid
-// option (ErrInvalidOption), and the call changes nothing. Obtain, which
+// option (ErrInvalidOption), and the call changes nothing. Of several, the
+// key's error comes first, then the context's, then the rest's. Obtain, which
 // returns no error, returns for an empty key a Lock whose calls fail so;
 // Lock, which can return none either, panics with the error at the call,
 // as Unlock panics with ErrNotHeld. A nil *Hold (HoldFor outside a Do of

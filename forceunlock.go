@@ -32,6 +32,9 @@ const forcedFenceTTL = 2 * time.Second
 // forbids EVALSHA among them, an ErrRedis error. It works on a closed
 // registry too.
 func (r *Registry) ForceUnlock(ctx context.Context, key string) (bool, error) {
+	if err := checkForceUnlock(ctx, key, "ForceUnlock"); err != nil {
+		return false, err
+	}
 	return r.forceUnlock(ctx, key, "")
 }
 
@@ -44,21 +47,31 @@ func (r *Registry) ForceUnlock(ctx context.Context, key string) (bool, error) {
 // the client id names a registry, not a hold. An empty ownerID is an
 // ErrInvalidArgument error.
 func (r *Registry) ForceUnlockHeldBy(ctx context.Context, key, ownerID string) (bool, error) {
+	if err := checkForceUnlock(ctx, key, "ForceUnlockHeldBy"); err != nil {
+		return false, err
+	}
 	if ownerID == "" {
 		return false, fmt.Errorf("%w: ForceUnlockHeldBy with an empty owner id", ErrInvalidArgument)
 	}
 	return r.forceUnlock(ctx, key, ownerID)
 }
 
+// checkForceUnlock refuses a forced unlock's key, then its context, in
+// the order every call checks them (Do: the key, the context, then the
+// rest), so that the same bad call gets the same error from each.
+func checkForceUnlock(ctx context.Context, key, call string) error {
+	if key == "" {
+		return fmt.Errorf("%w: %s with an empty key", ErrInvalidKey, call)
+	}
+	if ctx == nil {
+		return errNilContext
+	}
+	return nil
+}
+
 // forceUnlock forces key open if only holds it, or whoever does if only
 // is "".
 func (r *Registry) forceUnlock(ctx context.Context, key, only string) (bool, error) {
-	if key == "" {
-		return false, fmt.Errorf("%w: ForceUnlock with an empty key", ErrInvalidKey)
-	}
-	if ctx == nil {
-		return false, errNilContext
-	}
 	l := r.Obtain(key)
 	holder, held, err := protocol.ReadForceUnlock(l.runScript(ctx, r.peer.ForceUnlock(l.keys(), key, maxHandoffs, forcedFenceTTL, only)))
 	switch {
