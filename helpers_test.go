@@ -522,3 +522,18 @@ func untrackedHoldOfAHash(t *testing.T) (*Hold, *redis.Client) {
 	require.NoError(t, err)
 	return h, admin
 }
+
+// holdBeside is a hold of key "k" whose lock's key that keyOf names (its
+// fence, marker or queue) was then made a hash by hand, and that key.
+func holdBeside(t *testing.T, keyOf func(protocol.Keys) string) (*Hold, string) {
+	t.Helper()
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	lock := newRegistry(t, client).Obtain("k")
+	key := keyOf(lock.keys())
+	t.Cleanup(func() { client.Del(ctx, key) })
+	h, err := lock.Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, client.HSet(ctx, key, "field", "value").Err())
+	return h, key
+}

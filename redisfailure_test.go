@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
@@ -439,4 +440,15 @@ func TestAKeyOfAnotherTypeBesideTheLockIsNamedAndLeavesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, forced)
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+}
+
+// A release that meets the lock's marker of another type, made by hand,
+// is an ErrRedis error naming it, as a failed call is: the hold's key is
+// its own still, not overwritten, and is not reported lost.
+func TestAReleaseThatMeetsAMarkerOfAnotherTypeIsNoLoss(t *testing.T) {
+	h, marker := holdBeside(t, protocol.Keys.Marker)
+	err := h.Release(context.Background())
+	require.ErrorIs(t, err, ErrRedis)
+	require.NotErrorIs(t, err, ErrLockLost)
+	require.ErrorContains(t, err, marker)
 }

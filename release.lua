@@ -4,11 +4,12 @@
 -- internal/protocol puts before it; Peer.Release builds the arguments
 -- below, and ReadRelease reads the reply.
 -- Returns 0 when the key had expired or has another owner (which is left
--- untouched; only the fence is raised to the tokens handed out), 1 when deleted, 2 when deleted while another registry waits
--- (its mark, set by a failed attempt, has not lapsed), 3 when granted to a
--- waiting registry, or minus the grant's token if mark marked this one,
--- and 4, changing nothing, when another registry waits and only the
--- client id was sent: call again with all the arguments.
+-- untouched; only the fence is raised to the tokens handed out), 1 when
+-- deleted, 2 when deleted while another registry waits (its mark, set by
+-- a failed attempt, has not lapsed), 3 when granted to a waiting
+-- registry, or minus the grant's token if mark marked this one, and 4,
+-- changing nothing, when another registry waits and only the client id
+-- was sent: call again with all the arguments.
 -- A grant sets the key to the waiter's client id with the lease its mark
 -- names, draws its token and publishes 'g<token>:<client id>:<key>'; a
 -- release others wait for publishes 'w<key>' to wake them.
@@ -24,8 +25,18 @@ local function liveMark(marker)
   end
   local now = redis.call('TIME')
   local nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  return redis.call('ZRANGEBYSCORE', marker, string.format('%d', nowMs), '+inf', 'LIMIT', 0, 1)[1]
+  local first = redis.pcall('ZRANGEBYSCORE', marker, string.format('%d', nowMs), '+inf', 'LIMIT', 0, 1)
+  if first.err then
+    error('lockreg: ' .. marker .. ': ' .. first.err)
+  end
+  return first[1]
 end
+-- A marker, queue or fence of another type (made by hand) fails the
+-- release with an error that names it, raised before the key's DEL or
+-- grant (but for a marker met after the queue was popped, and a fence met
+-- by the grant's draw, after its SET), and not a WRONGTYPE
+-- reply, which the registry reads as the lock key's: the hold taken for
+-- overwritten, its key left held.
 -- The client id alone, with the lock's key and the marker, the only keys
 -- it reads, is sent unless the registry expects the rest to be needed (see
 -- releaseRedis): an uncontended release, which this keeps to the minimal
@@ -57,28 +68,9 @@ local handedOut, leaseMs, channel, key, giveBack, mark, markMs =
 -- Called with the lock's key alone while its slot migrates between Redis
 -- Cluster nodes: it only deletes the key; waiters find it free by polling.
 local migrating = #KEYS == 1
--- Local hand-offs raise the token without a round trip; the stored token
--- must not fall behind them, even if the key was taken from the hold that
--- handed them out: while the stored token is ahead of the clock, the next
--- draw would hand one of them out again.
-if not migrating and handedOut > 0 then
-  local stored = redis.call('GET', fenceKey)
-  local last = tonumber(stored)
-  local behind = not last or last < handedOut
-  if last and math.max(last, handedOut) >= exactBelow and string.match(stored, '^%d+$') then
-    -- Exact beyond 2^53 (drawtoken.lua): digits without leading zeros
-    -- compare by length, then as text.
-    local a, b = string.match(stored, '^0*(%d+)$'), string.match(ARGV[2], '^0*(%d+)$')
-    behind = #a < #b or #a == #b and a < b
-  end
-  if behind then
-    redis.call('SET', fenceKey, ARGV[2], 'PX', leaseMs)
-  end
-end
-if not ours then
-  return 0
-end
-if giveBack and giveBack ~= '' then
+-- A key that is not ours is left as it is, and only the fence is raised
+-- (below).
+if ours and giveBack and giveBack ~= '' then
   local token, grantMs = string.match(giveBack, '^(%d+):(%d+)$')
   if migrating or redis.call('GET', fenceKey) ~= token or redis.call('PTTL', lockKey) > tonumber(grantMs) then
     return 0
@@ -89,17 +81,24 @@ if migrating then
   return 1
 end
 local now, nowMs, waiter
-if channel ~= '' then
+if ours and channel ~= '' then
   -- A release that may grant pops the first registry in the queue, and
   -- the next while the one popped has no live mark (it lapsed, or was
   -- withdrawn): fewer and cheaper calls than reading the queue and then
   -- removing from it, and a grant waits for this script to end.
-  local popped = redis.call('ZPOPMIN', queueKey)
+  local popped = redis.pcall('ZPOPMIN', queueKey)
+  if popped.err then
+    error('lockreg: ' .. queueKey .. ': ' .. popped.err)
+  end
   if popped[1] then
     now = redis.call('TIME')
     nowMs = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
     repeat
-      local lapses = tonumber(redis.call('ZSCORE', markerKey, popped[1]))
+      local lapses = redis.pcall('ZSCORE', markerKey, popped[1])
+      if type(lapses) == 'table' then
+        error('lockreg: ' .. markerKey .. ': ' .. lapses.err)
+      end
+      lapses = tonumber(lapses)
       if lapses and lapses >= nowMs then
         waiter = popped[1]
       else
@@ -144,10 +143,36 @@ end
 -- With no grant to make (no channel, or no live mark in the queue: an
 -- earlier version of the library marked in the marker alone), a live mark
 -- makes this a release others wait for.
-if not waiter then
+if ours and not waiter then
   waiter = liveMark(markerKey)
 end
-redis.call('DEL', lockKey)
+-- Local hand-offs raise the token without a round trip; the stored token
+-- must not fall behind them, even if the key was taken from the hold that
+-- handed them out: while the stored token is ahead of the clock, the next
+-- draw would hand one of them out again. It is read before the DEL.
+local stored = handedOut > 0 and redis.pcall('GET', fenceKey)
+if type(stored) == 'table' then
+  error('lockreg: ' .. fenceKey .. ': ' .. stored.err)
+end
+if ours then
+  redis.call('DEL', lockKey)
+end
+if handedOut > 0 then
+  local last = tonumber(stored)
+  local behind = not last or last < handedOut
+  if last and math.max(last, handedOut) >= exactBelow and string.match(stored, '^%d+$') then
+    -- Exact beyond 2^53 (drawtoken.lua): digits without leading zeros
+    -- compare by length, then as text.
+    local a, b = string.match(stored, '^0*(%d+)$'), string.match(ARGV[2], '^0*(%d+)$')
+    behind = #a < #b or #a == #b and a < b
+  end
+  if behind then
+    redis.call('SET', fenceKey, ARGV[2], 'PX', leaseMs)
+  end
+end
+if not ours then
+  return 0
+end
 if not waiter then
   return 1
 end

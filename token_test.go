@@ -240,14 +240,8 @@ func TestATokenHandedOffToAHoldThatLostItsKeyIsNotDrawnAgain(t *testing.T) {
 // type (above).
 func TestTokenOfAHoldWhoseFenceIsOfAnotherTypeNamesIt(t *testing.T) {
 	ctx := context.Background()
-	client := redistest.Shared(t).Client(t)
-	lock := newRegistry(t, client).Obtain("k")
-	fence := lock.keys().Fence()
-	t.Cleanup(func() { client.Del(ctx, fence) })
-	h, err := lock.Acquire(ctx)
-	require.NoError(t, err)
-	require.NoError(t, client.HSet(ctx, fence, "field", "value").Err())
-	_, err = h.Token(ctx)
+	h, fence := holdBeside(t, protocol.Keys.Fence)
+	_, err := h.Token(ctx)
 	require.ErrorIs(t, err, ErrRedis)
 	require.NotErrorIs(t, err, ErrLockLost)
 	require.ErrorContains(t, err, fence)

@@ -85,3 +85,32 @@ func TestForceUnlockReplacesAFenceOfAnotherType(t *testing.T) {
 	require.GreaterOrEqual(t, e.fence(k), before+1000, "the fence raised")
 	require.Positive(t, e.pttl(k.Fence()), "the raised fence expires")
 }
+
+// A release that meets a marker, queue or fence of another type fails
+// with an error that names it, and not a WRONGTYPE reply, which the
+// registry reads as its lock key's (the hold overwritten, the key left
+// held): the key stays the releaser's, to release again or let expire.
+func TestAReleaseThatMeetsAKeyOfAnotherTypeNamesItAndKeepsTheKey(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		spoilt  func(Keys) string
+		release Release
+	}{
+		{"the marker, client id alone", Keys.Marker, Release{}},
+		{"the marker, every argument", Keys.Marker, Release{Full: true}},
+		{"the queue", Keys.Queue, Release{Full: true}},
+		{"the fence, behind a token handed out", Keys.Fence, Release{HandedOut: 5}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			p, k := e.holder()
+			key := c.spoilt(k)
+			e.spoil(key, k)
+			_, err := ReadRelease(e.run(p.Release(k, "k", c.release)))
+			require.Error(t, err)
+			require.False(t, WrongType(err), "%v", err)
+			require.ErrorContains(t, err, key)
+			require.Equal(t, p.ClientID(), e.owner(k))
+		})
+	}
+}
