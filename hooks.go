@@ -41,9 +41,13 @@ type Hooks struct {
 	ReleaseDone  func(ctx context.Context, e ReleaseEvent)
 	// Lost is called when a hold is signalled lost (its Lost channel
 	// closes), from the goroutine that found out: often the watchdog's.
+	// A panic in it is logged, and the registry goes on.
 	Lost func(e LossEvent)
 	// RedisCalls is called as the registry sends Redis n calls for op;
-	// calls that share a pipeline are counted each.
+	// calls that share a pipeline are counted each. A panic in it goes on
+	// to the caller of the operation; in the registry's background work
+	// (renewals, a tracker's reads, releases aside) it is logged, and the
+	// calls fail as on a Redis error.
 	RedisCalls func(op RedisOp, n int)
 }
 
@@ -206,12 +210,32 @@ func (r *Registry) countCallsAside(op RedisOp, calls []*protocol.Call) (err erro
 // background work, and returns the error the calls fail with.
 func (r *Registry) hookPanicked(op RedisOp, v any) error {
 	err := fmt.Errorf("%w: a RedisCalls hook panicked for %s calls: %v", ErrRedis, op, v)
-	if r.hooks.panicked.CompareAndSwap(false, true) {
-		r.cfg.logger.Error("lockreg: a hook panicked in background work; its calls fail as on a Redis error (later panics are logged at debug level)", "error", err)
-	} else {
-		r.cfg.logger.Debug("lockreg: a hook panicked in background work", "error", err)
-	}
+	r.logHookPanic(err, "its calls fail as on a Redis error")
 	return err
+}
+
+// logHookPanic logs err, a hook's panic that the registry went on from
+// (outcome says how): the first as an error, later ones at debug level.
+func (r *Registry) logHookPanic(err error, outcome string) {
+	if r.hooks.panicked.CompareAndSwap(false, true) {
+		r.cfg.logger.Error("lockreg: a hook panicked; "+outcome+" (later panics are logged at debug level)", "error", err)
+	} else {
+		r.cfg.logger.Debug("lockreg: a hook panicked", "error", err)
+	}
+}
+
+// tellLost tells a Lost hook of e. Losses are found mostly by the
+// registry's own goroutines (the watchdog, a tracker), where a hook's
+// panic would crash the process, and on the watchdog end the renewal of
+// every other hold: it is logged, and the other hooks are told all the
+// same. The loss itself is signalled before (Lost, Err).
+func (r *Registry) tellLost(lost func(LossEvent), e LossEvent) {
+	defer func() {
+		if v := recover(); v != nil {
+			r.logHookPanic(fmt.Errorf("a Lost hook panicked for key %q: %v", printedKey(e.Key), v), "the loss is signalled all the same")
+		}
+	}()
+	lost(e)
 }
 
 // attempting tells the hooks of an attempt to take key in Redis.

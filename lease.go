@@ -116,7 +116,7 @@ func (h *Hold) tellLoss(cause LossCause, onLoss func(error), err error) func() {
 		e := LossEvent{Key: h.lock.key, Cause: cause, Held: h.taken.since()}
 		for _, hk := range h.lock.r.hooks.all() {
 			if hk.Lost != nil {
-				hk.Lost(e)
+				h.lock.r.tellLost(hk.Lost, e)
 			}
 		}
 	}

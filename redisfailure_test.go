@@ -452,3 +452,37 @@ func TestAReleaseThatMeetsAMarkerOfAnotherTypeIsNoLoss(t *testing.T) {
 	require.NotErrorIs(t, err, ErrLockLost)
 	require.ErrorContains(t, err, marker)
 }
+
+// TestALostHookThatPanicsIsLoggedAndTheOthersAreTold: a Lost hook is told
+// from the goroutine that found the loss, mostly the registry's own (here
+// a tracker's), where a panic would crash the process, and on the
+// watchdog end every other hold's renewal. The registry logs it, tells
+// the other hooks and goes on renewing.
+func TestALostHookThatPanicsIsLoggedAndTheOthersAreTold(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	var logs syncBuffer
+	r := newRegistry(t, client, WithExpireAfter(300*time.Millisecond),
+		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	told := make(chan LossEvent, 1)
+	r.AddHooks(Hooks{Lost: func(LossEvent) { panic("hook") }})
+	r.AddHooks(Hooks{Lost: func(e LossEvent) { told <- e }})
+	lost, err := r.Obtain("lost").Acquire(ctx)
+	require.NoError(t, err)
+	kept, err := r.Obtain("kept").Acquire(ctx)
+	require.NoError(t, err)
+
+	require.NoError(t, client.Del(ctx, lost.redisKey()).Err()) // behind the holder's back
+	requireFires(t, lost.Lost(), 2*time.Second, "the holder learns of it")
+	select {
+	case e := <-told:
+		require.Equal(t, "lost", e.Key, "the next hook is told")
+	case <-time.After(2 * time.Second):
+		t.Fatal("the hook after the one that panicked was not told")
+	}
+	require.Contains(t, logs.String(), "a Lost hook panicked")
+	time.Sleep(time.Second) // three leases
+	requireOpen(t, kept.Lost(), "the other hold is still renewed")
+	require.NoError(t, kept.Release(ctx))
+	require.ErrorIs(t, lost.Release(ctx), ErrLockLost)
+}
