@@ -329,43 +329,6 @@ func (r *Registry) releaseContext(ctx context.Context) (context.Context, context
 	return context.WithTimeout(context.WithoutCancel(ctx), r.cfg.expireAfter)
 }
 
-// handedOut is the last token h handed out locally, or 0 if it handed
-// none: token is h's own (read under h.mu).
-func (h *Hold) handedOut(token int64) int64 {
-	if h.handoffs > 0 {
-		return token
-	}
-	return 0
-}
-
-// nextLocalHold returns the hold to hand off, with the Redis key, to the
-// next local waiter, or nil when h must go back to Redis: hand-offs are off, h may be
-// lost, nobody waits, or the run of hand-offs reached its bound, after
-// which other registries get their turn. If h has a token, the next hold's
-// is one more: no other registry can draw a token meanwhile, as the key
-// stays held, and the release stores the last one handed out. Otherwise
-// the next hold draws its own if asked.
-func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
-	if r.cfg.handoffMax == 0 || h.handoffs >= r.cfg.handoffMax || h.isLost() || h.leaseOver() ||
-		h.redisTaken.since() >= r.cfg.handoffFor || local.unchecked.Load() > 0 || !local.waited() {
-		return nil
-	}
-	next := &Hold{
-		lock:       h.lock,
-		via:        viaHandoff,
-		local:      local,
-		taken:      nowInstant(),
-		redisTaken: h.redisTaken,
-		handoffs:   h.handoffs + 1,
-		tenure:     h.tenure,
-		unclaimed:  true,
-	}
-	if token != 0 {
-		next.token = token + 1
-	}
-	return next
-}
-
 // releaseRedisAside is releaseRedis for the registry's background work: a
 // RedisCalls hook's panic, with no caller to go on to, fails the release
 // as a Redis error would (countCallsAside). The call was made: the key is
