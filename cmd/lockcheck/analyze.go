@@ -318,7 +318,9 @@ func (a *analysis) liveEnd(hd *hold) int64 {
 // successful renewal answered during the hold proves the key was the
 // hold's all along and carries the lease on. One answered after the hold
 // ended may have run after the registry's next hold of the key took it
-// back, so it proves nothing for this one.
+// back, so it proves nothing for this one. For a hold that rests on a
+// grant, whose root is the call that marked its registry, only renewals
+// sent after that call's reply count (failedAttempt.answered).
 func (a *analysis) leaseUntil(hd *hold, sentBy, answeredBy int64) int64 {
 	lease := a.lease
 	if hd.rootLease > 0 {
@@ -326,7 +328,7 @@ func (a *analysis) leaseUntil(hd *hold, sentBy, answeredBy int64) int64 {
 	}
 	end := a.cover(hd.root, lease)
 	renewals := a.renewals[wk{hd.worker, hd.key}]
-	from, _ := slices.BinarySearchFunc(renewals, hd.root, func(r renewal, root int64) int { return cmp.Compare(r.sent, root) })
+	from, _ := slices.BinarySearchFunc(renewals, max(hd.root, hd.renewedFrom), func(r renewal, root int64) int { return cmp.Compare(r.sent, root) })
 	for _, r := range renewals[from:] {
 		if r.sent > sentBy {
 			break

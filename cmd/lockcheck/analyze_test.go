@@ -137,6 +137,18 @@ func TestLiveIntervalEnds(t *testing.T) {
 			h.holds[0].rootLease = 200 * time.Millisecond
 			h.holds[1] = freshHold(1, "k", 200, 150, 160, 1)
 		}, true},
+		{"a renewal sent before a grant's marking call was answered carries nothing for it", func(h *history) {
+			// A renewal of the tenure that a release passing the key on
+			// ended, run in Redis before that release.
+			h.holds[0].rootLease, h.holds[0].renewedFrom = 200*time.Millisecond, ms2ns(50)
+			h.renewals = []renewal{{worker: 0, key: "k", sent: ms2ns(30), done: ms2ns(31)}}
+			h.holds[1] = freshHold(1, "k", 200, 300, 310, 1)
+		}, false},
+		{"a renewal sent after it carries a grant's lease on", func(h *history) {
+			h.holds[0].rootLease, h.holds[0].renewedFrom = 200*time.Millisecond, ms2ns(50)
+			h.renewals = []renewal{{worker: 0, key: "k", sent: ms2ns(60), done: ms2ns(61)}}
+			h.holds[1] = freshHold(1, "k", 200, 300, 310, 1)
+		}, true},
 		{"a killed holder's key stays leased", func(h *history) {
 			h.holds[0].exit, h.holds[0].read = 0, storeCall{}
 			h.workers[0].killed = ms2ns(100)

@@ -31,7 +31,10 @@ type hold struct {
 	// grant's lease; otherwise rootLease is 0 (the run's lease).
 	root      int64
 	rootLease time.Duration
-	exit      int64 // 0: the worker died inside (kill -9)
+	// renewedFrom, for a grant, is the earliest a renewal that carries its
+	// lease can have been sent (failedAttempt.answered).
+	renewedFrom int64
+	exit        int64 // 0: the worker died inside (kill -9)
 	// lost is when Lost() fired, before exit or while the unlock ran
 	// (0: it did not); only a Lost before exit ends the live interval.
 	lost int64
@@ -262,13 +265,16 @@ type event struct {
 	Done      int64         `json:"done,omitempty"` // renew: when its reply came back
 	Root      int64         `json:"root,omitempty"`
 	RootLease time.Duration `json:"rl,omitempty"`
-	Lost      int64         `json:"lost,omitempty"`
-	Read      storeCall     `json:"r,omitzero"`
-	Write     storeCall     `json:"w,omitzero"`
-	Value     int64         `json:"v,omitempty"`
-	Unlock    unlocked      `json:"u,omitempty"`
-	Cause     string        `json:"c,omitempty"` // unlock, notoken: the LossCause Lost named
-	Handoff   bool          `json:"h,omitempty"` // notoken: the hold was a local hand-off
+	// RenewedFrom: for a grant, the renewals of the key sent before it
+	// carry nothing (failedAttempt.answered).
+	RenewedFrom int64     `json:"rf,omitempty"`
+	Lost        int64     `json:"lost,omitempty"`
+	Read        storeCall `json:"r,omitzero"`
+	Write       storeCall `json:"w,omitzero"`
+	Value       int64     `json:"v,omitempty"`
+	Unlock      unlocked  `json:"u,omitempty"`
+	Cause       string    `json:"c,omitempty"` // unlock, notoken: the LossCause Lost named
+	Handoff     bool      `json:"h,omitempty"` // notoken: the hold was a local hand-off
 	// done: each goroutine's run, how many unlocks reported ErrLockLost,
 	// how many holds got no token, and how many were credited late.
 	Goroutines  []goroutineRun `json:"gs,omitempty"`
@@ -350,7 +356,7 @@ func (c *collector) add(w int, ev event) {
 		c.open[[2]int{w, ev.G}] = len(c.h.holds)
 		c.h.holds = append(c.h.holds, hold{
 			worker: w, g: ev.G, key: key, token: ev.Token, fresh: ev.Fresh,
-			acq: ev.Acq, enter: ev.At, root: ev.Root, rootLease: ev.RootLease,
+			acq: ev.Acq, enter: ev.At, root: ev.Root, rootLease: ev.RootLease, renewedFrom: ev.RenewedFrom,
 		})
 	case "exit":
 		i, ok := c.take(c.open, w, ev.G, "exited a hold it never entered")

@@ -91,17 +91,26 @@ func (t *leaseTracker) historyOf(key string) string {
 type root struct {
 	token, sent int64
 	lease       time.Duration
+	// renewedFrom, for a grant, is when the reply of the call that marked
+	// the registry was read (failedAttempt.answered).
+	renewedFrom int64
 }
 
-// failedAttempt is an obtain call that found the key taken, and the last
-// token its reply carried (0: none).
-type failedAttempt struct{ sent, lastToken int64 }
+// failedAttempt is an obtain call that found the key taken, or a release
+// that passed it on, which marked the registry as waiting, and the last
+// token its reply carried (0: none). answered is when its reply was read:
+// the registry's renewals of the key sent before then are not of the
+// tenure a grant that follows begins. After a release that passed the key
+// on, a renewal of the tenure it ended can be sent after it, on another
+// connection, and still run before it in Redis: it succeeds, and carries
+// nothing for the grant.
+type failedAttempt struct{ sent, answered, lastToken int64 }
 
 // explained is what rootOf tells about a hold.
 type explained struct {
-	sent  int64
-	lease time.Duration
-	fresh bool // the hold has the root's own token: not a local hand-off
+	sent, renewedFrom int64
+	lease             time.Duration
+	fresh             bool // the hold has the root's own token: not a local hand-off
 	// after is, for a hold rootOf could not explain, the latest failed
 	// attempt on its key then: missedGrant judges the hold against it.
 	after failedAttempt
@@ -146,7 +155,7 @@ func (t *leaseTracker) rootOf(key string, token int64) (explained, bool) {
 		r, d := t.roots[key], token-t.roots[key].token
 		t.mu.Unlock()
 		if r.token != 0 && d >= 0 && d <= maxHandoffs {
-			return explained{sent: r.sent, lease: r.lease, fresh: d == 0}, true
+			return explained{sent: r.sent, renewedFrom: r.renewedFrom, lease: r.lease, fresh: d == 0}, true
 		}
 		if over {
 			t.mu.Lock()
@@ -305,7 +314,7 @@ func (t *leaseTracker) credit(key string) {
 	if f.lastToken <= 0 || token <= f.lastToken || token < r.token || r.sent > f.sent || t.grantLease <= 0 {
 		return
 	}
-	t.roots[key] = root{token: token, sent: f.sent, lease: t.grantLease}
+	t.roots[key] = root{token: token, sent: f.sent, lease: t.grantLease, renewedFrom: f.answered}
 	t.saw(key, "credited the grant with token %d", token)
 }
 
@@ -457,6 +466,7 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 		}
 		return
 	}
+	answered := time.Now().UnixNano() // the library reads the reply after the hooks return
 	reply, err := c.Int64()
 	key, known := t.keyOf[fmt.Sprint(keys[0])]
 	if err != nil || !known {
@@ -483,7 +493,7 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 			return
 		}
 		t.saw(key, "obtain.lua failed and marked, last token %d", -reply)
-		t.sawMark(key, failedAttempt{sent: sent, lastToken: -reply}, fmt.Sprint(argv[0]), fmt.Sprint(argv[4]))
+		t.sawMark(key, failedAttempt{sent: sent, answered: answered, lastToken: -reply}, fmt.Sprint(argv[0]), fmt.Sprint(argv[4]))
 	case n == 1 && len(argv) == 8:
 		t.saw(key, "release on the lock's key alone answered %d", reply)
 	case n == 4 && fenced && len(argv) == 8 && marks(6):
@@ -492,7 +502,7 @@ func (t *leaseTracker) observe(cmd redis.Cmder, sent int64) {
 			return
 		}
 		t.saw(key, "release granted it away with token %d and marked", -reply)
-		t.sawMark(key, failedAttempt{sent: sent, lastToken: -reply}, fmt.Sprint(argv[0]), fmt.Sprint(argv[6]))
+		t.sawMark(key, failedAttempt{sent: sent, answered: answered, lastToken: -reply}, fmt.Sprint(argv[0]), fmt.Sprint(argv[6]))
 	case len(argv) == 2 && (n == 2 && fenced || n == 1) && reply > 0:
 		// A token drawn for the hold the latest obtain began: only the
 		// first draw of a hold, or of a run of local hand-offs, may come

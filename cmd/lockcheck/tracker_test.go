@@ -275,9 +275,14 @@ func TestLeaseTrackerCreditsAGrantToAReleaseMark(t *testing.T) {
 		"me", 0, "30000", "marks:released", "k", "", "me:200", "200")
 	release.SetVal(int64(-100))
 	tracker.observe(release, sent)
+	answered := time.Now().UnixNano()
 	tracker.grant("g101:me:k")
 	if r, ok := tracker.rootOf("k", 101); !ok || r.sent != sent || r.lease != 200*time.Millisecond || !r.fresh {
 		t.Errorf("got %+v, %v; want the grant, its lease of 200ms from the release sent at %d", r, ok, sent)
+	} else if r.renewedFrom <= sent || r.renewedFrom > answered {
+		// A renewal of the tenure the release ended, sent after it, may
+		// have run before it in Redis: it carries nothing for the grant.
+		t.Errorf("renewals carry the grant's lease from %d; want from when the release's reply was read, after %d and by %d", r.renewedFrom, sent, answered)
 	}
 }
 

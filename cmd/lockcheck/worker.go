@@ -201,7 +201,7 @@ func (w *worker) critical(g int, lock *lockreg.Lock, acq int64, path lockreg.Pat
 			}
 		})
 	}
-	w.out.emit(event{E: "enter", G: g, Key: key, Token: token, Fresh: root.fresh, Acq: acq, At: enter, Root: root.sent, RootLease: root.lease})
+	w.out.emit(event{E: "enter", G: g, Key: key, Token: token, Fresh: root.fresh, Acq: acq, At: enter, Root: root.sent, RootLease: root.lease, RenewedFrom: root.renewedFrom})
 
 	var lostAt atomic.Int64
 	stop, watched := make(chan struct{}), make(chan struct{})
