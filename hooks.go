@@ -188,8 +188,9 @@ func (r *Registry) countCalls(op RedisOp, n int) {
 
 // countCallsAside is countCalls for the registry's background work, where
 // a hook's panic has no caller to go on to and would crash the process. As
-// a foreground panic fails its operation, this one fails calls, not sent
-// yet, as a Redis error would: their holds are handled as on one (a
+// a foreground panic fails its operation, this one fails the calls (sent
+// already, on a tracking connection, whose replies are then ignored) as a
+// Redis error would: their holds are handled as on one (a
 // renewal is tried again, then its lease lapses, signalled lost). It
 // reports the error, or nil.
 func (r *Registry) countCallsAside(op RedisOp, calls []*protocol.Call) (err error) {

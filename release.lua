@@ -149,9 +149,14 @@ end
 -- Local hand-offs raise the token without a round trip; the stored token
 -- must not fall behind them, even if the key was taken from the hold that
 -- handed them out: while the stored token is ahead of the clock, the next
--- draw would hand one of them out again. It is read before the DEL.
+-- draw would hand one of them out again. It is read before the DEL. A
+-- fence of another type fails every later draw, so no token can repeat:
+-- a key not ours is only said to be not ours, which loses the hold.
 local stored = handedOut > 0 and redis.pcall('GET', fenceKey)
 if type(stored) == 'table' then
+  if not ours then
+    return 0
+  end
   error('lockreg: ' .. fenceKey .. ': ' .. stored.err)
 end
 if ours then

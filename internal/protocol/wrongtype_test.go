@@ -90,6 +90,22 @@ func TestForceUnlockReplacesAFenceOfAnotherType(t *testing.T) {
 // with an error that names it, and not a WRONGTYPE reply, which the
 // registry reads as its lock key's (the hold overwritten, the key left
 // held): the key stays the releaser's, to release again or let expire.
+// A release whose key another registry took is told so, and its hold is
+// lost, though the fence it would raise to its handed-out tokens is of
+// another type: an error there would say the key is still its own. The
+// fence fails every later draw of a token, so none can repeat.
+func TestAReleaseOfAKeyTakenMeetsAFenceOfAnotherTypeAndIsNotOurs(t *testing.T) {
+	e := newEnv(t)
+	p := e.peer()
+	k := p.Keys("k")
+	other, _ := e.holder()
+	e.spoil(k.Fence(), k)
+	got, err := ReadRelease(e.run(p.Release(k, "k", Release{HandedOut: 5})))
+	require.NoError(t, err)
+	require.Equal(t, NotOurs, got.Outcome)
+	require.Equal(t, other.ClientID(), e.owner(k), "the other registry keeps the key")
+}
+
 func TestAReleaseThatMeetsAKeyOfAnotherTypeNamesItAndKeepsTheKey(t *testing.T) {
 	for _, c := range []struct {
 		name    string
