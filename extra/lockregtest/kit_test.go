@@ -67,6 +67,7 @@ func TestLoseLeavesAnotherRegistrysHold(t *testing.T) {
 	require.True(t, forced)
 	taken, err := b.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
+	holder(t, a, "k") // worker-b's owner name is written soon after, not with, its key
 	require.Equal(t, `lockregtest.Lose: `+t.Name()+`#1 holds "k", but in Redis it is held by worker-b: its hold is lost already, and it has not noticed yet`,
 		fatalOf(t, func(t testing.TB) { lockregtest.Lose(t, a, "k") }))
 	select {
