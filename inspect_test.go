@@ -139,6 +139,7 @@ func TestLocksListsTheNamespacesHeldLocksOnce(t *testing.T) {
 	require.NoError(t, err)
 	mustHoldToken(t, h)
 	require.NoError(t, h.Release(ctx))
+	require.Eventually(t, func() bool { return r.owner.freshUntil.Load() > 0 }, 5*time.Second, time.Millisecond, "the owner name is written")
 	// A waiting mark and queue, and another namespace that shares a prefix.
 	waiter := newRegistry(t, client, WithRetryInterval(time.Second))
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
