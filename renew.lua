@@ -49,13 +49,9 @@ if trackAgain and #renewedKeys > 0 then
   -- On the tracking connection, whose NOLOOP spares it the invalidation
   -- of its own PEXPIRE, the PEXPIRE still ended the key's tracking: a
   -- read tracks it again, in the same atomic step, so that no change
-  -- can come between.
-  if readByKey then
-    for _, lockKey in ipairs(renewedKeys) do
-      redis.call('GET', lockKey)
-    end
-  else
-    redis.call('MGET', unpack(renewedKeys))
-  end
+  -- can come between. EXISTS tracks the keys it names as MGET does, and
+  -- replies one number instead of every value, which the script would
+  -- copy into Lua strings only to drop them.
+  redis.call('EXISTS', unpack(renewedKeys))
 end
 return renewed
