@@ -5,6 +5,7 @@
 //	lockctl -redis URL -namespace NS show KEY      # one lock in detail
 //	lockctl -redis URL -namespace NS unlock KEY    # asks first on a terminal
 //	lockctl unlock KEY -yes -namespace NS          # flags go before or after the command
+//	lockctl -namespace NS show -quoted '"job\x00a"' # a key as list prints it
 //
 // -redis takes a redis:// (or rediss://, unix://) URL, or HOST:PORT, or
 // several addresses or URLs separated by commas, which make a Cluster
@@ -96,7 +97,7 @@ func (quietRedis) Printf(context.Context, string, ...any) {}
 
 type options struct {
 	redisURL, namespace, sentinel string
-	cluster, json, yes            bool
+	cluster, json, yes, quoted    bool
 	timeout                       time.Duration
 	// redisFrom names where redisURL came from, for errors: -redis,
 	// $REDIS_URL or the default.
@@ -118,9 +119,11 @@ commands:
   unlock KEY    force KEY's lock open; asks first on a terminal, -yes does not
 
 Flags go before or after the command; a KEY that begins with '-' goes after
-"--". An owner is live if its registry refreshed its owner hash within the
-last two leases (a minute at the default 30s lease), gone if not: it died,
-or could not write the hash. Keys over 200 bytes are cut, as in lockreg's
+"--". A KEY with a NUL byte, which no shell can pass, or other bytes hard
+to type, goes with -quoted, as list prints it: show -quoted '"job\x00a"'.
+An owner is live if its registry refreshed its owner hash within the last
+two leases (a minute at the default 30s lease), gone if not: it died, or
+could not write the hash. Keys over 200 bytes are cut, as in lockreg's
 errors (-json prints keys whole; one not UTF-8 also as key_base64).
 
 flags:
@@ -147,6 +150,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.StringVar(&o.sentinel, "sentinel", "", "the `MASTER` name: the -redis addresses are Sentinels watching it")
 	fs.BoolVar(&o.json, "json", false, "print JSON")
 	fs.BoolVar(&o.yes, "yes", false, "unlock without asking")
+	fs.BoolVar(&o.quoted, "quoted", false, `KEY is quoted as list prints it, escapes and all ("job\x00a"): for a key no shell can pass`)
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "how long a command may take")
 	args, err := parseArgs(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
@@ -224,50 +228,52 @@ func redisSource(given string) (url, from string) {
 var commands = []string{"list", "show", "unlock"}
 
 // checkCommand refuses a command lockctl does not know, or the wrong
-// arguments for one.
-func checkCommand(o options, args []string) error {
+// arguments for one; it returns the command, and its key if it takes one.
+func checkCommand(o options, args []string) (command, key string, err error) {
 	if len(args) == 0 {
-		return usageError("name a command: list, show KEY or unlock KEY")
+		return "", "", usageError("name a command: list, show KEY or unlock KEY")
 	}
-	command, args := args[0], args[1:]
+	command, args = args[0], args[1:]
 	switch command {
 	case "list":
 		if len(args) > 0 {
-			return usageError("list takes no arguments (given %s)", quoteAll(args))
+			return "", "", usageError("list takes no arguments (given %s)", quoteAll(args))
 		}
 	case "show", "unlock":
 		switch {
 		case len(args) == 0:
-			return usageError("%s needs a KEY", command)
+			return "", "", usageError("%s needs a KEY", command)
 		case len(args) > 1:
-			return usageError("%s takes one KEY (given %d: %s)", command, len(args), quoteAll(args))
-		case args[0] == "":
-			return usageError("the key is empty")
+			return "", "", usageError("%s takes one KEY (given %d: %s)", command, len(args), quoteAll(args))
+		}
+		if key, err = keyArgument(args[0], o.quoted); err != nil {
+			return "", "", err
 		}
 	default:
 		msg := fmt.Sprintf("unknown command %q; the commands are list, show KEY and unlock KEY", command)
 		if close := closeMatches(command, commands); len(close) > 0 {
 			msg += fmt.Sprintf(" (did you mean %s?)", close[0])
 		}
-		return usageError("%s", msg)
+		return "", "", usageError("%s", msg)
 	}
-	if o.yes && command != "unlock" {
-		return usageError("-yes is for unlock, not %s", command)
+	switch {
+	case o.yes && command != "unlock":
+		return "", "", usageError("-yes is for unlock, not %s", command)
+	case o.quoted && command == "list":
+		return "", "", usageError("-quoted is for show and unlock, not list")
+	case o.namespace == "":
+		return "", "", usageError("-namespace is required: the namespace the service passes to lockreg.New")
+	case o.timeout <= 0:
+		return "", "", usageError("-timeout must be positive (given %v)", o.timeout)
 	}
-	if o.namespace == "" {
-		return usageError("-namespace is required: the namespace the service passes to lockreg.New")
-	}
-	if o.timeout <= 0 {
-		return usageError("-timeout must be positive (given %v)", o.timeout)
-	}
-	return nil
+	return command, key, nil
 }
 
 func dispatch(ctx context.Context, o options, args []string, stdin io.Reader, stdout, stderr io.Writer, terminal bool) error {
-	if err := checkCommand(o, args); err != nil {
+	command, key, err := checkCommand(o, args)
+	if err != nil {
 		return err
 	}
-	command, args := args[0], args[1:]
 	client, err := connect(o)
 	if err != nil {
 		return err
@@ -287,11 +293,11 @@ func dispatch(ctx context.Context, o options, args []string, stdin io.Reader, st
 		err = c.list()
 	case "show":
 		var info lockreg.LockInfo
-		if info, err = c.inspectHeld(args[0]); err == nil {
+		if info, err = c.inspectHeld(key); err == nil {
 			err = c.p.detail(info)
 		}
 	default:
-		err = c.unlock(args[0], o.yes, terminal, stdin, stderr)
+		err = c.unlock(key, o.yes, terminal, stdin, stderr)
 	}
 	return explainRedisError(err, o)
 }

@@ -177,7 +177,7 @@ func TestLockctlHelpListsTheExitCodes(t *testing.T) {
 				"usage: lockctl -namespace NS [flags] COMMAND",
 				"  list ", "  show KEY ", "  unlock KEY ",
 				"Flags go before or after the command",
-				"  -namespace NS", "  -redis URL", "  -yes", "  -json", "  -timeout duration",
+				"  -namespace NS", "  -redis URL", "  -yes", "  -json", "  -timeout duration", "  -quoted",
 				"\nexit codes:\n",
 				fmt.Sprintf("  %d  done\n", exitOK),
 				fmt.Sprintf("  %d  an error: Redis unreachable", exitError),
