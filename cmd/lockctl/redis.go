@@ -32,17 +32,23 @@ func connect(o options) (redis.UniversalClient, error) {
 	for _, u := range urls {
 		addrs = append(addrs, u.Addr)
 	}
+	// go-redis bounds a read by its own 3s, not by the context, unless
+	// told to; a dial and its greeting, by 5s: -timeout bounds them all.
+	t := o.timeout
 	switch {
 	case o.sentinel != "":
 		return redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName: o.sentinel, SentinelAddrs: addrs,
 			Username: first.Username, Password: first.Password, DB: first.DB, TLSConfig: first.TLSConfig,
+			ContextTimeoutEnabled: true, DialTimeout: t, ReadTimeout: t, WriteTimeout: t,
 		}), nil
 	case o.cluster || len(addrs) > 1:
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: addrs, Username: first.Username, Password: first.Password, TLSConfig: first.TLSConfig,
+			ContextTimeoutEnabled: true, DialTimeout: t, ReadTimeout: t, WriteTimeout: t,
 		}), nil
 	}
+	first.ContextTimeoutEnabled, first.DialTimeout, first.ReadTimeout, first.WriteTimeout = true, t, t, t
 	return redis.NewClient(first), nil
 }
 

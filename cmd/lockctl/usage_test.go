@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -217,4 +218,35 @@ func TestLockctlKeepsGoRedisLogsOut(t *testing.T) {
 			require.True(t, strings.HasPrefix(res.stderr, "lockctl: "+tc.says), res.stderr)
 		})
 	}
+}
+
+// TestLockctlTimeoutBoundsAServerThatDoesNotAnswer: a server that takes
+// the connection and never answers is told as no answer within -timeout,
+// whatever go-redis's own timeouts (3s to read, 5s to dial and greet):
+// -timeout bounds them.
+func TestLockctlTimeoutBoundsAServerThatDoesNotAnswer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var held sync.WaitGroup
+	held.Go(func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	})
+	defer held.Wait()
+	defer ln.Close()
+	addr := ln.Addr().String()
+	res := runLockctl(t, nil, "-redis", addr, "-namespace", "ns", "-timeout", "6s", "list")
+	require.Equal(t, exitError, res.code, res.stderr)
+	require.True(t, strings.HasPrefix(res.stderr, fmt.Sprintf(`lockctl: no answer from Redis (-redis %q) within -timeout 6s: `, addr)), res.stderr)
 }
