@@ -163,9 +163,11 @@ func ownerOf(name, id string) string {
 // shown is a value read from Redis as lockctl prints it. Owner names and
 // lock keys' values are whatever a service or anyone who can write the key
 // set: one with control characters, which would break the table into
-// false rows or drive the operator's terminal, or not UTF-8, is quoted.
+// false rows or drive the operator's terminal, or not UTF-8, is quoted;
+// so is an empty one (a lock key's of another type too), which would
+// print as nothing.
 func shown(value string) string {
-	if utf8.ValidString(value) && !strings.ContainsFunc(value, func(r rune) bool { return !unicode.IsPrint(r) }) {
+	if value != "" && utf8.ValidString(value) && !strings.ContainsFunc(value, func(r rune) bool { return !unicode.IsPrint(r) }) {
 		return value
 	}
 	return strconv.Quote(value)

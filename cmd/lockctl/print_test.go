@@ -283,3 +283,19 @@ func TestLockctlQuotesOwnersThatAreNotPrintable(t *testing.T) {
 		}
 	}
 }
+
+// A lock key whose value is empty, or not a string, names no owner: show
+// quotes the empty id, rather than print nothing after "client".
+func TestLockctlQuotesAnEmptyOwnerID(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	require.NoError(t, srv.Client(t).HSet(ctx, protocol.LockKeys("orders", "by-hand").Lock(), "by", "hand").Err())
+	require.NoError(t, srv.Client(t).Set(ctx, protocol.LockKeys("orders", "empty").Lock(), "", 0).Err())
+	for _, key := range []string{"by-hand", "empty"} {
+		var stdout, stderr bytes.Buffer
+		code := run(ctx, []string{"-redis", srv.Addr(), "-namespace", "orders", "show", key}, nil, &stdout, &stderr, false)
+		require.Equal(t, exitOK, code, stderr.String())
+		require.Regexp(t, `(?m)^owner\s+client ""$`, stdout.String())
+		require.Regexp(t, `(?m)^owner id\s+""$`, stdout.String())
+	}
+}
