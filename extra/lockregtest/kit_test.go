@@ -77,6 +77,21 @@ func TestLoseLeavesAnotherRegistrysHold(t *testing.T) {
 	}
 }
 
+// TestLoseOfAClosedRegistrysKey: Close leaves its keys held in Redis
+// until their leases run out, and ends their holds: Lose fails the test,
+// saying that the key is the registry's still, but that no hold of it is
+// live (not "it is held by" the very registry it says does not hold it).
+func TestLoseOfAClosedRegistrysKey(t *testing.T) {
+	ctx := context.Background()
+	r := lockregtest.New(t)
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	require.ErrorIs(t, h.Err(), lockreg.ErrLockLost)
+	require.Equal(t, `lockregtest.Lose: `+t.Name()+`#1 does not hold "k" (its key is in Redis still, left by a hold that ended unreleased: its registry was closed, or it lost the hold)`,
+		fatalOf(t, func(t testing.TB) { lockregtest.Lose(t, r, "k") }))
+}
+
 // TestOnlyTheKitsRegistries: Lose and Another refuse a registry the kit
 // did not make, which it knows nothing of.
 func TestOnlyTheKitsRegistries(t *testing.T) {
