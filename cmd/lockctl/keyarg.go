@@ -1,8 +1,11 @@
 package main
 
 import (
+	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/lockreg/lockreg/internal/keytext"
 )
 
 // keyArgument is the key an argument names: the argument itself, or,
@@ -21,4 +24,18 @@ func keyArgument(arg string, quoted bool) (string, error) {
 		return "", usageError("the key is empty")
 	}
 	return key, nil
+}
+
+// cutMark ends a key that keytext.Short cut.
+var cutMark = regexp.MustCompile(`… \((\d+) bytes\)$`)
+
+// looksCut says whether key is a key as list prints a long one, cut: an
+// operator who copied it from the table names no key.
+func looksCut(key string) bool {
+	m := cutMark.FindStringSubmatchIndex(key)
+	if m == nil {
+		return false
+	}
+	n, err := strconv.Atoi(key[m[2]:m[3]])
+	return err == nil && n > keytext.Max && m[0] <= keytext.Max
 }

@@ -64,3 +64,29 @@ func TestLockctlRefusesABadQuotedKey(t *testing.T) {
 		})
 	}
 }
+
+// TestLockctlSaysAKeyFromTheTableWasCut: list cuts a key over 200 bytes
+// ("xxx… (300 bytes)"); an operator who copies it from the table to show
+// or unlock is told that it was cut, and where to find it whole.
+func TestLockctlSaysAKeyFromTheTableWasCut(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr()
+	service := newNamedRegistry(t, srv, "billing/pod-7")
+	_, err := service.Obtain(strings.Repeat("x", 300)).Acquire(ctx)
+	require.NoError(t, err)
+
+	res := runLockctl(t, nil, "-redis", url, "-namespace", "orders", "list")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	printed := strconv.Quote(strings.Repeat("x", 200) + "… (300 bytes)")
+	require.Contains(t, res.stdout, printed)
+	cut, err := strconv.Unquote(printed)
+	require.NoError(t, err)
+	for _, args := range [][]string{{"show", cut}, {"show", "-quoted", printed}, {"unlock", "-yes", "-quoted", printed}} {
+		t.Run(args[0]+" "+args[1], func(t *testing.T) {
+			res := runLockctl(t, nil, append([]string{"-redis", url, "-namespace", "orders"}, args...)...)
+			require.Equal(t, exitNotFound, res.code, res.stderr)
+			require.True(t, strings.HasSuffix(res.stderr, "; list cuts keys over 200 bytes: -json prints them whole\n"), res.stderr)
+		})
+	}
+}

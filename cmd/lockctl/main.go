@@ -49,6 +49,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/lockreg/lockreg"
+	"github.com/lockreg/lockreg/internal/keytext"
 )
 
 // Exit codes.
@@ -360,6 +361,9 @@ func (c commandRun) inspectHeld(key string) (lockreg.LockInfo, error) {
 		err = notFoundError("%s is not held in namespace %q", quoteKey(key), c.namespace)
 		if hint := c.namespaceHint(false); hint != "" {
 			err = fmt.Errorf("%w; %s", err, hint)
+		}
+		if looksCut(key) {
+			err = fmt.Errorf("%w; list cuts keys over %d bytes: -json prints them whole", err, keytext.Max)
 		}
 	}
 	return info, err
