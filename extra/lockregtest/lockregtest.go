@@ -168,7 +168,7 @@ func Lose(t testing.TB, r *lockreg.Registry, key string) {
 	// r hears of a forced unlock by pub/sub, once it has subscribed (in
 	// the background, as it first holds a key); on the embedded server,
 	// which has no CLIENT TRACKING, by nothing else until its next renewal.
-	s.awaitSubscription(ctx, r, info.OwnerID)
+	hears := s.awaitSubscription(ctx, r, info.OwnerID)
 	lost := s.expectLoss(key)
 	// Only while r holds it: another registry may take it meanwhile.
 	forced, err := r.ForceUnlockHeldBy(ctx, key, r.OwnerID())
@@ -181,7 +181,11 @@ func Lose(t testing.TB, r *lockreg.Registry, key string) {
 	select {
 	case <-lost:
 	case <-ctx.Done():
-		t.Fatalf("lockregtest.Lose: %q was forced open, but %s did not signal its hold lost within %v", key, s.owner, loseTimeout)
+		why := ""
+		if !hears {
+			why = ": it has neither CLIENT TRACKING (the embedded server has none) nor a subscription yet (WithPubSub(false) makes none), and finds its key gone at its next renewal, a third of its lease"
+		}
+		t.Fatalf("lockregtest.Lose: %q was forced open, but %s did not signal its hold lost within %v%s", key, s.owner, loseTimeout, why)
 	}
 }
 
@@ -418,20 +422,22 @@ func (s *state) expectLoss(key string) <-chan struct{} {
 // registry of clientID, hears of a forced unlock at once: it has
 // subscribed to its notifications (its grant channel, docs/PROTOCOL.md,
 // subscribed to in one SUBSCRIBE with the channel of forced unlocks), or
-// has tracking on. A registry with pub/sub off never subscribes.
-func (s *state) awaitSubscription(ctx context.Context, r *lockreg.Registry, clientID string) {
+// has tracking on; it reports which. A registry with pub/sub off never
+// subscribes.
+func (s *state) awaitSubscription(ctx context.Context, r *lockreg.Registry, clientID string) bool {
 	channel := r.Key() + ":released:" + clientID
 	ctx, cancel := context.WithTimeout(ctx, subscriptionWait)
 	defer cancel()
 	for !r.Stats().Tracking {
 		n, err := s.client.PubSubNumSub(ctx, channel).Result()
 		if err == nil && n[channel] > 0 {
-			return
+			return true
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
+	return true
 }
