@@ -103,19 +103,20 @@ func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold,
 		return nil, l.notAcquired(ctx, err, nil)
 	}
 	h, handedOff := got.hold, got.hold != nil
+	var handedOut int64
 	if handedOff {
 		local.hold.Store(h)
 		if h.tenure.loss() != lossNone {
 			// A loss struck the tenure while the key was handed off, and may
 			// have looked for its current hold before h became it (see
 			// changedBehindItsBack): the key is not the registry's, so this
-			// acquisition takes it in Redis instead.
+			// acquisition takes it in Redis instead, after storing h's token.
 			local.hold.Store(nil)
-			h, handedOff = nil, false
+			handedOut, h, handedOff = h.token, nil, false
 		}
 	}
 	if !handedOff {
-		a := &acquisition{l: l, ctx: ctx, wait: wait, local: local, mark: got.mark}
+		a := &acquisition{l: l, ctx: ctx, wait: wait, local: local, mark: got.mark, handedOut: handedOut}
 		h, err = a.takeKey()
 		local.acquired(&a.wake)
 		if err != nil {
@@ -166,9 +167,14 @@ type acquisition struct {
 	// after Redis ran it (a timeout, a broken connection): ending the
 	// acquisition then releases the key, owner-checked.
 	mayHoldKey bool
-	lastErr    atomic.Pointer[error] // the last Redis error, for the caller's error
-	retry      *time.Timer
-	wake       wakeup // local's wake (locallock.go), from begin on
+	// handedOut is the token of a local hand-off this acquisition
+	// discarded, or 0: its release handed out the one below it, which no
+	// script stored, and a draw from a stored token ahead of the clock
+	// would hand that out again. Attempts store it first (attempt).
+	handedOut int64
+	lastErr   atomic.Pointer[error] // the last Redis error, for the caller's error
+	retry     *time.Timer
+	wake      wakeup // local's wake (locallock.go), from begin on
 }
 
 // takeKey takes the key in Redis, waiting unless a.wait is false; with a

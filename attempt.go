@@ -81,8 +81,13 @@ func (a *acquisition) attemptsCaught() (h *Hold, panicked any, err error) {
 // error that ended the acquisition (TryLock's attempt failed), or neither
 // when the acquisition goes on.
 func (a *acquisition) attempt() (*Hold, error) {
+	var h *Hold
+	var found protocol.ObtainReply
 	sent := time.Now()
-	h, found, err := a.l.attemptRedis(a.ctx, a.wait, a.mark.isSet())
+	err := a.storeHandedOut()
+	if err == nil {
+		h, found, err = a.l.attemptRedis(a.ctx, a.wait, a.mark.isSet())
+	}
 	if h != nil {
 		return h, nil
 	}
@@ -109,18 +114,32 @@ func (a *acquisition) attempt() (*Hold, error) {
 	return nil, nil
 }
 
+// storeHandedOut raises the key's stored token to a.handedOut, if set,
+// with a release that finds the key not ours, or gives it back if it is.
+func (a *acquisition) storeHandedOut() error {
+	if a.handedOut == 0 {
+		return nil
+	}
+	if _, err := a.l.releaseRedis(a.ctx, protocol.Release{HandedOut: a.handedOut}); err != nil {
+		return err
+	}
+	a.handedOut = 0
+	return nil
+}
+
 // firstAttemptHere makes the first attempt on the calling goroutine, if
 // that cannot keep the caller past ctx's deadline: the client ends its
 // calls at the deadline itself, the attempt is a plain SET (a key not
-// seen contended, no WithWaitReplicas) and it can go out at once rather
-// than queue behind other calls. A cancellation of ctx before its
+// seen contended, no WithWaitReplicas, no token to store first) and it
+// can go out at once rather than queue behind other calls. A
+// cancellation of ctx before its
 // deadline then takes effect when the SET returns: one round trip, or
 // while Redis hangs, the deadline. It returns the hold, or the error that
 // ended the acquisition, or neither when the acquisition goes on aside:
 // the key was taken, the SET failed, or it did not run.
 func (a *acquisition) firstAttemptHere() (*Hold, error) {
 	l := a.l
-	if _, ok := a.ctx.Deadline(); !ok || !l.r.callsEndAtDeadline || a.state != attemptDue || !l.plainSetFirst(a.mark.isSet()) {
+	if _, ok := a.ctx.Deadline(); !ok || !l.r.callsEndAtDeadline || a.state != attemptDue || a.handedOut != 0 || !l.plainSetFirst(a.mark.isSet()) {
 		return nil, nil
 	}
 	sent := time.Now()

@@ -214,17 +214,7 @@ func TestATokenHandedOffToAHoldThatLostItsKeyIsNotDrawnAgain(t *testing.T) {
 	ctx := context.Background()
 	client := redistest.Shared(t).Client(t)
 	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour))
-	lock := r.Obtain("fence")
-	const ahead = int64(4_000_000_000_000_000) // µs: past 2096, below 2^53
-	require.NoError(t, client.Set(ctx, lock.keys().Fence(), ahead, time.Minute).Err())
-	first, next := heldAndWaitedFor(t, r, "fence")
-	require.Equal(t, ahead+1, mustHoldToken(t, first))
-	require.NoError(t, first.Release(ctx))
-	h := <-next
-	require.NotNil(t, h, "the waiter got the key")
-	require.Equal(t, viaHandoff, h.via)
-	handedOff := mustHoldToken(t, h)
-	require.Equal(t, ahead+2, handedOff)
+	lock, h, handedOff := aHandOffWithAToken(t, client, r)
 	require.NoError(t, client.Del(ctx, h.redisKey()).Err()) // behind the hold's back
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 
@@ -232,6 +222,26 @@ func TestATokenHandedOffToAHoldThatLostItsKeyIsNotDrawnAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, mustHoldToken(t, later), handedOff, "a later hold's token exceeds every earlier one")
 	require.NoError(t, later.Release(ctx))
+}
+
+// aHandOffWithAToken returns the hold of key "fence" handed off locally
+// from a first hold, and the token it was handed: one past the first's,
+// which was drawn from a stored token ahead of the server's clock.
+func aHandOffWithAToken(t *testing.T, client redis.UniversalClient, r *Registry) (lock *Lock, h *Hold, handedOff int64) {
+	t.Helper()
+	ctx := context.Background()
+	lock = r.Obtain("fence")
+	const ahead = int64(4_000_000_000_000_000) // µs: past 2096, below 2^53
+	require.NoError(t, client.Set(ctx, lock.keys().Fence(), ahead, time.Minute).Err())
+	first, next := heldAndWaitedFor(t, r, "fence")
+	require.Equal(t, ahead+1, mustHoldToken(t, first))
+	require.NoError(t, first.Release(ctx))
+	h = <-next
+	require.NotNil(t, h, "the waiter got the key")
+	require.Equal(t, viaHandoff, h.via)
+	handedOff = mustHoldToken(t, h)
+	require.Equal(t, ahead+2, handedOff)
+	return lock, h, handedOff
 }
 
 // A fence of another type, made by hand, fails every draw of the key's
@@ -246,4 +256,40 @@ func TestTokenOfAHoldWhoseFenceIsOfAnotherTypeNamesIt(t *testing.T) {
 	require.NotErrorIs(t, err, ErrLockLost)
 	require.ErrorContains(t, err, fence)
 	require.NoError(t, h.Release(ctx))
+}
+
+// TestATokenOfAHandOffDiscardedForALossIsNotDrawnAgain: a release hands
+// its key off with the next token, and a loss strikes the tenure before
+// the waiter looks at what it received: the waiter discards it and takes
+// the key in Redis. The releasing hold handed its token out, and no
+// release script stored it; while the stored token is ahead of the clock
+// the waiter's draw would hand it out again. The release is held inside
+// its choice to hand off (nextLocalHold reads the waiters last, under the
+// local mutex) while tracking finds the key deleted.
+func TestATokenOfAHandOffDiscardedForALossIsNotDrawnAgain(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour))
+	lock, h, handedOff := aHandOffWithAToken(t, client, r)
+	later := make(chan *Hold, 1)
+	go func() {
+		got, _ := lock.Acquire(ctx)
+		later <- got
+	}()
+	require.Eventually(t, func() bool { return waitersOf(r, "fence") == 1 }, 5*time.Second, time.Millisecond)
+
+	h.local.mu.Lock()
+	released := make(chan error, 1)
+	go func() { released <- h.Release(ctx) }()
+	require.Eventually(t, func() bool { return goroutinesRunning("lockreg.(*Registry).nextLocalHold(") == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, client.Del(ctx, h.redisKey()).Err()) // behind the hold's back
+	require.Eventually(t, func() bool { return h.tenure.loss() != lossNone }, 5*time.Second, time.Millisecond, "tracking struck the tenure")
+	h.local.mu.Unlock()
+	require.ErrorIs(t, <-released, ErrLockLost)
+
+	taken := <-later
+	require.NotNil(t, taken, "the waiter took the key in Redis")
+	require.NotEqual(t, viaHandoff, taken.via)
+	require.Greater(t, mustHoldToken(t, taken), handedOff, "a later hold's token exceeds every earlier one")
+	require.NoError(t, taken.Release(ctx))
 }
