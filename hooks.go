@@ -40,7 +40,9 @@ type Hooks struct {
 	ReleaseStart func(ctx context.Context, key string) context.Context
 	ReleaseDone  func(ctx context.Context, e ReleaseEvent)
 	// Lost is called when a hold is signalled lost (its Lost channel
-	// closes), from the goroutine that found out: often the watchdog's.
+	// closes), from the goroutine that found out: often the watchdog's;
+	// for a hold whose key Shutdown releases, once that release found
+	// what became of the key, whose cause it names, as Err does then.
 	// A panic in it is logged, and the registry goes on.
 	Lost func(e LossEvent)
 	// RedisCalls is called as the registry sends Redis n calls for op;

@@ -83,15 +83,10 @@ func (h *Hold) lose(cause LossCause) {
 // loseLocked is lose, with h.mu held; the caller runs tell once it let go
 // of h.mu, to tell whoever asked to be told (see whenLost).
 func (h *Hold) loseLocked(cause LossCause) (tell func()) {
-	if h.cause != lossNone || h.released {
+	if !h.signalLocked(cause) {
 		return func() {}
 	}
 	h.ended()
-	h.cause = cause
-	h.lostErr = lossError(h.lock.key, cause)
-	if h.lost != nil {
-		close(h.lost)
-	}
 	if h.unclaimed {
 		// No acquisition returned the hold yet, and none may: a hand-off
 		// whose tenure a loss struck is discarded by its waiter, which
@@ -104,6 +99,20 @@ func (h *Hold) loseLocked(cause LossCause) (tell func()) {
 		return func() {}
 	}
 	return h.tellLoss(cause, h.onLoss, h.lostErr)
+}
+
+// signalLocked records h lost for cause and closes Lost, unless it was
+// lost or released first; h.mu is held.
+func (h *Hold) signalLocked(cause LossCause) bool {
+	if h.cause != lossNone || h.released {
+		return false
+	}
+	h.cause = cause
+	h.lostErr = lossError(h.lock.key, cause)
+	if h.lost != nil {
+		close(h.lost)
+	}
+	return true
 }
 
 // tellLoss tells onLoss, if any, and the hooks that h was lost for cause,

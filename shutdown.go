@@ -194,7 +194,7 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 		// release must not find the one without the other.
 		h.keyReleased = true
 		h.shutDown = make(chan struct{})
-		tell := h.loseLocked(LossClosed)
+		tell := h.loseAtShutdown()
 		handedOut := h.handedOut(h.token)
 		h.mu.Unlock()
 		tell()
@@ -227,17 +227,42 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 	return found
 }
 
+// loseAtShutdown signals h lost before Shutdown's release of its key, as
+// closed, so that no news of that release's own DEL can name another
+// cause; h.mu is held, and the caller runs tell once it let go of it.
+// Lost closes and onLoss (Do's fn) hears at once, so that the work stops
+// before the DEL. Done and the hooks wait for what the release found
+// (foundAtShutdown), so that they tell the loss's one cause, as Err and
+// Release do: a key taken from h before must not pass for the closing.
+func (h *Hold) loseAtShutdown() (tell func()) {
+	if !h.signalLocked(LossClosed) {
+		return func() {}
+	}
+	h.untold = true
+	onLoss, err := h.onLoss, h.lostErr
+	return func() {
+		if onLoss != nil {
+			onLoss(err)
+		}
+	}
+}
+
 // foundAtShutdown records what Shutdown's release of h's key found, v,
-// and lets h's own release, which waits for it, report it. h was lost as
-// closed before that release, so that no news of its own DEL could name
-// another cause; a key the release found not the registry's had been
-// taken from h before, and the closing must not hide that.
+// ends h, tells the hooks the loss's cause (once h is claimed, if it is
+// not yet) and then lets h's own release, which waits for it, report it.
 func (h *Hold) foundAtShutdown(v verdict) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if v.cause != lossNone && h.cause == LossClosed {
 		h.cause, h.lostErr = v.cause, v.err
 	}
+	h.ended()
+	tell := func() {}
+	if h.untold && !h.unclaimed {
+		h.untold = false
+		tell = h.tellLoss(h.cause, nil, h.lostErr)
+	}
+	h.mu.Unlock()
+	tell()
 	close(h.shutDown)
 }
 

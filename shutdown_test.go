@@ -3,6 +3,7 @@ package lockreg
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -429,5 +430,48 @@ func TestShutdownsReleaseSaysWhatItFound(t *testing.T) {
 		require.ErrorIs(t, err, ErrLockLost, h.Key())
 		require.ErrorContains(t, err, cause.explain(), h.Key())
 		require.ErrorContains(t, h.Err(), cause.explain(), h.Key())
+	}
+}
+
+// TestShutdownsReleaseTellsWhatItFoundEverywhere: the cause Shutdown's
+// release found is the one cause of the loss, told alike by the hooks'
+// LossEvent and by Err once Done fires, not the registry's closing there
+// and the key's deletion in Err.
+func TestShutdownsReleaseTellsWhatItFoundEverywhere(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	r := untrackedRegistry(t, srv)
+	var mu sync.Mutex
+	told := make(map[string][]LossCause)
+	r.AddHooks(Hooks{Lost: func(e LossEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		told[e.Key] = append(told[e.Key], e.Cause)
+	}})
+	causes := map[string]LossCause{"deleted": LossDeleted, "kept": LossClosed}
+	afterDone := make(map[string]chan error)
+	holds := make(map[string]*Hold)
+	for key := range causes {
+		h, err := r.Obtain(key).Acquire(ctx)
+		require.NoError(t, err)
+		holds[key], afterDone[key] = h, make(chan error, 1)
+		go func() {
+			<-h.Done()
+			afterDone[key] <- h.Err()
+		}()
+	}
+	require.NoError(t, srv.Client(t).Del(ctx, holds["deleted"].redisKey()).Err())
+
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, r.Shutdown(ended), context.Canceled, "Shutdown released the keys still held")
+	for key, cause := range causes {
+		err := <-afterDone[key]
+		require.ErrorIs(t, err, ErrLockLost, key)
+		require.ErrorContains(t, err, cause.explain(), "Err once Done fired: %s", key)
+		require.ErrorContains(t, holds[key].Release(ctx), cause.explain(), key)
+		mu.Lock()
+		require.Equal(t, []LossCause{cause}, told[key], "the hooks' LossEvent: %s", key)
+		mu.Unlock()
 	}
 }
