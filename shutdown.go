@@ -73,7 +73,9 @@ func (r *Registry) Close() error {
 // ended acquisitions may have taken, or until ctx ends. Then it releases
 // in Redis the keys still held (owner-checked), which signals their holds
 // lost (their owners' releases report ErrLockLost and only unlock them
-// locally), and closes the registry. Those releases get a second past
+// locally; Lost fires before each release, and Done, Err and the hooks'
+// LossEvent then name what it found: closed, or the key's loss before),
+// and closes the registry. Those releases get a second past
 // ctx's end, as far as the client honours it (as Release); a key whose
 // release Redis did not answer by then expires after its lease, and Close
 // may wait longer on a Redis that does not answer (see Close). It returns
