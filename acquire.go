@@ -126,14 +126,17 @@ func (l *Lock) takeHold(ctx context.Context, wait bool, start time.Time) (*Hold,
 		local.hold.Store(h)
 		r.arm(h, LossDeleted, local.waited())
 	}
-	r.stats.acquired(time.Since(start), handedOff)
+	waited := time.Since(start)
+	r.stats.held.Add(1)
 	// Close signals the holds it finds, after closing: one stored later would
 	// never be, nor renewed. Such an acquisition fails as the waiting ones do
-	// and gives the key back unclaimed (the hooks never hear of its loss).
+	// and gives the key back unclaimed (the hooks never hear of its loss,
+	// nor Stats of the hold).
 	if r.closing() {
 		_, _ = h.releaseKey(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("%w: cannot lock %q", ErrClosed, printedKey(l.key))
 	}
+	r.stats.acquired(waited, h.via)
 	h.claim()
 	r.subscribeSoon()
 	return h, nil
@@ -320,7 +323,6 @@ func (l *Lock) acceptGrant(local *localLock, token int64, mark waitMark) *Hold {
 	if !r.extendLater(local, h) {
 		return nil // closing: the grant expires unextended
 	}
-	r.stats.grants.Add(1)
 	return h
 }
 

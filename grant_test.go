@@ -151,7 +151,7 @@ func TestOnlyAGrantAfterTheFailedAttemptIsTrusted(t *testing.T) {
 	h := lock.acceptGrant(local, 101, waitMark{sent: failed, token: 100})
 	require.NotNil(t, h)
 	require.Equal(t, int64(instantOf(failed.Add(r.grants.lease))), h.tenure.leaseEnd.Load(), "the lease is counted from the failed attempt")
-	require.Equal(t, int64(1), r.Stats().Grants)
+	require.Zero(t, r.Stats().Grants, "counted once an acquisition returns the hold (takeHold), not if it drops it")
 }
 
 func TestGivingBackAGrantSparesAKeyTakenSince(t *testing.T) {

@@ -3,6 +3,7 @@ package lockreg
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -474,4 +475,27 @@ func TestShutdownsReleaseTellsWhatItFoundEverywhere(t *testing.T) {
 		require.Equal(t, []LossCause{cause}, told[key], "the hooks' LossEvent: %s", key)
 		mu.Unlock()
 	}
+}
+
+// TestAnAcquisitionThatShutdownOvertookIsNotCounted: an acquisition whose
+// attempt took the key as Shutdown began gives the key back and fails
+// with ErrClosed; the caller never held it, and neither do the registry's
+// Stats: no acquisition, no wait.
+func TestAnAcquisitionThatShutdownOvertookIsNotCounted(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	shutDown := make(chan error, 1)
+	r.AddHooks(Hooks{AcquireAttempt: func(context.Context, string) {
+		go func() { shutDown <- r.Shutdown(ctx) }()
+		for !r.closing() {
+			runtime.Gosched()
+		}
+	}})
+	_, err := r.Obtain("overtaken").Acquire(ctx)
+	require.ErrorIs(t, err, ErrClosed)
+	require.NoError(t, <-shutDown)
+	s := r.Stats()
+	require.Zero(t, s.Acquisitions, "no hold was handed out")
+	require.Zero(t, s.Wait.Count, "no acquisition waited for a hold")
+	require.Zero(t, s.Held)
 }

@@ -75,12 +75,17 @@ type counters struct {
 	waits                                         [waitBuckets]atomic.Int64
 }
 
-func (c *counters) acquired(waited time.Duration, handedOff bool) {
+// acquired counts a hold taken via, which its caller gets, after a wait.
+// (held counts it before: a hold that Close overtakes is released, and
+// counted out, without its caller.)
+func (c *counters) acquired(waited time.Duration, via pathIndex) {
 	c.acquisitions.Add(1)
-	if handedOff {
+	switch via {
+	case viaHandoff:
 		c.handoffs.Add(1)
+	case viaGrant:
+		c.grants.Add(1)
 	}
-	c.held.Add(1)
 	c.waitCount.Add(1)
 	c.waitTotal.Add(int64(waited))
 	for m := c.waitMax.Load(); int64(waited) > m && !c.waitMax.CompareAndSwap(m, int64(waited)); m = c.waitMax.Load() {
