@@ -3,7 +3,6 @@ package lockregtest
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,18 +27,6 @@ import (
 // once; long enough that a test stalled for up to two seconds, on a
 // loaded machine, keeps its holds.
 const Lease = 3 * time.Second
-
-// How long Lose waits: for the holder's subscription, which the holder
-// opens in the background once it holds a key (milliseconds, unless the
-// machine is loaded), where it has no tracking to hear of the forced
-// unlock by (a holder with pub/sub off on the embedded server never has
-// either, and waits it all); and for the holder to be told of its loss,
-// which takes milliseconds, or up to a renewal interval (Lease/3) with
-// pub/sub off.
-const (
-	subscriptionWait = time.Second
-	loseTimeout      = 5 * time.Second
-)
 
 // pingTimeout bounds NewAt's check that a Redis answers at its address.
 const pingTimeout = 5 * time.Second
@@ -133,75 +120,6 @@ func NewPair(t testing.TB, opts ...lockreg.Option) (a, b *lockreg.Registry) {
 	t.Helper()
 	a = New(t, opts...)
 	return a, Another(t, a, opts...)
-}
-
-// Lose makes r lose the hold it has on key, as an operator's
-// lockreg.Registry.ForceUnlock does: the key is deleted, the fencing
-// token raised past the holder's, the key's waiters (of r or another
-// registry) woken, and r told. Lose returns once r signalled the hold
-// lost, for lockreg.LossForced: its Lost channel is closed, the context
-// of the Do that holds it has ended with a cause matching
-// lockreg.ErrLockLost, and its Release returns ErrLockLost. That takes
-// milliseconds: r hears of it by pub/sub. Only a registry on the embedded
-// server with WithPubSub(false) hears nothing: it finds its key gone
-// (lockreg.LossDeleted) at its next renewal, within a third of its lease.
-//
-// Lose fails the test, as t.Fatal does (so call it from the test's
-// goroutine), if r does not hold key (it never took it, released it, or
-// lost it already), if r was not made by this package, or if r is not
-// told within 5 seconds.
-func Lose(t testing.TB, r *lockreg.Registry, key string) {
-	t.Helper()
-	s := kitState(t, "Lose", r)
-	ctx, cancel := context.WithTimeout(context.Background(), loseTimeout)
-	defer cancel()
-	info, err := r.Inspect(ctx, key)
-	if err != nil {
-		t.Fatalf("lockregtest.Lose: %v", err)
-	}
-	if !s.holds(key) {
-		t.Fatalf("lockregtest.Lose: %s does not hold %q (%s)", s.owner, key, holder(info, r.OwnerID()))
-	}
-	if !info.Held || info.OwnerID != r.OwnerID() {
-		t.Fatalf("lockregtest.Lose: %s holds %q, but in Redis %s: its hold is lost already, and it has not noticed yet", s.owner, key, holder(info, r.OwnerID()))
-	}
-	// r hears of a forced unlock by pub/sub, once it has subscribed (in
-	// the background, as it first holds a key); on the embedded server,
-	// which has no CLIENT TRACKING, by nothing else until its next renewal.
-	hears := s.awaitSubscription(ctx, r, info.OwnerID)
-	lost := s.expectLoss(key)
-	// Only while r holds it: another registry may take it meanwhile.
-	forced, err := r.ForceUnlockHeldBy(ctx, key, r.OwnerID())
-	switch {
-	case err != nil:
-		t.Fatalf("lockregtest.Lose: %v", err)
-	case !forced:
-		t.Fatalf("lockregtest.Lose: %q was released, or changed hands, while Lose forced it open", key)
-	}
-	select {
-	case <-lost:
-	case <-ctx.Done():
-		why := ""
-		if !hears {
-			why = ": it has neither CLIENT TRACKING (the embedded server has none) nor a subscription yet (WithPubSub(false) makes none), and finds its key gone at its next renewal, a third of its lease"
-		}
-		t.Fatalf("lockregtest.Lose: %q was forced open, but %s did not signal its hold lost within %v%s", key, s.owner, loseTimeout, why)
-	}
-}
-
-// holder says who holds a lock, as Inspect reported it, to a registry of
-// client id self that has no live hold of it.
-func holder(info lockreg.LockInfo, self string) string {
-	switch {
-	case !info.Held:
-		return "nobody holds it"
-	case info.OwnerID == self:
-		// Close leaves its keys to their leases.
-		return "its key is in Redis still, left by a hold that ended unreleased: its registry was closed, or it lost the hold"
-	case info.Owner != "":
-		return "it is held by " + info.Owner
-	}
-	return "it is held by the registry of client id " + info.OwnerID
 }
 
 // redisServer is a server the kit makes registries on.
@@ -327,117 +245,4 @@ func withoutTime(groups []string, a slog.Attr) slog.Attr {
 		return slog.Attr{}
 	}
 	return a
-}
-
-// states are the kit's registries, each with what the kit knows of it.
-var states sync.Map // *lockreg.Registry → *state
-
-// kitState returns what the kit knows of r, or fails the test of fn if r
-// is not one of its registries.
-func kitState(t testing.TB, fn string, r *lockreg.Registry) *state {
-	t.Helper()
-	if r == nil {
-		t.Fatalf("lockregtest.%s: the registry is nil", fn)
-	}
-	s, ok := states.Load(r)
-	if !ok {
-		t.Fatalf("lockregtest.%s: the registry %q was not made by lockregtest, or its test has ended", fn, r.Key())
-	}
-	return s.(*state)
-}
-
-// state is what the kit knows of one of its registries: its server, its
-// client, and its holds, by its hooks.
-type state struct {
-	srv    *redisServer
-	client *redis.Client
-	owner  string // its owner name, as the kit gave it
-
-	mu sync.Mutex // guards what follows
-	// held counts the registry's live holds by key: acquired, and neither
-	// released nor signalled lost. One at most, but a hand-off between
-	// two local holders may be told in either order.
-	held map[string]int
-	// losses are closed when a hold of their key is signalled lost, for
-	// Lose.
-	losses map[string]chan struct{}
-}
-
-// hooks keep held up to date, and tell Lose of losses.
-func (s *state) hooks() lockreg.Hooks {
-	return lockreg.Hooks{
-		AcquireDone: func(_ context.Context, e lockreg.AcquireEvent) {
-			if e.Outcome == lockreg.OutcomeAcquired {
-				s.count(e.Key, 1)
-			}
-		},
-		ReleaseDone: func(_ context.Context, e lockreg.ReleaseEvent) {
-			// A hold lost first was counted out by its loss; a second
-			// Release of a hold changes nothing.
-			if !e.WasLost && !errors.Is(e.Err, lockreg.ErrNotHeld) {
-				s.count(e.Key, -1)
-			}
-		},
-		Lost: func(e lockreg.LossEvent) {
-			s.count(e.Key, -1)
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			if lost, ok := s.losses[e.Key]; ok {
-				close(lost)
-				delete(s.losses, e.Key)
-			}
-		},
-	}
-}
-
-func (s *state) count(key string, n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.held[key] += n; s.held[key] == 0 {
-		delete(s.held, key)
-	}
-}
-
-// holds reports whether the registry has a live hold on key.
-func (s *state) holds(key string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.held[key] > 0
-}
-
-// expectLoss returns a channel that is closed when a hold on key is next
-// signalled lost.
-func (s *state) expectLoss(key string) <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	lost, ok := s.losses[key]
-	if !ok {
-		lost = make(chan struct{})
-		s.losses[key] = lost
-	}
-	return lost
-}
-
-// awaitSubscription waits, for subscriptionWait at most, until r, the
-// registry of clientID, hears of a forced unlock at once: it has
-// subscribed to its notifications (its grant channel, docs/PROTOCOL.md,
-// subscribed to in one SUBSCRIBE with the channel of forced unlocks), or
-// has tracking on; it reports which. A registry with pub/sub off never
-// subscribes.
-func (s *state) awaitSubscription(ctx context.Context, r *lockreg.Registry, clientID string) bool {
-	channel := r.Key() + ":released:" + clientID
-	ctx, cancel := context.WithTimeout(ctx, subscriptionWait)
-	defer cancel()
-	for !r.Stats().Tracking {
-		n, err := s.client.PubSubNumSub(ctx, channel).Result()
-		if err == nil && n[channel] > 0 {
-			return true
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
-	return true
 }
