@@ -23,7 +23,8 @@ const forcedFenceTTL = 2 * time.Second
 // token is above the old holder's. It wakes the key's waiters, as a
 // release does. It tells the holder's registry, which signals the hold
 // lost at once where it tracks its keys (the default), else by pub/sub
-// within about a second, or at its next renewal with pub/sub off; the
+// within about a second, or at its next renewal with pub/sub off (a hold
+// of this very registry hears at once, whatever its options); the
 // holder's release then returns ErrLockLost and leaves the next
 // owner's key alone. It logs a warning naming the key and the previous
 // owner.
@@ -79,6 +80,11 @@ func (r *Registry) forceUnlock(ctx context.Context, key, only string) (bool, err
 		return false, fmt.Errorf("%w: force %q open: %w", ErrRedis, printedKey(key), err)
 	case !held:
 		return false, nil
+	}
+	if holder == r.clientID {
+		// Its own hold: no need to wait for Redis to tell it (with pub/sub
+		// and tracking off, nothing would before the lease ran out).
+		r.receiveForced(key)
 	}
 	owners, _ := protocol.ReadOwners(ctx, r.client, r.namespace, []string{holder}) // the warning goes out all the same
 	r.cfg.logger.Warn("lockreg: lock forced open", "key", printedKey(key), "owner", owners[holder].Name, "owner_id", holder)

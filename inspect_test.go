@@ -406,3 +406,22 @@ func TestAReleaseAfterAForcedUnlockSaysForced(t *testing.T) {
 	require.ErrorContains(t, err, LossForced.explain())
 	require.Equal(t, err, h.Err())
 }
+
+// TestForceUnlockOfItsOwnHoldTellsTheHolderAtOnce: a registry that forces
+// open a key it holds itself knows of it without Redis telling it: its
+// holder hears at once, and of the cause, though nothing else (tracking,
+// pub/sub, renewal) would tell it before the lease ends.
+func TestForceUnlockOfItsOwnHoldTellsTheHolderAtOnce(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	client := aclClient(t, srv, "+@all", "-client") // no tracking
+	r := newRegistry(t, client, WithPubSub(false), WithRenewal(false), WithExpireAfter(time.Minute))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	found, err := r.ForceUnlockHeldBy(ctx, "k", r.OwnerID())
+	require.NoError(t, err)
+	require.True(t, found)
+	requireFires(t, h.Lost(), 5*time.Second, "the holder heard of its own registry's forced unlock")
+	require.ErrorContains(t, h.Err(), LossForced.explain())
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+}
