@@ -120,9 +120,9 @@ func WithMaxHold(d time.Duration) Option {
 // attempt as failed (ErrNotReplicated), retrying while the deadline allows.
 // This narrows, but does not close, the window in which a failover to a
 // replica loses a lock: WAIT does not make Redis strongly consistent. n
-// must be at least 1, and timeout at least 1ms (WAIT 0 blocks for ever)
-// and below the client's ReadTimeout, within which go-redis reads WAIT's
-// reply.
+// must be at least 1, and timeout at least 1ms (WAIT 0 blocks for ever),
+// below the lease, and below the client's ReadTimeout, within which
+// go-redis reads WAIT's reply.
 // A redis.Ring cannot wait for replicas.
 func WithWaitReplicas(n int, timeout time.Duration) Option {
 	return func(c *config) {
@@ -215,6 +215,11 @@ func newConfig(client redis.UniversalClient, namespace string, opts []Option) (c
 	}
 	if optionsValid && cfg.retryInterval >= cfg.expireAfter {
 		errs = append(errs, fmt.Errorf("%w: the retry interval (WithRetryInterval, %v) must be shorter than the lease (WithExpireAfter, %v)", ErrInvalidOption, cfg.retryInterval, cfg.expireAfter))
+	}
+	// The lease runs from obtain.lua's SET: an acquisition whose WAIT
+	// lasted as long would hand back a hold already lost.
+	if optionsValid && cfg.waitReplicas > 0 && cfg.waitTimeout >= cfg.expireAfter {
+		errs = append(errs, fmt.Errorf("%w: WithWaitReplicas(…, %v): not below the lease (WithExpireAfter, %v)", ErrInvalidOption, cfg.waitTimeout, cfg.expireAfter))
 	}
 	if cfg.maxHold > 0 && !cfg.renewal {
 		errs = append(errs, fmt.Errorf("%w: WithMaxHold needs renewal, which WithRenewal(false) turned off", ErrInvalidOption))

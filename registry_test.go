@@ -41,6 +41,7 @@ func TestNewRejectsBadArguments(t *testing.T) {
 		{"retry equal to lease", client, "k", []Option{WithExpireAfter(time.Second), WithRetryInterval(time.Second)}, "retry interval (WithRetryInterval, 1s) must be shorter than the lease (WithExpireAfter, 1s)"},
 		{"retry longer than default lease", client, "k", []Option{WithRetryInterval(time.Minute)}, "(WithRetryInterval, 1m0s) must be shorter than the lease (WithExpireAfter, 30s)"},
 		{"nil logger", client, "k", []Option{WithLogger(nil)}, "WithLogger(nil)"},
+		{"replica wait as long as the lease", client, "k", []Option{WithExpireAfter(time.Second), WithRetryInterval(10 * time.Millisecond), WithWaitReplicas(1, time.Second)}, "WithWaitReplicas(…, 1s): not below the lease (WithExpireAfter, 1s)"},
 		{"Ring of two shards", ring, "k", nil, "redis.Ring with 2 shards"},
 	}
 	for _, tc := range cases {
