@@ -17,11 +17,12 @@ import (
 // inside; Lock, which can return none, panics with it at the call.
 
 func TestATypedNilClientIsRefused(t *testing.T) {
-	var client *redis.Client
-	r, err := New(client, "k")
-	require.Nil(t, r)
-	require.ErrorIs(t, err, ErrInvalidOption)
-	require.ErrorContains(t, err, "client is nil")
+	for _, client := range []redis.UniversalClient{(*redis.Client)(nil), (*redis.ClusterClient)(nil), (*redis.Ring)(nil)} {
+		r, err := New(client, "k")
+		require.Nil(t, r)
+		require.ErrorIs(t, err, ErrInvalidOption)
+		require.ErrorContains(t, err, "client is nil")
+	}
 }
 
 // An option chosen by a condition and left unset is nil.

@@ -230,7 +230,7 @@ func newConfig(client redis.UniversalClient, namespace string, opts []Option) (c
 	if rt := readTimeout(client); cfg.waitReplicas > 0 && rt > 0 && cfg.waitTimeout >= rt {
 		errs = append(errs, fmt.Errorf("%w: WithWaitReplicas(…, %v): not below the client's ReadTimeout (%v)", ErrInvalidOption, cfg.waitTimeout, rt))
 	}
-	if ring, isRing := client.(*redis.Ring); isRing {
+	if ring, isRing := client.(*redis.Ring); isRing && ring != nil {
 		if cfg.waitReplicas > 0 {
 			errs = append(errs, fmt.Errorf("%w: WithWaitReplicas with a redis.Ring", ErrInvalidOption))
 		}
