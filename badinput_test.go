@@ -162,3 +162,14 @@ func TestANilHoldHoldsNothing(t *testing.T) {
 	requireFires(t, h.Lost(), time.Second, "Lost")
 	require.Empty(t, h.Key())
 }
+
+// New's errors say what is wrong, in a few words; what to do about it is
+// in ErrInvalidOption's doc comment (see errors_test.go).
+func TestNewsErrorsGiveNoAdvice(t *testing.T) {
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": redistest.SharedAddr(), "b": redistest.SharedAddr()}})
+	t.Cleanup(func() { _ = ring.Close() })
+	_, err := New(ring, "k")
+	require.ErrorIs(t, err, ErrInvalidOption)
+	require.ErrorContains(t, err, "redis.Ring with 2 shards")
+	require.NotContains(t, err.Error(), ";", "no advice after the fact")
+}

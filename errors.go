@@ -43,7 +43,9 @@ var (
 	// from an open registry made by New.
 	ErrClosed = errors.New("lockreg: registry closed")
 	// ErrInvalidOption: New was given an argument it cannot use; the
-	// message names it. Fix the named option.
+	// message names it. Fix the named option; for a redis.Ring of more
+	// than one shard, which would split a registry's keys and
+	// notifications, use a ClusterClient, or a Ring of one shard.
 	ErrInvalidOption = errors.New("lockreg: invalid argument to New")
 	// ErrInvalidKey: an empty key, or a DoAll with no keys. Name the
 	// resource to lock: any non-empty string is a key.

@@ -238,7 +238,7 @@ func newConfig(client redis.UniversalClient, namespace string, opts []Option) (c
 		// shard, and a script's notification goes out on its key's shard:
 		// held keys on the others would expire, and waiters go unwoken.
 		if shards := len(ring.Options().Addrs); shards > 1 {
-			errs = append(errs, fmt.Errorf("%w: a redis.Ring with %d shards would split a registry's keys and notifications; use a ClusterClient, or a Ring of one shard", ErrInvalidOption, shards))
+			errs = append(errs, fmt.Errorf("%w: a redis.Ring with %d shards", ErrInvalidOption, shards))
 		}
 	}
 	return cfg, errors.Join(errs...)
