@@ -51,8 +51,9 @@
 //
 //   - miniredis has no CLIENT TRACKING, so a holder learns that its key
 //     was deleted or changed behind its back at its next renewal, not at
-//     once, and Stats().Tracking is false. A forced unlock, which Lose
-//     uses, tells the holder by pub/sub, at once, on both.
+//     once, and Stats().Tracking is false. A forced unlock tells the
+//     holder at once on both: by pub/sub, or, as Lose forces the key open
+//     from the holder's own registry, with no news from the server.
 //   - Leases are Lease (3s), not lockreg's 30s, so that a key a closed
 //     registry left held frees within seconds, and renewals, every
 //     second, make up for the missing tracking. A test stopped for two

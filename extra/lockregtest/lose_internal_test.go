@@ -10,12 +10,12 @@ import (
 	"github.com/lockreg/lockreg"
 )
 
-// TestLoseWaitsForASlowSubscription: on a loaded machine the holder's
+// TestLoseNeedsNoSubscription: on a loaded machine the holder's
 // subscription, which it opens in the background once it holds a key, may
-// take longer than usual; Lose waits for it, so that the holder hears of
-// the forced unlock (LossForced), rather than force the key first and
-// leave the holder to find it gone at its next renewal (LossDeleted).
-func TestLoseWaitsForASlowSubscription(t *testing.T) {
+// take longer than usual; the holder still hears of the forced unlock
+// (LossForced) at once, from its own registry, rather than find its key
+// gone at its next renewal (LossDeleted).
+func TestLoseNeedsNoSubscription(t *testing.T) {
 	slow := func(_ *server.Peer, cmd string, _ ...string) bool {
 		if cmd == "SUBSCRIBE" {
 			time.Sleep(400 * time.Millisecond)
