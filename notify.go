@@ -30,6 +30,9 @@ type notifications struct {
 	subscribed     atomic.Bool
 	subscribing    atomic.Bool
 	subscribeAfter atomic.Int64
+	// refusalTold says that a refusal was logged as a warning: it lasts
+	// (an ACL, a proxy), and each later try would say it again.
+	refusalTold atomic.Bool
 }
 
 // subscribe opens the registry's one subscription, to the release
@@ -76,10 +79,19 @@ func (r *Registry) subscribeSoon() {
 	}
 	if !r.goBackground(func(ctx context.Context) {
 		defer n.subscribing.Store(false)
-		if err := r.subscribe(ctx); err != nil {
-			n.subscribeAfter.Store(time.Now().Add(subscribeTimeout).UnixNano())
-			r.cfg.logger.Debug("lockreg: could not subscribe; holders hear of a Redis restart at the next renewal", "error", err)
+		err := r.subscribe(ctx)
+		if err == nil {
+			return
 		}
+		n.subscribeAfter.Store(time.Now().Add(subscribeTimeout).UnixNano())
+		if protocol.Permanent(err) && !errors.Is(err, redis.ErrClosed) && n.refusalTold.CompareAndSwap(false, true) {
+			// Unlike a Redis that is down, which everything else reports,
+			// a refusal costs nothing that fails: waiters poll instead of
+			// being told, and holders hear of a restart late.
+			r.cfg.logger.Warn("lockreg: subscription refused; waiters poll, and holders hear of a Redis restart at the next renewal", "error", err)
+			return
+		}
+		r.cfg.logger.Debug("lockreg: could not subscribe; holders hear of a Redis restart at the next renewal", "error", err)
 	}) {
 		n.subscribing.Store(false)
 	}

@@ -3,6 +3,7 @@ package lockreg
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -258,4 +259,24 @@ func TestARenewalOutlivesASilentTrackingConnection(t *testing.T) {
 		t.Fatalf("the hold was lost: %v", h.Err())
 	case <-time.After(2 * lease):
 	}
+}
+
+// TestARefusedSubscriptionIsWarnedOfOnce: an ACL without SUBSCRIBE (or a
+// proxy without pub/sub) refuses the registry's subscription for good:
+// waiters then poll, and holders hear of a restart only at their next
+// renewal. That is said once, as a warning, and not at each later try.
+func TestARefusedSubscriptionIsWarnedOfOnce(t *testing.T) {
+	ctx := context.Background()
+	client := aclClient(t, redistest.Start(t), "+@all", "-subscribe")
+	logs := &syncBuffer{}
+	r := newRegistry(t, client, WithLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	for range 2 {
+		r.notes.subscribeAfter.Store(0) // try again at once
+		h, err := r.Obtain("k").Acquire(ctx)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return r.notes.subscribeAfter.Load() != 0 && !r.notes.subscribing.Load() },
+			5*time.Second, time.Millisecond, "the registry tried to subscribe")
+		require.NoError(t, h.Release(ctx))
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "subscription refused"), logs.String())
 }
