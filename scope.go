@@ -1,0 +1,130 @@
+package lockreg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// A Do or DoAll is reentrant through its fn's context: the context
+// carries the scope of what the call holds, and the calls nested in it
+// find their keys there rather than acquire them again.
+
+// HoldFor returns the hold under which a Do or DoAll of this registry
+// holding key runs ctx (its fn's context, or one derived from it), or nil:
+// fn asks it for its fencing token, say.
+func (r *Registry) HoldFor(ctx context.Context, key string) *Hold {
+	if ctx == nil {
+		return nil
+	}
+	s := scopeOf(ctx).holding(r, key)
+	if s == nil {
+		return nil
+	}
+	for _, h := range s.holds {
+		if h.lock.key == key {
+			return h
+		}
+	}
+	return nil
+}
+
+// scope is what a Do or DoAll holds while its fn runs, found through fn's
+// context by the calls nested in it.
+type scope struct {
+	r      *Registry
+	holds  []*Hold
+	parent *scope // the scope of the call this one is nested in, or nil
+
+	mu     sync.Mutex // guards ended and nested.Add
+	ended  bool       // fn returned: nested calls no longer run
+	nested sync.WaitGroup
+}
+
+type scopeKey struct{}
+
+func scopeOf(ctx context.Context) *scope {
+	s, _ := ctx.Value(scopeKey{}).(*scope)
+	return s
+}
+
+// holding returns the scope, s or one it is nested in, that holds key of
+// registry r, or nil.
+func (s *scope) holding(r *Registry, key string) *scope {
+	for ; s != nil; s = s.parent {
+		if s.r != r {
+			continue
+		}
+		for _, h := range s.holds {
+			if h.lock.key == key {
+				return s
+			}
+		}
+	}
+	return nil
+}
+
+// enter counts a nested call in, unless the scope's fn has returned: its
+// holds are being released, so the call would run unprotected.
+func (s *scope) enter() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return fmt.Errorf("%w: the Do that held %q has returned", ErrNotObtained, printedKey(s.holds[0].Key()))
+	}
+	s.nested.Add(1)
+	return nil
+}
+
+// enterAll enters every scope of scopes, or none: not if one's fn has
+// returned, or one of its holds is lost (its lease ran out included,
+// which the watchdog would signal only at its next tick), as the call
+// would run unprotected.
+func enterAll(scopes []*scope) error {
+	for i, s := range scopes {
+		if err := s.enter(); err != nil {
+			exitAll(scopes[:i])
+			return err
+		}
+	}
+	for _, s := range scopes {
+		for _, h := range s.holds {
+			if lost := h.lossNow(); lost != nil {
+				exitAll(scopes)
+				return errors.Join(fmt.Errorf("%w: the outer call's hold of %q is lost", ErrNotObtained, printedKey(h.Key())), lost)
+			}
+		}
+	}
+	return nil
+}
+
+func exitAll(scopes []*scope) {
+	for _, s := range scopes {
+		s.nested.Done()
+	}
+}
+
+// runNested runs fn for a call whose keys the scopes hold already.
+func runNested(ctx context.Context, scopes []*scope, fn func(ctx context.Context) error) error {
+	if err := enterAll(scopes); err != nil {
+		return err
+	}
+	defer exitAll(scopes)
+	if ctx.Err() != nil {
+		// The outer hold was lost, or the caller stopped waiting: fn would run
+		// unprotected, or for nobody.
+		return errors.Join(fmt.Errorf("%w: the outer call's context ended", ErrNotObtained), context.Cause(ctx))
+	}
+	return withOuterLoss(ctx, fn(ctx))
+}
+
+// end waits for the nested calls, then releases the holds, in reverse
+// order of acquisition.
+func (s *scope) end(ctx context.Context) error {
+	s.mu.Lock()
+	s.ended = true
+	s.mu.Unlock()
+	s.nested.Wait()
+	return s.r.releaseAll(ctx, s.holds)
+}
