@@ -27,7 +27,9 @@ import (
 // once for a key the outer call holds, acquiring and releasing nothing;
 // the outer Do releases only once such nested calls have returned. A Do
 // with an unrelated context waits like any other acquisition, as does a
-// Do on a key the calling goroutine holds through Lock.
+// Do on a key the calling goroutine holds through Lock, or one whose
+// context outlived the outer Do (context.WithoutCancel) once that has
+// returned.
 func (r *Registry) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
 	switch {
 	case key == "":
@@ -38,8 +40,10 @@ func (r *Registry) Do(ctx context.Context, key string, fn func(ctx context.Conte
 		return errNilFunction
 	}
 	outer := scopeOf(ctx)
-	if s := outer.holding(r, key); s != nil {
-		return runNested(ctx, []*scope{s}, fn)
+	for s := outer.holding(r, key, true); s != nil; s = outer.holding(r, key, true) {
+		if done, err := runNested(ctx, []*scope{s}, fn); done {
+			return err
+		}
 	}
 	h, err := r.Obtain(key).Acquire(ctx)
 	if err != nil {
@@ -70,6 +74,8 @@ func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context
 	switch {
 	case len(keys) == 0:
 		return fmt.Errorf("%w: DoAll with no keys", ErrInvalidKey)
+	case slices.Contains(keys, ""):
+		return fmt.Errorf("%w: DoAll with an empty key", ErrInvalidKey)
 	case ctx == nil:
 		return errNilContext
 	case fn == nil:
@@ -77,26 +83,23 @@ func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context
 	}
 	outer := scopeOf(ctx)
 	var nestedIn []*scope
-	locks := make([]*Lock, 0, len(keys))
-	for _, key := range keys {
-		if key == "" {
-			return fmt.Errorf("%w: DoAll with an empty key", ErrInvalidKey)
-		}
-		if s := outer.holding(r, key); s != nil {
-			if !slices.Contains(nestedIn, s) {
-				nestedIn = append(nestedIn, s)
+	var locks []*Lock
+	for {
+		// An outer call whose fn returned meanwhile holds nothing: look again.
+		nestedIn, locks = r.partition(outer, keys)
+		if len(locks) == 0 {
+			if done, err := runNested(ctx, nestedIn, fn); done {
+				return err
 			}
 			continue
 		}
-		locks = append(locks, r.Obtain(key))
-	}
-	slices.SortFunc(locks, func(a, b *Lock) int { return strings.Compare(a.keys().Lock(), b.keys().Lock()) })
-	locks = slices.CompactFunc(locks, func(a, b *Lock) bool { return a.keys().Lock() == b.keys().Lock() })
-	if len(locks) == 0 {
-		return runNested(ctx, nestedIn, fn)
-	}
-	if err := enterAll(nestedIn); err != nil {
-		return err
+		entered, err := enterAll(nestedIn)
+		if err != nil {
+			return err
+		}
+		if entered {
+			break
+		}
 	}
 	defer exitAll(nestedIn)
 	holds, err := r.acquireAll(ctx, locks)
@@ -113,6 +116,24 @@ func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context
 		err = withOuterLoss(ctx, err)
 	}
 	return err
+}
+
+// partition splits keys into the scopes of the outer calls that hold
+// some of them, and the locks of the others, in canonical order, without
+// duplicates.
+func (r *Registry) partition(outer *scope, keys []string) (nestedIn []*scope, locks []*Lock) {
+	locks = make([]*Lock, 0, len(keys))
+	for _, key := range keys {
+		if s := outer.holding(r, key, true); s != nil {
+			if !slices.Contains(nestedIn, s) {
+				nestedIn = append(nestedIn, s)
+			}
+			continue
+		}
+		locks = append(locks, r.Obtain(key))
+	}
+	slices.SortFunc(locks, func(a, b *Lock) int { return strings.Compare(a.keys().Lock(), b.keys().Lock()) })
+	return nestedIn, slices.CompactFunc(locks, func(a, b *Lock) bool { return a.keys().Lock() == b.keys().Lock() })
 }
 
 // acquireAll takes the keys of locks, in their order, or none: it

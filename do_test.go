@@ -497,3 +497,31 @@ func TestAHookThatPanicsLeavesNoKeyHeld(t *testing.T) {
 		})
 	}
 }
+
+// TestADetachedCallAfterTheOuterDoReturnedAcquires: a context detached
+// from fn's (context.WithoutCancel), as work that outlives fn takes,
+// still carries the outer Do's values; once that Do has returned, it
+// holds nothing, and a Do or DoAll with such a context acquires its keys
+// like any other rather than fail.
+func TestADetachedCallAfterTheOuterDoReturnedAcquires(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	var detached context.Context
+	require.NoError(t, r.Do(ctx, "k", func(ctx context.Context) error {
+		detached = context.WithoutCancel(ctx)
+		return nil
+	}))
+	redisKey := r.Obtain("k").keys().Lock()
+	require.NoError(t, r.Do(detached, "k", func(ctx context.Context) error {
+		require.Equal(t, r.clientID, client.Get(ctx, redisKey).Val())
+		require.NotNil(t, r.HoldFor(ctx, "k"))
+		return nil
+	}))
+	require.NoError(t, r.DoAll(detached, []string{"j", "k"}, func(ctx context.Context) error {
+		require.Equal(t, r.clientID, client.Get(ctx, redisKey).Val())
+		return nil
+	}))
+	require.Zero(t, client.Exists(ctx, redisKey).Val())
+	requireNoLocalState(t, r)
+}

@@ -18,7 +18,7 @@ func (r *Registry) HoldFor(ctx context.Context, key string) *Hold {
 	if ctx == nil {
 		return nil
 	}
-	s := scopeOf(ctx).holding(r, key)
+	s := scopeOf(ctx).holding(r, key, false)
 	if s == nil {
 		return nil
 	}
@@ -50,10 +50,12 @@ func scopeOf(ctx context.Context) *scope {
 }
 
 // holding returns the scope, s or one it is nested in, that holds key of
-// registry r, or nil.
-func (s *scope) holding(r *Registry, key string) *scope {
+// registry r, or nil; if running, only one whose fn has not returned: a
+// call whose context outlived its scope (context.WithoutCancel) acquires
+// the key as any other.
+func (s *scope) holding(r *Registry, key string, running bool) *scope {
 	for ; s != nil; s = s.parent {
-		if s.r != r {
+		if s.r != r || running && s.hasEnded() {
 			continue
 		}
 		for _, h := range s.holds {
@@ -65,38 +67,44 @@ func (s *scope) holding(r *Registry, key string) *scope {
 	return nil
 }
 
-// enter counts a nested call in, unless the scope's fn has returned: its
-// holds are being released, so the call would run unprotected.
-func (s *scope) enter() error {
+func (s *scope) hasEnded() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ended {
-		return fmt.Errorf("%w: the Do that held %q has returned", ErrNotObtained, printedKey(s.holds[0].Key()))
-	}
-	s.nested.Add(1)
-	return nil
+	return s.ended
 }
 
-// enterAll enters every scope of scopes, or none: not if one's fn has
-// returned, or one of its holds is lost (its lease ran out included,
+// enter counts a nested call in, unless the scope's fn has returned: its
+// holds are being released.
+func (s *scope) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ended {
+		s.nested.Add(1)
+	}
+	return !s.ended
+}
+
+// enterAll enters every scope of scopes, or none. It reports false if
+// one's fn has returned (the call must then take that one's keys itself),
+// and an error if one of their holds is lost (its lease ran out included,
 // which the watchdog would signal only at its next tick), as the call
 // would run unprotected.
-func enterAll(scopes []*scope) error {
+func enterAll(scopes []*scope) (bool, error) {
 	for i, s := range scopes {
-		if err := s.enter(); err != nil {
+		if !s.enter() {
 			exitAll(scopes[:i])
-			return err
+			return false, nil
 		}
 	}
 	for _, s := range scopes {
 		for _, h := range s.holds {
 			if lost := h.lossNow(); lost != nil {
 				exitAll(scopes)
-				return errors.Join(fmt.Errorf("%w: the outer call's hold of %q is lost", ErrNotObtained, printedKey(h.Key())), lost)
+				return false, errors.Join(fmt.Errorf("%w: the outer call's hold of %q is lost", ErrNotObtained, printedKey(h.Key())), lost)
 			}
 		}
 	}
-	return nil
+	return true, nil
 }
 
 func exitAll(scopes []*scope) {
@@ -105,18 +113,20 @@ func exitAll(scopes []*scope) {
 	}
 }
 
-// runNested runs fn for a call whose keys the scopes hold already.
-func runNested(ctx context.Context, scopes []*scope, fn func(ctx context.Context) error) error {
-	if err := enterAll(scopes); err != nil {
-		return err
+// runNested runs fn for a call whose keys the scopes hold already, and
+// reports done; or not done, running nothing, if one's fn has returned
+// meanwhile.
+func runNested(ctx context.Context, scopes []*scope, fn func(ctx context.Context) error) (done bool, err error) {
+	if entered, err := enterAll(scopes); !entered {
+		return err != nil, err
 	}
 	defer exitAll(scopes)
 	if ctx.Err() != nil {
 		// The outer hold was lost, or the caller stopped waiting: fn would run
 		// unprotected, or for nobody.
-		return errors.Join(fmt.Errorf("%w: the outer call's context ended", ErrNotObtained), context.Cause(ctx))
+		return true, errors.Join(fmt.Errorf("%w: the outer call's context ended", ErrNotObtained), context.Cause(ctx))
 	}
-	return withOuterLoss(ctx, fn(ctx))
+	return true, withOuterLoss(ctx, fn(ctx))
 }
 
 // end waits for the nested calls, then releases the holds, in reverse
