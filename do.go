@@ -49,7 +49,7 @@ func (r *Registry) Do(ctx context.Context, key string, fn func(ctx context.Conte
 	if err != nil {
 		return err
 	}
-	if err := r.lostAlready(ctx, []*Hold{h}); err != nil {
+	if err := r.lostAlready(ctx, []*Hold{h}, nil); err != nil {
 		return err
 	}
 	return r.runHolding(ctx, outer, []*Hold{h}, fn)
@@ -106,7 +106,7 @@ func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context
 	if err != nil {
 		return err
 	}
-	if err := r.lostAlready(ctx, holds); err != nil {
+	if err := r.lostAlready(ctx, holds, nestedIn); err != nil {
 		return err
 	}
 	err = r.runHolding(ctx, outer, holds, fn)
@@ -162,15 +162,20 @@ func (r *Registry) acquireAll(ctx context.Context, locks []*Lock) ([]*Hold, erro
 
 // lostAlready releases holds and returns an ErrNotObtained error if one
 // of them is lost before fn could run: its reply came a lease late, or
-// DoAll waited for its other keys past its lease (WithMaxHold, say). fn
-// would run unprotected.
-func (r *Registry) lostAlready(ctx context.Context, holds []*Hold) error {
+// DoAll waited for its other keys past its lease (WithMaxHold, say); or
+// if a hold of the outer scopes, whose keys DoAll holds through them, is
+// lost (its lease may run out while DoAll waits, unsignalled until the
+// watchdog's next tick). fn would run unprotected.
+func (r *Registry) lostAlready(ctx context.Context, holds []*Hold, outer []*scope) error {
 	i := slices.IndexFunc(holds, func(h *Hold) bool { return h.isLost() || h.leaseOver() })
-	if i < 0 {
-		return nil
+	if i >= 0 {
+		err := fmt.Errorf("%w: key %q was lost before fn could run; released again", ErrNotObtained, printedKey(holds[i].Key()))
+		return errors.Join(err, withoutLoss(r.releaseAll(ctx, holds)))
 	}
-	err := fmt.Errorf("%w: key %q was lost before fn could run; released again", ErrNotObtained, printedKey(holds[i].Key()))
-	return errors.Join(err, withoutLoss(r.releaseAll(ctx, holds)))
+	if err := outerLoss(outer); err != nil {
+		return errors.Join(err, withoutLoss(r.releaseAll(ctx, holds)))
+	}
+	return nil
 }
 
 // withoutLoss is err, the error of releasing holds under which no fn ran,

@@ -525,3 +525,34 @@ func TestADetachedCallAfterTheOuterDoReturnedAcquires(t *testing.T) {
 	require.Zero(t, client.Exists(ctx, redisKey).Val())
 	requireNoLocalState(t, r)
 }
+
+// TestANestedDoAllRunsNothingOnceAnOuterKeyLapsed: the lease of a key the
+// outer Do holds runs out, unsignalled yet (the watchdog's tick is to
+// come), while a nested DoAll waits for its other key: fn must not run,
+// as a nested call begun past the lease does not.
+func TestANestedDoAllRunsNothingOnceAnOuterKeyLapsed(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r, other := newRegistry(t, client), newRegistry(t, client)
+	ran := false
+	var inner error
+	_ = r.Do(ctx, "a", func(ctx context.Context) error {
+		h, err := other.Obtain("b").Acquire(ctx)
+		require.NoError(t, err)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			inner = r.DoAll(ctx, []string{"a", "b"}, func(context.Context) error { ran = true; return nil })
+		}()
+		waitUntilWaiting(t, r)
+		outer := r.HoldFor(ctx, "a")
+		outer.tenure.leaseEnd.Store(int64(instantOf(time.Now().Add(-time.Millisecond))))
+		require.NoError(t, h.Release(ctx))
+		<-done
+		return nil
+	})
+	require.False(t, ran, "fn ran while a was not held: %v", inner)
+	require.ErrorIs(t, inner, ErrNotObtained)
+	requireReleased(t, client, r.Obtain("b").keys().Lock(), "b was given back")
+	requireNoLocalState(t, r)
+}

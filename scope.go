@@ -86,8 +86,7 @@ func (s *scope) enter() bool {
 
 // enterAll enters every scope of scopes, or none. It reports false if
 // one's fn has returned (the call must then take that one's keys itself),
-// and an error if one of their holds is lost (its lease ran out included,
-// which the watchdog would signal only at its next tick), as the call
+// and an error if one of their holds is lost (outerLoss), as the call
 // would run unprotected.
 func enterAll(scopes []*scope) (bool, error) {
 	for i, s := range scopes {
@@ -96,15 +95,25 @@ func enterAll(scopes []*scope) (bool, error) {
 			return false, nil
 		}
 	}
+	if err := outerLoss(scopes); err != nil {
+		exitAll(scopes)
+		return false, err
+	}
+	return true, nil
+}
+
+// outerLoss returns the error of a nested call under scopes, one of whose
+// holds is lost (its lease ran out included, which the watchdog would
+// signal only at its next tick), or nil.
+func outerLoss(scopes []*scope) error {
 	for _, s := range scopes {
 		for _, h := range s.holds {
 			if lost := h.lossNow(); lost != nil {
-				exitAll(scopes)
-				return false, errors.Join(fmt.Errorf("%w: the outer call's hold of %q is lost", ErrNotObtained, printedKey(h.Key())), lost)
+				return errors.Join(fmt.Errorf("%w: the outer call's hold of %q is lost", ErrNotObtained, printedKey(h.Key())), lost)
 			}
 		}
 	}
-	return true, nil
+	return nil
 }
 
 func exitAll(scopes []*scope) {
