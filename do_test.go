@@ -512,6 +512,7 @@ func TestADetachedCallAfterTheOuterDoReturnedAcquires(t *testing.T) {
 		detached = context.WithoutCancel(ctx)
 		return nil
 	}))
+	require.Nil(t, r.HoldFor(detached, "k"), "the outer Do holds nothing any more")
 	redisKey := r.Obtain("k").keys().Lock()
 	require.NoError(t, r.Do(detached, "k", func(ctx context.Context) error {
 		require.Equal(t, r.clientID, client.Get(ctx, redisKey).Val())

@@ -311,6 +311,12 @@ func (h *Hold) usableToken() (int64, error) {
 	return token, nil
 }
 
+func (h *Hold) wasReleased() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.released
+}
+
 // closedSignal is what Lock.Lost returns to a goroutine that holds nothing.
 var closedSignal = func() chan struct{} {
 	c := make(chan struct{})

@@ -13,7 +13,8 @@ import (
 
 // HoldFor returns the hold under which a Do or DoAll of this registry
 // holding key runs ctx (its fn's context, or one derived from it), or nil:
-// fn asks it for its fencing token, say.
+// fn asks it for its fencing token, say. A context that outlived its Do
+// (context.WithoutCancel) has nil once the hold is released.
 func (r *Registry) HoldFor(ctx context.Context, key string) *Hold {
 	if ctx == nil {
 		return nil
@@ -23,7 +24,7 @@ func (r *Registry) HoldFor(ctx context.Context, key string) *Hold {
 		return nil
 	}
 	for _, h := range s.holds {
-		if h.lock.key == key {
+		if h.lock.key == key && !h.wasReleased() {
 			return h
 		}
 	}
