@@ -524,6 +524,19 @@ func TestADetachedCallAfterTheOuterDoReturnedAcquires(t *testing.T) {
 		return nil
 	}))
 	require.Zero(t, client.Exists(ctx, redisKey).Val())
+
+	// Work handed to a goroutine as fn returns races its return: it runs
+	// nested or acquires, never fails.
+	errs := make(chan error, 50)
+	for range cap(errs) {
+		require.NoError(t, r.Do(ctx, "k", func(ctx context.Context) error {
+			go func() { errs <- r.Do(context.WithoutCancel(ctx), "k", func(context.Context) error { return nil }) }()
+			return nil
+		}))
+	}
+	for range cap(errs) {
+		require.NoError(t, <-errs)
+	}
 	requireNoLocalState(t, r)
 }
 
