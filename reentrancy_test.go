@@ -220,3 +220,22 @@ func TestLockingAgainPastTheLeaseFails(t *testing.T) {
 	require.False(t, ran)
 	requireFires(t, h.Lost(), time.Second, "the loss found is signalled")
 }
+
+// TestANestedCallRunsNothingUnderAHoldReleasedEarly: fn released its Do's
+// hold early (HoldFor(ctx, key).Release); a Do or DoAll nested through
+// its context must not run at once as if the key were still held.
+func TestANestedCallRunsNothingUnderAHoldReleasedEarly(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	ran := false
+	_ = r.Do(ctx, "k", func(ctx context.Context) error {
+		require.NoError(t, r.HoldFor(ctx, "k").Release(ctx))
+		err := r.Do(ctx, "k", func(context.Context) error { ran = true; return nil })
+		require.ErrorIs(t, err, ErrNotObtained, "a nested Do")
+		err = r.DoAll(ctx, []string{"j", "k"}, func(context.Context) error { ran = true; return nil })
+		require.ErrorIs(t, err, ErrNotObtained, "a nested DoAll")
+		return nil
+	})
+	require.False(t, ran, "a nested call ran with the key released")
+	requireNoLocalState(t, r)
+}

@@ -105,10 +105,14 @@ func enterAll(scopes []*scope) (bool, error) {
 
 // outerLoss returns the error of a nested call under scopes, one of whose
 // holds is lost (its lease ran out included, which the watchdog would
-// signal only at its next tick), or nil.
+// signal only at its next tick) or released already (fn released it
+// early, through HoldFor), or nil.
 func outerLoss(scopes []*scope) error {
 	for _, s := range scopes {
 		for _, h := range s.holds {
+			if h.wasReleased() {
+				return fmt.Errorf("%w: the outer call's hold of %q was released", ErrNotObtained, printedKey(h.Key()))
+			}
 			if lost := h.lossNow(); lost != nil {
 				return errors.Join(fmt.Errorf("%w: the outer call's hold of %q is lost", ErrNotObtained, printedKey(h.Key())), lost)
 			}
