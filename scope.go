@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // A Do or DoAll is reentrant through its fn's context: the context
@@ -38,8 +39,11 @@ type scope struct {
 	holds  []*Hold
 	parent *scope // the scope of the call this one is nested in, or nil
 
-	mu     sync.Mutex // guards ended and nested.Add
-	ended  bool       // fn returned: nested calls no longer run
+	// ended says that fn returned: nested calls no longer run. It is set
+	// under mu, which orders it with nested.Add, and read without: a look
+	// for the scope holding a key costs a nested call no lock.
+	mu     sync.Mutex
+	ended  atomic.Bool
 	nested sync.WaitGroup
 }
 
@@ -56,7 +60,7 @@ func scopeOf(ctx context.Context) *scope {
 // the key as any other.
 func (s *scope) holding(r *Registry, key string, running bool) *scope {
 	for ; s != nil; s = s.parent {
-		if s.r != r || running && s.hasEnded() {
+		if s.r != r || running && s.ended.Load() {
 			continue
 		}
 		for _, h := range s.holds {
@@ -68,21 +72,16 @@ func (s *scope) holding(r *Registry, key string, running bool) *scope {
 	return nil
 }
 
-func (s *scope) hasEnded() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.ended
-}
-
 // enter counts a nested call in, unless the scope's fn has returned: its
 // holds are being released.
 func (s *scope) enter() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.ended {
-		s.nested.Add(1)
+	if s.ended.Load() {
+		return false
 	}
-	return !s.ended
+	s.nested.Add(1)
+	return true
 }
 
 // enterAll enters every scope of scopes, or none. It reports false if
@@ -147,7 +146,7 @@ func runNested(ctx context.Context, scopes []*scope, fn func(ctx context.Context
 // order of acquisition.
 func (s *scope) end(ctx context.Context) error {
 	s.mu.Lock()
-	s.ended = true
+	s.ended.Store(true)
 	s.mu.Unlock()
 	s.nested.Wait()
 	return s.r.releaseAll(ctx, s.holds)
