@@ -69,7 +69,9 @@ func (r *Registry) Do(ctx context.Context, key string, fn func(ctx context.Conte
 // Keys that an outer Do or DoAll of this registry holds, through ctx, are
 // not acquired again (see Do); the others are, after them in the order,
 // which is not canonical: to stay deadlock-free, nest only calls whose
-// keys come after the outer call's.
+// keys come after the outer call's. If an outer hold is lost, or released,
+// before fn runs, DoAll runs nothing and its error matches ErrNotObtained
+// (and the outer call's ErrLockLost, if lost).
 func (r *Registry) DoAll(ctx context.Context, keys []string, fn func(ctx context.Context) error) error {
 	switch {
 	case len(keys) == 0:
