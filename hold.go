@@ -311,6 +311,8 @@ func (h *Hold) usableToken() (int64, error) {
 	return token, nil
 }
 
+// wasReleased reports whether h's Release ran: a hold fn released early
+// through HoldFor protects no nested call.
 func (h *Hold) wasReleased() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
