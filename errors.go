@@ -55,8 +55,9 @@ var (
 	// function to run under the lock, and the owner id Inspect reported.
 	ErrInvalidArgument = errors.New("lockreg: invalid argument")
 	// ErrRedis: a Redis call failed. While waiting, the lock retries; at
-	// release, the key is left to expire after its lease. Check that Redis
-	// is reachable and healthy, and that its ACL allows the commands the
+	// release, the key may be left to expire after its lease (a script
+	// that failed part-way may have freed it). Check that Redis is
+	// reachable and healthy, and that its ACL allows the commands the
 	// README lists.
 	ErrRedis = errors.New("lockreg: Redis call failed")
 	// ErrNotReplicated: with WithWaitReplicas, fewer replicas acknowledged
