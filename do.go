@@ -223,9 +223,9 @@ func (r *Registry) runHolding(ctx context.Context, outer *scope, holds []*Hold, 
 		releaseErr := s.end(ctx)
 		if !returned {
 			if releaseErr != nil {
-				r.cfg.logger.Warn("lockreg: release after a panic in Do failed", "error", releaseErr)
+				r.cfg.logger.Warn("lockreg: release failed after fn panicked or exited its goroutine", "error", releaseErr)
 			}
-			return // the panic goes on
+			return // the panic, or runtime.Goexit, goes on
 		}
 		err = joinNew(err, releaseErr)
 	}()
