@@ -39,7 +39,7 @@ const (
 // means to the holder.
 var lossCauses = [...]struct{ name, meaning string }{
 	lossNone:        {"none", ""},
-	LossExpired:     {"expired", "its lease ran out unrenewed (a stall longer than the lease, or Redis unreachable)"},
+	LossExpired:     {"expired", "its lease ran out unrenewed (a stall longer than the lease, or renewals failing; the log says why)"},
 	LossMaxHold:     {"max_hold", "it was held past WithMaxHold and its lease ran out"},
 	LossDeleted:     {"deleted", "its Redis key was deleted or passed to another owner"},
 	LossRestart:     {"restart", "Redis came back from a restart or failover without its key"},

@@ -486,3 +486,17 @@ func TestALostHookThatPanicsIsLoggedAndTheOthersAreTold(t *testing.T) {
 	require.NoError(t, kept.Release(ctx))
 	require.ErrorIs(t, lost.Release(ctx), ErrLockLost)
 }
+
+// TestAHoldWhoseRenewalsAreRefusedSaysSo: an ACL without PEXPIRE lets a
+// registry take keys (a plain SET) but refuses every renewal; the hold is
+// lost when its lease runs out, and its error says that renewals failed,
+// not only that Redis may have been unreachable.
+func TestAHoldWhoseRenewalsAreRefusedSaysSo(t *testing.T) {
+	client := aclClient(t, redistest.Start(t), "+@all", "-pexpire")
+	r := newRegistry(t, client, WithExpireAfter(300*time.Millisecond), WithLogger(slog.New(slog.DiscardHandler)))
+	h, err := r.Obtain("k").Acquire(context.Background())
+	require.NoError(t, err)
+	requireFires(t, h.Lost(), 5*time.Second, "the hold whose renewals Redis refused was lost")
+	require.ErrorIs(t, h.Err(), ErrLockLost)
+	require.ErrorContains(t, h.Err(), "renewals failing")
+}

@@ -92,7 +92,7 @@ func (r *Registry) nodeOf(ctx context.Context, key string) string {
 }
 
 // loseLapsed signals the holds whose leases ran out unrenewed (renewal
-// off, past WithMaxHold, or Redis unreachable): their keys may have passed
+// off, past WithMaxHold, or renewals failing): their keys may have passed
 // to another owner.
 func (r *Registry) loseLapsed() {
 	r.forEachHold(func(h *Hold) {
