@@ -537,3 +537,14 @@ func holdBeside(t *testing.T, keyOf func(protocol.Keys) string) (*Hold, string) 
 	require.NoError(t, client.HSet(ctx, key, "field", "value").Err())
 	return h, key
 }
+
+// requireDialProbesEnd waits until go-redis stops probing servers whose
+// dials failed (once a second, even after their client closed), which
+// goleak would report: call it once the clients of a dead server closed.
+func requireDialProbesEnd(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		buf := make([]byte, 1<<20)
+		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "(*ConnPool).tryDial")
+	}, 3*time.Second, 10*time.Millisecond, "go-redis's dial probes end")
+}

@@ -22,7 +22,11 @@ import (
 // which is done by then as a rule. It looks again every policyRecheck, as
 // a policy can change (CONFIG SET, a failover to a server configured
 // otherwise, a primary added to a Cluster): a server that now may evict is
-// refused from then on, and one fixed is used again.
+// refused from then on, and one fixed is used again. A tracker that finds
+// its server new (its subscription came back after a failover or a
+// restart, or a Cluster node it had no tracker for serves keys) has it
+// look at once: a failover to a replica configured to evict would
+// otherwise be used unrefused until the next look.
 
 // serverCheck is what a registry learned of its servers' eviction policy.
 type serverCheck struct {
@@ -30,6 +34,8 @@ type serverCheck struct {
 	// then the error every acquisition fails with, if set.
 	looked  chan struct{}
 	refused atomic.Pointer[error]
+	// recheck asks checkServers for a look now (recheckServers).
+	recheck chan struct{}
 	// native says that every primary renews natively (SET ... IFEQ, see
 	// protocol.Peer.RenewOne), rather than by renew.lua.
 	native atomic.Bool
@@ -41,7 +47,9 @@ type serverCheck struct {
 	evicted map[string]int64
 }
 
-func (s *serverCheck) init() { s.looked = make(chan struct{}) }
+func (s *serverCheck) init() {
+	s.looked, s.recheck = make(chan struct{}), make(chan struct{}, 1)
+}
 
 // policyRecheck is how often a registry looks at its servers' eviction
 // policy again once it knows it; a variable, which tests shorten.
@@ -81,7 +89,18 @@ func (r *Registry) checkServers(stop context.Context) {
 		case <-stop.Done():
 			return
 		case <-time.After(pause):
+		case <-r.servers.recheck:
 		}
+	}
+}
+
+// recheckServers has checkServers look at the servers' policies at once:
+// a tracker's server may be another, or configured otherwise, than the
+// one last looked at.
+func (r *Registry) recheckServers() {
+	select {
+	case r.servers.recheck <- struct{}{}:
+	default:
 	}
 }
 

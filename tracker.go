@@ -227,10 +227,12 @@ func (t *tracker) enqueue(req armRequest) {
 // retarget asks for a new tracking connection for the target, which
 // subscribed anew; after a restart it has the held keys checked at once
 // too, as that connection may come seconds later (armLoop reads them on
-// the registry's client meanwhile: checkUntracked).
+// the registry's client meanwhile: checkUntracked), and the servers'
+// policies looked at again: a failover may have put another server there.
 func (t *tracker) retarget(cause LossCause) {
 	if cause == LossRestart {
 		t.r.verifyHolds(cause)
+		t.r.recheckServers()
 	}
 	t.ask(cause, false)
 }

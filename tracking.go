@@ -155,6 +155,9 @@ func (r *Registry) trackerFor(redisKey string) *tracker {
 		_ = t.sub.Close() // armLoop closes t.client as it ends
 		return nil
 	}
+	if len(r.tracking.trackers) > 0 {
+		r.recheckServers() // a primary that took a failed one's place, or joined
+	}
 	r.tracking.trackers[addr] = t
 	r.tracking.retire[addr] = retire
 	if r.client == redis.UniversalClient(base) {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -525,10 +524,7 @@ func restartAfterALongOutage(t *testing.T, pubSub bool) {
 	// after its client closed: the probes end before the test does.
 	require.NoError(t, r.Close())
 	require.NoError(t, client.Close())
-	require.Eventually(t, func() bool {
-		buf := make([]byte, 1<<20)
-		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "(*ConnPool).tryDial")
-	}, 3*time.Second, 10*time.Millisecond, "go-redis's dial probes end")
+	requireDialProbesEnd(t)
 }
 
 // TestStatsTrackingIsFalseWhileTheServerIsDown: Stats().Tracking says
