@@ -13,6 +13,28 @@ import (
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
+// A Cluster node restarted empty, faster than the cluster's node timeout
+// (no failover: it comes back with its slots, from its nodes.conf), lost
+// the keys it held: their holders must hear of it as a restart once it
+// answers again, not at their next renewal.
+func TestAHolderOnClusterLearnsAtOnceThatItsNodeRestartedEmpty(t *testing.T) {
+	ctx := context.Background()
+	c, stop, err := redistest.LaunchCluster(3, 0)
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	// A long lease: no renewal in the test's time finds the loss instead.
+	r := newRegistry(t, clusterClient(t, c.Addrs()), WithExpireAfter(3*time.Minute))
+	reads := trackingReads(r)
+	h, err := r.Obtain("restarted").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return reads.Load() >= 1 }, 5*time.Second, time.Millisecond, "the key is armed")
+	node, _, err := c.Shard(protocol.Slot(h.redisKey()))
+	require.NoError(t, err)
+	node.Restart(t)
+	requireFires(t, h.Lost(), 5*time.Second, "the holder learns that its node restarted empty")
+	requireCause(t, h, LossRestart)
+}
+
 // A Sentinel failover to a replica configured to evict (a maxmemory and
 // an evicting policy, which a replica ignores until promoted) makes the
 // registry's primary a server that may evict lock keys: it must be
