@@ -22,6 +22,9 @@ import (
 // on that node's tracker, as after a restart. The watch ends when its
 // holds are all moved or ended, or the tracker's server answers again
 // (its new connection then checks every hold).
+//
+// On Sentinel the client may move while the tracker's server still
+// answers: see reachedByClient.
 
 // rehomePause is the longest pause of the watch: a failover is told to a
 // holder at most about that long after the cluster agreed on it.
@@ -159,6 +162,41 @@ func (t *tracker) moveTarget() {
 	t.moving.Store(true)
 	_ = t.pubsub.Close()
 }
+
+// reachedByClient reports whether t's target is on the server the
+// registry's client reaches, or it cannot tell. A Sentinel failover moves
+// the client to the new primary at once, while t's connections stay on
+// the old one, which the Sentinels demote (and which then closes them)
+// only once they reach it again: meanwhile t would renew its holds there,
+// in a server nobody else uses, and their keys would lapse on the new
+// primary, free for any other registry to take. The target hears the
+// probe on its own server alone (see protocol.Peer.TargetProbe). Only a
+// Sentinel client (go-redis names its address "FailoverClient") is asked,
+// at the cost of a round trip: other clients' servers do not move under
+// their connections.
+func (t *tracker) reachedByClient(ctx context.Context) bool {
+	c, ok := t.r.client.(*redis.Client)
+	if !ok || c.Options().Addr != failoverClientAddr {
+		return true
+	}
+	heard, err := c.Do(ctx, t.r.peer.TargetProbe()...).Int64()
+	return err != nil || heard > 0
+}
+
+// strayed reports whether t's server is not the one the registry's client
+// reaches (reachedByClient), and then moves t's target, for run to make
+// a new one, and a new tracking connection, where the client is.
+func (t *tracker) strayed(ctx context.Context) bool {
+	if t.reachedByClient(ctx) {
+		return false
+	}
+	t.moveTarget()
+	return true
+}
+
+// failoverClientAddr is the address go-redis gives a Sentinel client
+// (redis.NewFailoverClient).
+const failoverClientAddr = "FailoverClient"
 
 // checkUntracked checks at once, on the registry's client, the holds of
 // reqs that a change may have struck (invalidated: a restart, a flush),

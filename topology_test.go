@@ -3,6 +3,7 @@ package lockreg
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,4 +90,109 @@ func requireRefusedAfterFailover(t *testing.T, r *Registry, client redis.Univers
 	require.NoError(t, r.Close())
 	require.NoError(t, client.Close())
 	requireDialProbesEnd(t) // of the dead primary
+}
+
+// Close ends every connection a registry opened on a Cluster's nodes: its
+// trackers' targets and tracking connections, and its subscription. The
+// user's client, which it does not own, stays open.
+func TestCloseOnClusterLeavesNoConnectionOfItsOwn(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	client := clusterClient(t, addrs)
+	r, err := New(client, "lockreg-test:"+t.Name())
+	require.NoError(t, err)
+	holdKeys(t, r, "k", 12) // on every node, as a rule
+	require.Eventually(t, func() bool {
+		r.tracking.mu.Lock()
+		defer r.tracking.mu.Unlock()
+		up := 0
+		for _, tr := range r.tracking.trackers {
+			if tr.up.Load() {
+				up++
+			}
+		}
+		return up == len(addrs)
+	}, 5*time.Second, 10*time.Millisecond, "a tracker on every node")
+	require.NoError(t, r.Close())
+	for _, addr := range addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { _ = node.Close() })
+		require.Eventually(t, func() bool {
+			list, err := node.ClientList(ctx).Result()
+			require.NoError(t, err)
+			for line := range strings.SplitSeq(strings.TrimSpace(list), "\n") {
+				if strings.Contains(line, " flags=t") || strings.Contains(line, " sub=") && !strings.Contains(line, " sub=0") {
+					return false
+				}
+			}
+			return true
+		}, 5*time.Second, 10*time.Millisecond, "a tracking or subscribed connection stays open on %s", addr)
+	}
+}
+
+// After a Sentinel failover the old primary may stay a primary for a
+// while, still answering its clients: the Sentinels demote it only once
+// they reach it again (a partition, here an ACL that refuses them
+// REPLICAOF). The registry's client follows the Sentinels to the new
+// primary at once; its holds must be renewed there, and exclude other
+// registries there, not only on the old primary, which nobody else uses.
+func TestAHoldIsRenewedOnTheNewPrimaryWhileTheOldOneLingers(t *testing.T) {
+	ctx := context.Background()
+	g := redistest.StartSentinelGroup(t)
+	const lease = 2 * time.Second
+	r := newRegistry(t, g.FailoverClient(t), WithExpireAfter(lease))
+	other := newRegistry(t, g.FailoverClient(t), WithExpireAfter(lease))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	requireTracking(t, r)
+	old := g.Primary.Client(t)
+	require.Equal(t, int64(1), old.Wait(ctx, 1, 5*time.Second).Val(), "the replica has the key")
+	promoted := lingerAfterFailover(t, g)
+	for end := time.Now().Add(3 * lease); time.Now().Before(end); time.Sleep(lease / 10) {
+		lock := other.Obtain("k")
+		if lock.TryLock() {
+			lock.Unlock()
+			require.Error(t, h.Err(), "another registry took a lock held, and renewed, through the old primary")
+			break
+		}
+	}
+	require.Equal(t, "master", g.Primary.Role(), "the old primary lingered")
+	if h.Err() == nil {
+		require.Positive(t, promoted.Client(t).PTTL(ctx, h.redisKey()).Val(), "the hold's key lives on the new primary")
+	}
+}
+
+// A hold taken after such a failover, on the new primary, must not be
+// armed, and found gone, on the lingering old one.
+func TestAHoldTakenWhileTheOldPrimaryLingersIsNotLost(t *testing.T) {
+	ctx := context.Background()
+	g := redistest.StartSentinelGroup(t)
+	client := g.FailoverClient(t)
+	r := newRegistry(t, client)
+	require.NoError(t, r.Do(ctx, "before", func(context.Context) error { return nil }))
+	requireTracking(t, r)
+	promoted := lingerAfterFailover(t, g)
+	// The client follows the Sentinels' news: the hold goes to the new
+	// primary once it reads what only that one has.
+	require.NoError(t, promoted.Client(t).Set(ctx, "marker", "new", 0).Err())
+	require.Eventually(t, func() bool { return client.Get(ctx, "marker").Val() == "new" },
+		10*time.Second, 10*time.Millisecond, "the client reaches the new primary")
+	h, err := r.Obtain("after").Acquire(ctx)
+	require.NoError(t, err)
+	time.Sleep(time.Second) // its arming, and a tracker's checks, are over
+	require.NoError(t, h.Err(), "a hold on the new primary was reported lost")
+	require.NoError(t, h.Release(ctx))
+}
+
+// lingerAfterFailover fails g over to its replica, which it returns, while
+// the old primary stays a primary: it refuses the Sentinels REPLICAOF, as
+// a partition from them would keep it.
+func lingerAfterFailover(t *testing.T, g *redistest.SentinelGroup) *redistest.Server {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, g.Primary.Client(t).Do(ctx, "ACL", "SETUSER", "default", "-replicaof", "-slaveof").Err())
+	sentinel := redis.NewSentinelClient(&redis.Options{Addr: g.SentinelAddrs()[0]})
+	t.Cleanup(func() { _ = sentinel.Close() })
+	require.NoError(t, sentinel.Failover(ctx, redistest.SentinelMaster).Err())
+	return g.WaitForFailover(t, g.Primary, 20*time.Second)
 }

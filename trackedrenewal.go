@@ -120,6 +120,10 @@ func (r *Registry) renewOnTrackers(ctx context.Context, batches [][]*Hold) (rest
 		byTracker[t] = append(byTracker[t], batch)
 	}
 	for _, t := range order {
+		if t.strayed(ctx) {
+			rest = append(rest, byTracker[t]...)
+			continue
+		}
 		// A round gives a tracker's turns a sixth of the lease in all: on a
 		// network whose round trips are long against the turns' work, the
 		// turns left then go in the client's pipeline, one round trip.

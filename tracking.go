@@ -304,6 +304,8 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 	if r.servers.evicts.Load() {
 		defer evicted()
 	}
+	// A key found not ours may be read where the client is no more.
+	strayed := sync.OnceValue(func() bool { return t.strayed(ctx) })
 	broke := false
 	for i, req := range batch {
 		owner, err := r.peer.ReadOwner(calls[i])
@@ -320,6 +322,8 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 			redirected = append(redirected, req)
 		case err != nil:
 			r.cfg.logger.Debug("lockreg: could not arm or verify a held key; its renewal checks it", "key", printedKey(req.h.Key()), "error", err)
+		case owner != protocol.Ours && strayed():
+			redirected = append(redirected, req)
 		case owner == protocol.Gone:
 			r.changedBehindItsBack(req.h, req.cause, true, evicted())
 		case owner == protocol.Other:
