@@ -196,3 +196,33 @@ func lingerAfterFailover(t *testing.T, g *redistest.SentinelGroup) *redistest.Se
 	require.NoError(t, sentinel.Failover(ctx, redistest.SentinelMaster).Err())
 	return g.WaitForFailover(t, g.Primary, 20*time.Second)
 }
+
+// A release while the lock's key already moved to the slot's target, its
+// fence and marks not: the release goes through on the target, and a
+// registry that waits meanwhile takes the lock.
+func TestAReleaseAfterItsKeyMovedMidMigrationFreesItThere(t *testing.T) {
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	a := newRegistry(t, clusterClient(t, addrs))
+	b := newRegistry(t, clusterClient(t, addrs), WithRetryInterval(100*time.Millisecond))
+	lock := a.Obtain("order-42")
+	require.NoError(t, lock.LockContext(ctx))
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	taken := lockInBackground(wctx, b.Obtain(lock.Key()))
+	waitUntilWaiting(t, b)
+	m := redistest.BeginSlotMigration(t, addrs, protocol.Slot(lock.keys().Lock()))
+	for moved := ""; moved != lock.keys().Lock(); {
+		key, ok := m.MoveKey(t)
+		require.True(t, ok, "the lock's key never moved")
+		moved = key
+	}
+	require.NoError(t, lock.UnlockContext(ctx), "the release goes through on the target")
+	select {
+	case _, ok := <-taken:
+		require.True(t, ok, "the waiter got the lock")
+	case <-wctx.Done():
+		t.Fatal("the waiter never got the lock")
+	}
+	m.Finish(t)
+}
