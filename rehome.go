@@ -194,6 +194,18 @@ func (t *tracker) strayed(ctx context.Context) bool {
 	return true
 }
 
+// checkConnection pings the tracking connection, and reports whether it
+// answered. On Sentinel it also has t follow the client if it moved
+// (strayed): the changes there would go untold until then, as the
+// renewals and armings that check too may be far off.
+func (t *tracker) checkConnection(ctx context.Context, conn *redis.Conn) bool {
+	if conn.Ping(ctx).Err() != nil {
+		return false
+	}
+	t.strayed(ctx)
+	return true
+}
+
 // failoverClientAddr is the address go-redis gives a Sentinel client
 // (redis.NewFailoverClient).
 const failoverClientAddr = "FailoverClient"

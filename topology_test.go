@@ -226,3 +226,29 @@ func TestAReleaseAfterItsKeyMovedMidMigrationFreesItThere(t *testing.T) {
 	}
 	m.Finish(t)
 }
+
+// A Sentinel group whose primary changes twice in a row (to the replica,
+// and back) keeps a holder told at once of a change to its key on the
+// primary it ends on: the tracker follows both moves.
+func TestAHolderOnSentinelStillLearnsAtOnceAfterTwoFailovers(t *testing.T) {
+	ctx := context.Background()
+	g := redistest.StartSentinelGroup(t)
+	// A long lease: no renewal in the test's time finds the change instead.
+	r := newRegistry(t, g.FailoverClient(t), WithExpireAfter(3*time.Minute))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	requireTracking(t, r)
+	require.Equal(t, int64(1), g.Primary.Client(t).Wait(ctx, 1, 5*time.Second).Val(), "the replica has the key")
+	sentinel := redis.NewSentinelClient(&redis.Options{Addr: g.SentinelAddrs()[0]})
+	t.Cleanup(func() { _ = sentinel.Close() })
+	for _, from := range []*redistest.Server{g.Primary, g.Replica} {
+		// The Sentinels accept a failover once they count the replica
+		// healthy: the old primary, demoted, after its resync.
+		require.Eventually(t, func() bool { return sentinel.Failover(ctx, redistest.SentinelMaster).Err() == nil },
+			30*time.Second, 50*time.Millisecond, "Sentinel accepts a failover")
+		g.WaitForFailover(t, from, 20*time.Second)
+	}
+	requireOpen(t, h.Lost(), "the key survived both failovers")
+	require.NoError(t, g.Primary.Client(t).Del(ctx, h.redisKey()).Err())
+	requireFires(t, h.Lost(), 5*time.Second, "the holder learns that its key was deleted after both failovers")
+}

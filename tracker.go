@@ -295,7 +295,7 @@ func (t *tracker) armLoop(stop context.Context) {
 		// (Half a check: a tick comes a check after the last, whose use of
 		// the connection may have come a little after it.)
 		if conn != nil && (ping || now.Sub(used) >= trackingCheck/2) {
-			if conn.Ping(stop).Err() != nil {
+			if !t.checkConnection(stop, conn) {
 				drop()
 				cause = LossRestart // the keys it read are tracked no more
 			}
