@@ -175,12 +175,36 @@ func (t *tracker) moveTarget() {
 // at the cost of a round trip: other clients' servers do not move under
 // their connections.
 func (t *tracker) reachedByClient(ctx context.Context) bool {
+	c, ok := t.sentinelClient()
+	return !ok || t.targetHears(ctx, c)
+}
+
+// sentinelClient returns the registry's client if it is a Sentinel client.
+func (t *tracker) sentinelClient() (*redis.Client, bool) {
 	c, ok := t.r.client.(*redis.Client)
-	if !ok || c.Options().Addr != failoverClientAddr {
-		return true
-	}
+	return c, ok && c.Options().Addr == failoverClientAddr
+}
+
+// targetHears reports whether t's target hears the probe sent on c, a
+// client or a connection, or it cannot tell.
+func (t *tracker) targetHears(ctx context.Context, c interface {
+	Do(context.Context, ...any) *redis.Cmd
+}) bool {
 	heard, err := c.Do(ctx, t.r.peer.TargetProbe()...).Int64()
 	return err != nil || heard > 0
+}
+
+// readAstray reports whether conn, a tracking connection of t that found
+// a key not ours, may have read it where the client is no more: t's
+// target is not on the client's server (strayed, which moves it), or,
+// on Sentinel, conn is not on its target's server, as conn was made
+// before the target moved and is replaced only after this read.
+func (t *tracker) readAstray(ctx context.Context, conn *redis.Conn) bool {
+	if t.strayed(ctx) {
+		return true
+	}
+	_, sentinel := t.sentinelClient()
+	return sentinel && !t.targetHears(ctx, conn)
 }
 
 // strayed reports whether t's server is not the one the registry's client

@@ -305,7 +305,7 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 		defer evicted()
 	}
 	// A key found not ours may be read where the client is no more.
-	strayed := sync.OnceValue(func() bool { return t.strayed(ctx) })
+	astray := sync.OnceValue(func() bool { return t.readAstray(ctx, conn) })
 	broke := false
 	for i, req := range batch {
 		owner, err := r.peer.ReadOwner(calls[i])
@@ -322,7 +322,7 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 			redirected = append(redirected, req)
 		case err != nil:
 			r.cfg.logger.Debug("lockreg: could not arm or verify a held key; its renewal checks it", "key", printedKey(req.h.Key()), "error", err)
-		case owner != protocol.Ours && strayed():
+		case owner != protocol.Ours && astray():
 			redirected = append(redirected, req)
 		case owner == protocol.Gone:
 			r.changedBehindItsBack(req.h, req.cause, true, evicted())
