@@ -89,7 +89,7 @@ test: redis-server
 	@# Each go.mod says what its module needs, and no more: the library's
 	@# gains nothing from the others'.
 	for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod tidy -diff) || exit 1; done
-	$(GO) test -race -count=1 $(PKGS)
+	$(GO) test -race -count=1 -parallel 4 $(PKGS)
 	$(GO) run ./cmd/lockcheck -d 30s
 	$(GO) run ./cmd/lockcheck -faults $(NET_FAULTS) -d 20s
 	@# On 1 key and on 16, where local hand-offs abound: a release that hands

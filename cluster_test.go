@@ -24,6 +24,7 @@ import (
 // keys on every node, exclusion, renewal, tokens and pub/sub wake-ups
 // across nodes.
 func TestRedisCluster(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
 	const lease = 600 * time.Millisecond
@@ -89,6 +90,7 @@ func TestRedisCluster(t *testing.T) {
 // TestRedisClusterMutualExclusion is the stress test of the core, on a
 // cluster, each registry with its own cluster client.
 func TestRedisClusterMutualExclusion(t *testing.T) {
+	t.Parallel()
 	addrs := redistest.StartCluster(t, 3)
 	var registries []*Registry
 	for range 3 {
@@ -123,6 +125,7 @@ func migrateSlotSlowly(t *testing.T, addrs []string, slot int, lease time.Durati
 // stays renewed through and after the move, excludes other registries,
 // and is released on its new node.
 func TestRedisClusterSlotMigrationWhileHeld(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
 	const lease = 600 * time.Millisecond
@@ -160,6 +163,7 @@ func TestRedisClusterSlotMigrationWhileHeld(t *testing.T) {
 // another registry waits for it: the waiter keeps retrying through the
 // move and, after it, takes the lock on the release, woken by pub/sub.
 func TestRedisClusterSlotMigrationWhileWaited(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
 	const lease = 600 * time.Millisecond
@@ -210,6 +214,7 @@ func TestRedisClusterSlotMigrationWhileWaited(t *testing.T) {
 // or ASK), though each key alone can still be renewed where it is: the
 // holds must not be reported lost, however long the migration takes.
 func TestRedisClusterSlotMigrationKeepsHoldsSharingASlot(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
 	client := clusterClient(t, addrs)
@@ -249,6 +254,7 @@ func TestRedisClusterSlotMigrationKeepsHoldsSharingASlot(t *testing.T) {
 // last, even before any key moved. Locks must keep working meanwhile: a release
 // that fails leaves the key a whole lease (30s by default) for waiters.
 func TestRedisClusterLocksWorkDuringSlotMigration(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
 	a := newRegistry(t, clusterClient(t, addrs))
@@ -273,6 +279,7 @@ func TestRedisClusterLocksWorkDuringSlotMigration(t *testing.T) {
 // node's own count of renew.lua calls then shows whole ticks, and the
 // client carries none.
 func TestRedisClusterRenewsInOneRoundTripPerNode(t *testing.T) {
+	t.Parallel()
 	addrs := redistest.StartCluster(t, 3)
 	client := clusterClient(t, addrs)
 	var mu sync.Mutex
@@ -336,6 +343,7 @@ func TestRedisClusterRenewsInOneRoundTripPerNode(t *testing.T) {
 // each key's slot, on the connection that wrote the key: when LockContext
 // returns, the key's replica has the key, whichever node serves it.
 func TestRedisClusterWaitsForReplicas(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	addrs := redistest.StartClusterWithReplicas(t, 3)
 	client := clusterClient(t, addrs)
@@ -388,6 +396,7 @@ func TestRedisClusterWaitsForReplicas(t *testing.T) {
 // attempt now reloads the map, and the next one takes the key, as a
 // registry without WithWaitReplicas does at once.
 func TestWaitReplicasRecoversAfterASlotMove(t *testing.T) {
+	t.Parallel()
 	addrs := redistest.StartClusterWithReplicas(t, 3)
 	replicated := newRegistry(t, clusterClient(t, addrs), WithWaitReplicas(1, 100*time.Millisecond), WithRetryInterval(50*time.Millisecond))
 	plain := newRegistry(t, clusterClient(t, addrs))
@@ -407,6 +416,7 @@ func TestWaitReplicasRecoversAfterASlotMove(t *testing.T) {
 // the lock's key alone then, as without WithWaitReplicas, on the node that
 // has it (the target, by ASK, for a key not on the source).
 func TestWaitReplicasLocksWorkDuringSlotMigration(t *testing.T) {
+	t.Parallel()
 	addrs := redistest.StartClusterWithReplicas(t, 3)
 	replicated := newRegistry(t, clusterClient(t, addrs), WithWaitReplicas(1, time.Second), WithRetryInterval(50*time.Millisecond))
 	plain := newRegistry(t, clusterClient(t, addrs))
@@ -449,6 +459,7 @@ func requireTakenWithin(t *testing.T, r *Registry, limit time.Duration, msg stri
 // MasterForKey kept naming the killed primary, whose dials failed, so every
 // acquisition failed with ErrRedis though the replica served the slot.
 func TestWaitReplicasRecoversAfterAClusterFailover(t *testing.T) {
+	t.Parallel()
 	c, stop, err := redistest.LaunchCluster(3, 1)
 	require.NoError(t, err)
 	t.Cleanup(stop)
@@ -474,6 +485,7 @@ func TestWaitReplicasRecoversAfterAClusterFailover(t *testing.T) {
 // on the TRYAGAIN, running the INCR up to four times; a release sent twice
 // reports a false loss. Each call must run once.
 func TestRedisClusterPipelineRunsEachCallOnce(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
 	client := clusterClient(t, addrs)
@@ -503,6 +515,7 @@ func TestRedisClusterPipelineRunsEachCallOnce(t *testing.T) {
 // hand-offs past the last draw). Token refuses, as a Redis error to call
 // again for, and draws a larger token once the slot has moved.
 func TestNoTokenIsDrawnWhileTheKeysSlotMigrates(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
 	r := newRegistry(t, clusterClient(t, addrs))
@@ -528,6 +541,7 @@ func TestNoTokenIsDrawnWhileTheKeysSlotMigrates(t *testing.T) {
 // One stalled Cluster node must not cost the holds of the other nodes
 // their leases: their own nodes answer.
 func TestAStalledNodeDoesNotLoseTheHoldsOfTheOthers(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c, stop, err := redistest.LaunchCluster(3, 0)
 	require.NoError(t, err)

@@ -300,6 +300,7 @@ func TestDoAllsContextEndsWhenAnyHoldIsLost(t *testing.T) {
 // TestDoAllAcrossClusterSlots: keys in different slots, on different
 // primaries, and a nested Do on one of them.
 func TestDoAllAcrossClusterSlots(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	client := clusterClient(t, redistest.StartCluster(t, 3))
 	r := newRegistry(t, client)

@@ -93,6 +93,7 @@ func tryLockWithin(t *testing.T, lock *Lock, limit time.Duration, msg string) {
 // ours, renewed there, released cleanly) or is reported lost (Lost fires,
 // the unlock returns ErrLockLost): none is silently gone.
 func TestFailoverKeepsWorkingAndReportsLostHolds(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	g := redistest.StartSentinelGroup(t)
 	r := newRegistry(t, g.FailoverClient(t), WithExpireAfter(failoverLease))
@@ -170,6 +171,7 @@ func TestFailoverKeepsWorkingAndReportsLostHolds(t *testing.T) {
 // it. With no replica left, new acquisitions fail (ErrNotReplicated) until
 // one follows the new primary.
 func TestFailoverWithWaitReplicasLosesNoAcknowledgedHold(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	g := redistest.StartSentinelGroup(t)
 	const waitFor = 300 * time.Millisecond
@@ -236,6 +238,7 @@ func TestFailoverWithWaitReplicasLosesNoAcknowledgedHold(t *testing.T) {
 // it, and keep two goroutines and two clients, until Close, ends once its
 // holds moved to the node that took its slots.
 func TestATrackerOfANodeThatLeftTheClusterEnds(t *testing.T) {
+	t.Parallel()
 	c, stop, err := redistest.LaunchCluster(3, 1)
 	require.NoError(t, err)
 	t.Cleanup(stop)

@@ -24,6 +24,13 @@ import (
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
+// Tests that start servers of their own (a Cluster, a Sentinel group, a
+// private redis-server) and take a second or more call t.Parallel: they
+// spend their time waiting for failovers, leases and gossip, and share
+// nothing with the others. They run after the tests on the shared server,
+// which stay serial because they count its commands or change its
+// configuration, and so do tests that change a package variable
+// (subscriptionCheck, policyRecheck). make test runs four at a time.
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(contenderEnv); spec != "" {
 		os.Exit(runContender(spec))

@@ -229,6 +229,7 @@ func TestAReleaseThatFindsItsKeyOfAnotherTypeReportsItLost(t *testing.T) {
 // TestALostHoldsReleaseReportsTheLossWhenRedisFailsToo: Lost fired, then
 // Redis went down: the release says both.
 func TestALostHoldsReleaseReportsTheLossWhenRedisFailsToo(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	const lease = 200 * time.Millisecond
@@ -270,6 +271,7 @@ func TestALossNamesItsCause(t *testing.T) {
 // hears of it when its subscription comes back, long before its next
 // renewal (10s with the default lease).
 func TestHoldersHearOfARedisRestartAtOnce(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	r := newRegistry(t, srv.Client(t))
@@ -479,6 +481,7 @@ func TestAHandOffsReleaseEndsWithItsContextWhileRedisIsDown(t *testing.T) {
 // comes while that release waits for the read that confirms the key (here
 // Redis is down, so the read never comes): a caller would run fn again.
 func TestADoWhoseHandOffCloseCutShortDoesNotSayClosed(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	r := newRegistry(t, srv.Client(t), WithLocalHandoff(16, time.Hour), WithExpireAfter(3*time.Second))

@@ -150,6 +150,7 @@ func TestExpiredLockIsReportedLostAndSuccessorKept(t *testing.T) {
 }
 
 func TestRenewalOutlastsTransientErrors(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
@@ -173,6 +174,7 @@ func TestRenewalOutlastsTransientErrors(t *testing.T) {
 }
 
 func TestRenewalIsBatched(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
@@ -222,6 +224,7 @@ func TestCloseSignalsHeldLocksLost(t *testing.T) {
 }
 
 func TestWaitReplicas(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	primary := redistest.Start(t)
 	replica := redistest.StartReplica(t, primary)
@@ -536,6 +539,7 @@ func TestARenewalThatFindsTheKeyGoneTellsTheHoldHandedOffMeanwhile(t *testing.T)
 // stop the renewal of the registry's other keys, which share its
 // renew.lua call.
 func TestAKeyOfAnotherTypeIsLostAloneAsOverwritten(t *testing.T) {
+	t.Parallel()
 	for _, tracked := range []bool{true, false} {
 		t.Run(fmt.Sprint("tracked=", tracked), func(t *testing.T) {
 			ctx := context.Background()

@@ -19,6 +19,7 @@ import (
 )
 
 func TestRedisDown(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	r := newRegistry(t, srv.Client(t), WithRetryInterval(20*time.Millisecond))
 	// A client that gives up on a dead server at once, so that attempts
@@ -72,6 +73,7 @@ func TestRedisRestartWhileHeldIsReportedAtRelease(t *testing.T) {
 }
 
 func TestUnlockWhenRedisFailsStillFreesLocally(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	r := newRegistry(t, srv.Client(t))
 	lock := r.Obtain("k")

@@ -133,6 +133,7 @@ func TestALookAtThePolicyHidesNoEviction(t *testing.T) {
 // On a Cluster, a primary whose policy cannot be read does not hide
 // another's that may evict: every primary is judged.
 func TestAnEvictingPrimaryIsRefusedBesideOneThatHidesItsPolicy(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
 	for i, addr := range addrs {

@@ -175,6 +175,7 @@ func TestATrackerWhoseTargetDiedSilentlyComesBack(t *testing.T) {
 // about trackingCheck, and a new one checks every held key. Unchecked, a
 // change would go untold until the next renewal (lease/3: 10s here).
 func TestAHolderWhoseTrackingConnectionWasClosedLearnsOfAChangeSoon(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
@@ -220,6 +221,7 @@ func TestAHolderWhoseTrackingConnectionWasClosedLearnsOfAChangeSoon(t *testing.T
 // is no refusal of tracking by the server, which would leave every later
 // change of a held key to its renewal.
 func TestATargetMovedWhileItSubscribesKeepsTrackingOn(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)

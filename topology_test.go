@@ -19,6 +19,7 @@ import (
 // the keys it held: their holders must hear of it as a restart once it
 // answers again, not at their next renewal.
 func TestAHolderOnClusterLearnsAtOnceThatItsNodeRestartedEmpty(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c, stop, err := redistest.LaunchCluster(3, 0)
 	require.NoError(t, err)
@@ -42,6 +43,7 @@ func TestAHolderOnClusterLearnsAtOnceThatItsNodeRestartedEmpty(t *testing.T) {
 // refused from the failover on, not from the next periodic look at the
 // servers' policies.
 func TestAFailoverToAnEvictingReplicaIsRefused(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	g := redistest.StartSentinelGroup(t)
 	client := g.FailoverClient(t)
@@ -59,6 +61,7 @@ func TestAFailoverToAnEvictingReplicaIsRefused(t *testing.T) {
 // gets a tracker of its own: configured to evict, it must be refused from
 // then on too.
 func TestAClusterFailoverToAnEvictingReplicaIsRefused(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c, stop, err := redistest.LaunchCluster(3, 1)
 	require.NoError(t, err)
@@ -96,6 +99,7 @@ func requireRefusedAfterFailover(t *testing.T, r *Registry, client redis.Univers
 // trackers' targets and tracking connections, and its subscription. The
 // user's client, which it does not own, stays open.
 func TestCloseOnClusterLeavesNoConnectionOfItsOwn(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
 	client := clusterClient(t, addrs)
@@ -137,6 +141,7 @@ func TestCloseOnClusterLeavesNoConnectionOfItsOwn(t *testing.T) {
 // primary at once; its holds must be renewed there, and exclude other
 // registries there, not only on the old primary, which nobody else uses.
 func TestAHoldIsRenewedOnTheNewPrimaryWhileTheOldOneLingers(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	g := redistest.StartSentinelGroup(t)
 	const lease = 2 * time.Second
@@ -165,6 +170,7 @@ func TestAHoldIsRenewedOnTheNewPrimaryWhileTheOldOneLingers(t *testing.T) {
 // A hold taken after such a failover, on the new primary, must not be
 // armed, and found gone, on the lingering old one.
 func TestAHoldTakenWhileTheOldPrimaryLingersIsNotLost(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	g := redistest.StartSentinelGroup(t)
 	client := g.FailoverClient(t)
@@ -201,6 +207,7 @@ func lingerAfterFailover(t *testing.T, g *redistest.SentinelGroup) *redistest.Se
 // fence and marks not: the release goes through on the target, and a
 // registry that waits meanwhile takes the lock.
 func TestAReleaseAfterItsKeyMovedMidMigrationFreesItThere(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
 	a := newRegistry(t, clusterClient(t, addrs))
@@ -231,6 +238,7 @@ func TestAReleaseAfterItsKeyMovedMidMigrationFreesItThere(t *testing.T) {
 // and back) keeps a holder told at once of a change to its key on the
 // primary it ends on: the tracker follows both moves.
 func TestAHolderOnSentinelStillLearnsAtOnceAfterTwoFailovers(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	g := redistest.StartSentinelGroup(t)
 	// A long lease: no renewal in the test's time finds the change instead.

@@ -174,6 +174,7 @@ func TestWithoutTrackingAHolderLearnsAtItsRenewal(t *testing.T) {
 }
 
 func TestAHolderOnClusterLearnsAtOnceOfAFlushOrAnEvictionOfItsNode(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	client := clusterClient(t, redistest.StartCluster(t, 3))
 	nodeOf := func(redisKey string) *redis.Client {
@@ -227,6 +228,7 @@ func usedMemory(t *testing.T, info string) int64 {
 }
 
 func TestAHolderOnClusterLearnsAtOnceThatItsKeyWasDeleted(t *testing.T) {
+	t.Parallel()
 	client := clusterClient(t, redistest.StartCluster(t, 3))
 	for _, key := range []string{"a", "b", "c", "d"} { // on several nodes
 		h := holdAndChange(t, client, key, func(redisKey string) {
@@ -241,6 +243,7 @@ func TestAHolderOnClusterLearnsAtOnceThatItsKeyWasDeleted(t *testing.T) {
 // new node's tracker, so that a change there is still told at once, not
 // at the next renewal.
 func TestAHolderOnClusterStillLearnsAtOnceAfterItsKeyMoved(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
 	client := clusterClient(t, addrs)
@@ -426,6 +429,7 @@ func TestATrackerWhoseTargetIsOnAnotherServerMovesIt(t *testing.T) {
 // primary's place: the holder must learn at once of a change there too,
 // not at its next renewal, though the crashed primary never comes back.
 func TestAHolderOnClusterStillLearnsAtOnceAfterAFailover(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c, stop, err := redistest.LaunchCluster(3, 1)
 	require.NoError(t, err)
@@ -499,6 +503,7 @@ func TestAKeyWhoseReadRedisRefusedForNowIsTrackedAgain(t *testing.T) {
 // meanwhile on the registry's client, so that a holder whose key the
 // restart lost learns at once, not seconds later.
 func TestAHolderHearsOfARestartAfterALongOutageAtOnce(t *testing.T) {
+	t.Parallel()
 	for _, pubSub := range []bool{true, false} {
 		t.Run("pubsub="+strconv.FormatBool(pubSub), func(t *testing.T) { restartAfterALongOutage(t, pubSub) })
 	}
