@@ -211,19 +211,6 @@ func (t *tracker) invalidated(keys []string) {
 	}
 }
 
-func (t *tracker) enqueue(req armRequest) {
-	t.mu.Lock()
-	t.queue = append(t.queue, req)
-	// A set timer falls due before this arming (holds are taken in time
-	// order): waking armLoop for it would cost a goroutine switch per
-	// acquisition.
-	wake := req.due.IsZero() || !t.timerSet
-	t.mu.Unlock()
-	if wake {
-		t.wake()
-	}
-}
-
 // retarget asks for a new tracking connection for the target, which
 // subscribed anew; after a restart it has the held keys checked at once
 // too, as that connection may come seconds later (armLoop reads them on
@@ -356,45 +343,4 @@ func (t *tracker) armLoop(stop context.Context) {
 			wait.Reset(time.Until(next))
 		}
 	}
-}
-
-// dueNow takes from the queue the requests due at now, and returns them
-// with when armLoop's timer is to fire next (zero if nothing waits), which
-// sets timerSet. An arming whose tenure has ended is dropped, due or not,
-// and one whose hold has ended while a hold handed off from it keeps the
-// key arms that hold instead. t.mu is held.
-func (t *tracker) dueNow(now time.Time) (due []armRequest, next time.Time) {
-	waiting := t.queue[:0]
-	dropped := false
-	for _, req := range t.queue {
-		if !req.due.IsZero() {
-			current := req.h.local.hold.Load()
-			if current == nil || current.tenure != req.h.tenure {
-				dropped = true
-				continue
-			}
-			req.h = current
-		}
-		switch {
-		case req.due.IsZero():
-			due = append(due, req)
-		case req.due.After(now):
-			waiting = append(waiting, req)
-			if next.IsZero() || req.due.Before(next) {
-				next = req.due
-			}
-		default:
-			due = append(due, req)
-		}
-	}
-	// Most holds end before their arming. With none left waiting, the
-	// timer is still set, for a sweep an arming delay on, while armings
-	// come: else each acquisition, finding it unset, would wake armLoop,
-	// which would find that hold ended already and leave it unset again.
-	if next.IsZero() && dropped {
-		next = now.Add(armDelay)
-	}
-	clear(t.queue[len(waiting):])
-	t.queue, t.timerSet = waiting, !next.IsZero()
-	return due, next
 }

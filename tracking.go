@@ -53,27 +53,6 @@ type tracking struct {
 	on, refused atomic.Bool
 }
 
-// armRequest is a hold to arm, or to verify after an invalidation or a
-// lost connection: cause is what a key found gone says happened. due, if
-// set, is when to arm it at the earliest (see armDelay); invalidated, that
-// it counts in its key's unchecked changes (locallock.go).
-type armRequest struct {
-	h           *Hold
-	cause       LossCause
-	due         time.Time
-	invalidated bool
-}
-
-// armDelay is how long a hold goes unarmed after its acquisition. Most
-// holds are shorter, and a hold released before its arming costs Redis
-// nothing for tracking: no GET to arm it, no invalidation when its
-// release deletes the key (an uncontended cycle stays two commands). A
-// key changed before its arming is found gone by the arming read, so a
-// holder's blind time after a change is at most armDelay plus a round
-// trip; a hold released first learns of the change from its release,
-// which reports ErrLockLost.
-const armDelay = 5 * time.Millisecond
-
 // trackingCheck is how long a tracking connection may go unused before a
 // PING checks it. Redis tells nobody when it closes one (CLIENT KILL, its
 // idle timeout, maxmemory-clients): the keys it read are tracked no more,
