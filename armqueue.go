@@ -45,14 +45,27 @@ func (t *tracker) enqueue(req armRequest) {
 // with when armLoop's timer is to fire next (zero if nothing waits), which
 // sets timerSet. An arming whose tenure has ended is dropped, due or not,
 // and one whose hold has ended while a hold handed off from it keeps the
-// key arms that hold instead. t.mu is held.
+// key arms that hold instead. So is an arming of a tenure that a request
+// reads at once (a verify after the connection came up, an invalidation):
+// that read arms the key, and a second one could come after a forced
+// unlock's DEL but before its note, which the target reads first, and
+// name the loss deleted. t.mu is held.
 func (t *tracker) dueNow(now time.Time) (due []armRequest, next time.Time) {
+	var readAtOnce map[*tenure]bool
+	for _, req := range t.queue {
+		if req.due.IsZero() {
+			if readAtOnce == nil {
+				readAtOnce = make(map[*tenure]bool)
+			}
+			readAtOnce[req.h.tenure] = true
+		}
+	}
 	waiting := t.queue[:0]
 	dropped := false
 	for _, req := range t.queue {
 		if !req.due.IsZero() {
 			current := req.h.local.hold.Load()
-			if current == nil || current.tenure != req.h.tenure {
+			if current == nil || current.tenure != req.h.tenure || readAtOnce[current.tenure] {
 				dropped = true
 				continue
 			}

@@ -120,6 +120,23 @@ func TestAHolderLearnsFromItsFirstAcquisitionOn(t *testing.T) {
 	}
 }
 
+// A registry's first hold is read once to arm its key: the new tracking
+// connection's check of the held keys arms it, and the hold's own arming,
+// due later, reads nothing more. A second read could find a forced
+// unlock's DEL before the target has delivered the note that names it,
+// and report the loss as deleted.
+func TestAKeyReadAtOnceIsNotReadAgainToArmIt(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	reads := trackingReads(r)
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	requireTracking(t, r)
+	readsSettled(reads)
+	require.EqualValues(t, 1, reads.Load(), "one read of the held key")
+	require.NoError(t, h.Release(ctx))
+}
+
 func TestARestartJustAfterTheFirstAcquisitionIsNoticedAtOnce(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
