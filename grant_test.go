@@ -480,7 +480,6 @@ func TestAGrantedHoldIsNotExtendedPastMaxHold(t *testing.T) {
 // renewal interval away: one failed call loses no hold. The same while a
 // Shutdown waits for the hold, which renews it meanwhile.
 func TestAGrantedHoldOutlastsAFailedExtension(t *testing.T) {
-	t.Parallel()
 	for _, shuttingDown := range []bool{false, true} {
 		t.Run(fmt.Sprintf("shutting down %v", shuttingDown), func(t *testing.T) {
 			ctx := context.Background()

@@ -214,7 +214,6 @@ func grantDuringRelease(t *testing.T, late, ctxEnds bool) {
 // back then finds the key gone and no current hold: the release must
 // still report the hold lost, not nil.
 func TestAGrantWhoseGiveBackTrailsItsHoldsReleaseLosesTheHold(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	const token = int64(1_000_000)

@@ -25,7 +25,7 @@ import (
 )
 
 // Tests that start servers of their own (a Cluster, a Sentinel group, a
-// private redis-server) and take a second or more call t.Parallel: they
+// private redis-server) and take seconds call t.Parallel: they
 // spend their time waiting for failovers, leases and gossip, and share
 // nothing with the others. They run after the tests on the shared server,
 // which stay serial because they count its commands or change its

@@ -271,7 +271,6 @@ func TestALossNamesItsCause(t *testing.T) {
 // hears of it when its subscription comes back, long before its next
 // renewal (10s with the default lease).
 func TestHoldersHearOfARedisRestartAtOnce(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	r := newRegistry(t, srv.Client(t))
@@ -481,7 +480,6 @@ func TestAHandOffsReleaseEndsWithItsContextWhileRedisIsDown(t *testing.T) {
 // comes while that release waits for the read that confirms the key (here
 // Redis is down, so the read never comes): a caller would run fn again.
 func TestADoWhoseHandOffCloseCutShortDoesNotSayClosed(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	r := newRegistry(t, srv.Client(t), WithLocalHandoff(16, time.Hour), WithExpireAfter(3*time.Second))

@@ -150,7 +150,6 @@ func TestExpiredLockIsReportedLostAndSuccessorKept(t *testing.T) {
 }
 
 func TestRenewalOutlastsTransientErrors(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)

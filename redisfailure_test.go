@@ -73,7 +73,6 @@ func TestRedisRestartWhileHeldIsReportedAtRelease(t *testing.T) {
 }
 
 func TestUnlockWhenRedisFailsStillFreesLocally(t *testing.T) {
-	t.Parallel()
 	srv := redistest.Start(t)
 	r := newRegistry(t, srv.Client(t))
 	lock := r.Obtain("k")

@@ -146,7 +146,6 @@ func minimalACL(t *testing.T, admin *redis.Client, srv *redistest.Server, prefix
 }
 
 func TestRegistryWorksWithAMinimalACL(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
@@ -465,7 +464,6 @@ func TestCloseRightAfterNewReturnsAtOnce(t *testing.T) {
 // cached obtain.lua (a fresh or restarted one), an acquisition must work
 // under that ACL.
 func TestWaitReplicasWorksWithTheDocumentedACL(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	redistest.StartReplica(t, srv)

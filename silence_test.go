@@ -175,7 +175,6 @@ func TestATrackerWhoseTargetDiedSilentlyComesBack(t *testing.T) {
 // about trackingCheck, and a new one checks every held key. Unchecked, a
 // change would go untold until the next renewal (lease/3: 10s here).
 func TestAHolderWhoseTrackingConnectionWasClosedLearnsOfAChangeSoon(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
