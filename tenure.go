@@ -166,7 +166,9 @@ func (t *tenure) toConfirm() []chan verdict {
 // changed ended the tenure first (see Registry.changedBehindItsBack). A
 // read whose reply came after the tenure's release or a loss began may
 // have seen the key after those, and the tenure's end answers instead; so
-// does the next read, or the end, where this one failed.
+// does the next read, or the end, where this one failed. A reply after
+// the tenure's lease confirms nothing either: the key may have lapsed and
+// come back to the registry since the hand-off (a grant, a new hold).
 func (t *tenure) settle(taken []chan verdict, ours bool) {
 	if len(taken) == 0 {
 		return
@@ -177,7 +179,7 @@ func (t *tenure) settle(taken []chan verdict, ours bool) {
 	switch {
 	case c.ended:
 		tell(taken, c.outcome)
-	case ours && !c.releasing && t.loss() == lossNone:
+	case ours && !c.releasing && t.loss() == lossNone && int64(nowInstant()) < t.leaseEnd.Load():
 		tell(taken, verdict{})
 	default:
 		c.waiting = append(c.waiting, taken...)
