@@ -1,6 +1,9 @@
 package lockreg
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // The arm queue: the holds a tracker is to read on its tracking
 // connection (tracking.go has the design), which armLoop (tracker.go)
@@ -52,12 +55,16 @@ func (t *tracker) enqueue(req armRequest) {
 // name the loss deleted. t.mu is held.
 func (t *tracker) dueNow(now time.Time) (due []armRequest, next time.Time) {
 	var readAtOnce map[*tenure]bool
-	for _, req := range t.queue {
-		if req.due.IsZero() {
-			if readAtOnce == nil {
-				readAtOnce = make(map[*tenure]bool)
+	if i := slices.IndexFunc(t.queue, func(req armRequest) bool { return !req.due.IsZero() }); i >= 0 {
+		// An arming waits: the tenures read at once, if any (most turns
+		// have only armings, or only reads, and need no map).
+		for _, req := range t.queue {
+			if req.due.IsZero() {
+				if readAtOnce == nil {
+					readAtOnce = make(map[*tenure]bool)
+				}
+				readAtOnce[req.h.tenure] = true
 			}
-			readAtOnce[req.h.tenure] = true
 		}
 	}
 	waiting := t.queue[:0]
