@@ -30,7 +30,9 @@ import (
 // nothing with the others. They run after the tests on the shared server,
 // which stay serial because they count its commands or change its
 // configuration, and so do tests that change a package variable
-// (subscriptionCheck, policyRecheck). make test runs four at a time.
+// (subscriptionCheck, policyRecheck) or look at every goroutine
+// (requireDialProbesEnd, which another test's dead server would keep
+// failing). make test runs four at a time.
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(contenderEnv); spec != "" {
 		os.Exit(runContender(spec))

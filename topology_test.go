@@ -43,7 +43,6 @@ func TestAHolderOnClusterLearnsAtOnceThatItsNodeRestartedEmpty(t *testing.T) {
 // refused from the failover on, not from the next periodic look at the
 // servers' policies.
 func TestAFailoverToAnEvictingReplicaIsRefused(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	g := redistest.StartSentinelGroup(t)
 	client := g.FailoverClient(t)
@@ -61,7 +60,6 @@ func TestAFailoverToAnEvictingReplicaIsRefused(t *testing.T) {
 // gets a tracker of its own: configured to evict, it must be refused from
 // then on too.
 func TestAClusterFailoverToAnEvictingReplicaIsRefused(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	c, stop, err := redistest.LaunchCluster(3, 1)
 	require.NoError(t, err)

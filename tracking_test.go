@@ -520,7 +520,6 @@ func TestAKeyWhoseReadRedisRefusedForNowIsTrackedAgain(t *testing.T) {
 // meanwhile on the registry's client, so that a holder whose key the
 // restart lost learns at once, not seconds later.
 func TestAHolderHearsOfARestartAfterALongOutageAtOnce(t *testing.T) {
-	t.Parallel()
 	for _, pubSub := range []bool{true, false} {
 		t.Run("pubsub="+strconv.FormatBool(pubSub), func(t *testing.T) { restartAfterALongOutage(t, pubSub) })
 	}
