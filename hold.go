@@ -272,6 +272,11 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 		// deleted the key: it ended.
 		return 0, errReleasedWhileDrawn(l.key)
 	}
+	// A reply after the lease found the key the registry's, but it may
+	// have lapsed and come back since (a grant): it carries no hold on.
+	if err := h.lossNow(); err != nil {
+		return 0, err
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.released {

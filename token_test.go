@@ -3,6 +3,7 @@ package lockreg
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -292,4 +293,38 @@ func TestATokenOfAHandOffDiscardedForALossIsNotDrawnAgain(t *testing.T) {
 	require.NotEqual(t, viaHandoff, taken.via)
 	require.Greater(t, mustHoldToken(t, taken), handedOff, "a later hold's token exceeds every earlier one")
 	require.NoError(t, taken.Release(ctx))
+}
+
+// TestATokenAnsweredAfterTheLeaseIsRefused: a draw whose reply came after
+// the hold's lease ran out found the key the registry's, but the key may
+// have lapsed and come back to it meanwhile (a grant), which the owner
+// check cannot tell: the token carries no hold on. Token says the hold
+// is lost, as it would had it been asked a moment later.
+func TestATokenAnsweredAfterTheLeaseIsRefused(t *testing.T) {
+	ctx := context.Background()
+	const lease = 300 * time.Millisecond
+	var held atomic.Pointer[Hold]
+	tokenHash := protocol.NewPeer(scripts, protocol.Config{}).DrawToken(protocol.Keys{}).Script.Hash()
+	client := redistest.Shared(t).Client(t, redistest.Hook{
+		Process: func(next redis.ProcessHook) redis.ProcessHook {
+			return func(ctx context.Context, cmd redis.Cmder) error {
+				err := next(ctx, cmd)
+				if args := cmd.Args(); len(args) > 1 && cmd.Name() == "evalsha" && args[1] == tokenHash {
+					for h := held.Load(); !h.leaseOver(); {
+						time.Sleep(time.Millisecond) // the reply is late
+					}
+				}
+				return err
+			}
+		},
+	})
+	h, err := newRegistry(t, client, WithExpireAfter(lease), WithRenewal(false)).Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	held.Store(h)
+	// In Redis the key outlives the lease: the late draw finds it ours.
+	require.NoError(t, client.PExpire(ctx, h.redisKey(), time.Minute).Err())
+	_, err = h.Token(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	requireCause(t, h, LossExpired)
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 }
