@@ -224,12 +224,14 @@ func currentOf(h *Hold) *Hold {
 }
 
 // extendLease moves the lease's end to end (an instant), unless that would
-// shorten it, and reports true, if the lease was live at sent: a renewal
-// sent within the lease carries it on.
+// shorten it, and reports true, if the lease was live at sent and still is:
+// a renewal sent and answered within the lease carries it on. One answered
+// after it may have reached Redis once the key had lapsed there and come
+// back to the registry (a grant), which the owner check cannot tell.
 func (h *Hold) extendLease(sent time.Time, end int64) bool {
 	for {
 		current := h.tenure.leaseEnd.Load()
-		if current <= int64(instantOf(sent)) {
+		if current <= int64(instantOf(sent)) || current <= int64(nowInstant()) {
 			return false
 		}
 		if current >= end || h.tenure.leaseEnd.CompareAndSwap(current, end) {

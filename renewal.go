@@ -266,8 +266,8 @@ func (r *Registry) extended(h *Hold, renewed bool, sent time.Time, leaseEnd int6
 	// The hold was picked while its lease lived, but the process may have
 	// stood still before sending (a stop, a long pause). Once a lease has
 	// run out, the key may have passed through other owners and come back,
-	// which the owner check cannot tell: only a renewal sent within the
-	// lease carries the hold on.
+	// which the owner check cannot tell: only a renewal sent and answered
+	// within the lease carries the hold on (extendLease).
 	switch {
 	case !renewed:
 		// Gone, or another's (SET ... IFEQ tells them not apart): named as

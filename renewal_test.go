@@ -2,9 +2,13 @@ package lockreg
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/protocol"
@@ -42,4 +46,42 @@ func TestARenewalThatFindsTheKeyGoneNamesTheCauseWhateverTheServer(t *testing.T)
 	r.renew(ctx, [][]*Hold{{lapsed}, {forced}})
 	requireCause(t, forced, LossForced)
 	requireCause(t, lapsed, LossExpired)
+}
+
+// TestARenewalAnsweredAfterTheLeaseCarriesNothing: a renewal sent within
+// the lease whose reply came after it ran out found the key the
+// registry's, but it may have reached Redis after the key lapsed there
+// and came back to the registry (a grant), which the owner check cannot
+// tell: it carries the hold on no more than one sent after the lease
+// would, and the hold is lost, as an acquisition answered after its lease
+// is.
+func TestARenewalAnsweredAfterTheLeaseCarriesNothing(t *testing.T) {
+	ctx := context.Background()
+	const lease = 300 * time.Millisecond
+	var late atomic.Pointer[Hold]
+	renewHash := protocol.NewPeer(scripts, protocol.Config{}).Renew(nil).Script.Hash()
+	client := redistest.Shared(t).Client(t, redistest.Hook{
+		ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+			return func(ctx context.Context, cmds []redis.Cmder) error {
+				err := next(ctx, cmds)
+				for _, cmd := range cmds {
+					args := cmd.Args()
+					renewal := cmd.Name() == "evalsha" && len(args) > 1 && args[1] == renewHash ||
+						cmd.Name() == "set" && strings.Contains(strings.ToLower(fmt.Sprint(args...)), "ifeq")
+					for h := late.Load(); renewal && h != nil && !h.leaseOver(); {
+						time.Sleep(time.Millisecond) // the reply is late
+					}
+				}
+				return err
+			}
+		},
+	})
+	r := newRegistry(t, client)
+	h := unarmedHold(r, "late", lease)
+	require.NoError(t, client.Set(ctx, h.redisKey(), r.OwnerID(), time.Minute).Err())
+	t.Cleanup(func() { client.Del(ctx, h.redisKey()) })
+	late.Store(h)
+	r.renew(ctx, [][]*Hold{{h}})
+	require.True(t, h.isLost(), "a renewal answered after the lease carried the hold on")
+	requireCause(t, h, LossExpired)
 }
