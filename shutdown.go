@@ -187,6 +187,9 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 	var releases sync.WaitGroup
 	found := false
 	r.forEachHold(func(h *Hold) {
+		// A lease that ran out before, unsignalled yet, lost the hold then,
+		// though the release may find the key the registry's again.
+		_ = h.lossNow()
 		h.mu.Lock()
 		if h.released || h.keyReleased {
 			h.mu.Unlock()
@@ -211,6 +214,10 @@ func (r *Registry) releaseHeld(ctx context.Context) bool {
 			got, err := h.lock.releaseRedisAside(ctx, protocol.Release{HandedOut: handedOut})
 			var v verdict
 			switch {
+			case (protocol.WrongType(err) || err == nil && got.Outcome == protocol.NotOurs) && h.wasForced():
+				// News of a forced unlock came before the check it asked
+				// for, which would have named it (as releaseKey does).
+				v = verdict{cause: LossForced, err: lossError(h.Key(), LossForced)}
 			case protocol.WrongType(err):
 				v = verdict{cause: LossOverwritten, err: lossError(h.Key(), LossOverwritten)}
 			case err != nil:

@@ -499,3 +499,42 @@ func TestAnAcquisitionThatShutdownOvertookIsNotCounted(t *testing.T) {
 	require.Zero(t, s.Wait.Count, "no acquisition waited for a hold")
 	require.Zero(t, s.Held)
 }
+
+// TestShutdownNamesALossThatCameBeforeIt: a hold whose lease ran out
+// before Shutdown, which the watchdog had not yet signalled, was lost as
+// expired, though Shutdown's release finds the key the registry's (it may
+// have lapsed and come back); and one whose key an operator forced open,
+// whose note came before its check did, was lost as forced, though the
+// release finds the key merely gone. Err, the hooks and the owner's
+// Release name those causes, as a Release would have.
+func TestShutdownNamesALossThatCameBeforeIt(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	r := untrackedRegistry(t, srv) // nothing reads the keys but the releases
+	told := make(chan LossEvent, 2)
+	r.AddHooks(Hooks{Lost: func(e LossEvent) { told <- e }})
+	lapsed, err := r.Obtain("lapsed").Acquire(ctx)
+	require.NoError(t, err)
+	forced, err := r.Obtain("forced").Acquire(ctx)
+	require.NoError(t, err)
+	lapsed.tenure.leaseEnd.Store(int64(instantOf(time.Now().Add(-time.Millisecond))))
+	forced.mu.Lock()
+	forced.forced = true // its note came; its check had not yet
+	forced.mu.Unlock()
+	require.NoError(t, admin.Del(ctx, forced.redisKey()).Err())
+
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, r.Shutdown(ended), ErrClosed)
+	requireCause(t, lapsed, LossExpired)
+	requireCause(t, forced, LossForced)
+	causes := map[string]LossCause{}
+	for range 2 {
+		e := <-told
+		causes[e.Key] = e.Cause
+	}
+	require.Equal(t, map[string]LossCause{"lapsed": LossExpired, "forced": LossForced}, causes)
+	require.ErrorContains(t, lapsed.Release(ctx), LossExpired.explain())
+	require.ErrorContains(t, forced.Release(ctx), LossForced.explain())
+}
