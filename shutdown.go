@@ -60,7 +60,10 @@ func (r *Registry) Close() error {
 	r.unsubscribe()
 	r.stopTracking()
 	r.life.background.Wait()
-	r.forEachHold(func(h *Hold) { h.lose(LossClosed) })
+	r.forEachHold(func(h *Hold) {
+		_ = h.lossNow() // a lease that ran out before lost the hold then
+		h.lose(LossClosed)
+	})
 	return nil
 }
 

@@ -538,3 +538,17 @@ func TestShutdownNamesALossThatCameBeforeIt(t *testing.T) {
 	require.ErrorContains(t, lapsed.Release(ctx), LossExpired.explain())
 	require.ErrorContains(t, forced.Release(ctx), LossForced.explain())
 }
+
+// TestCloseNamesALapseThatCameBeforeIt: a hold whose lease ran out before
+// Close, which the watchdog had not yet signalled, was lost as expired,
+// not by the closing.
+func TestCloseNamesALapseThatCameBeforeIt(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	h, err := r.Obtain("lapsed").Acquire(ctx)
+	require.NoError(t, err)
+	h.tenure.leaseEnd.Store(int64(instantOf(time.Now().Add(-time.Millisecond))))
+	require.NoError(t, r.Close())
+	requireCause(t, h, LossExpired)
+	require.ErrorContains(t, h.Release(ctx), LossExpired.explain())
+}
