@@ -201,7 +201,9 @@ func (r *Registry) renewByScript(ctx context.Context, batches [][]*Hold, refresh
 				oneByOne = append(oneByOne, []*Hold{h})
 			}
 		case protocol.WrongType(err):
-			batch[0].endLease(LossOverwritten)
+			// Named as a renewal that finds the key another's, its lapse or
+			// a forced unlock first.
+			r.changedBehindItsBack(batch[0], LossDeleted, false, false)
 		default:
 			r.applyRenewal(ctx, batch, calls[i].Cmd, sent, nil)
 		}

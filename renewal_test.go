@@ -85,3 +85,29 @@ func TestARenewalAnsweredAfterTheLeaseCarriesNothing(t *testing.T) {
 	require.True(t, h.isLost(), "a renewal answered after the lease carried the hold on")
 	requireCause(t, h, LossExpired)
 }
+
+// TestARenewalThatFindsAKeyOfAnotherTypeNamesTheCause: a key found of
+// another type is no registry's, as a key found gone is: a hold whose
+// lease had run out is lost as expired, and one whose forced unlock's
+// note came first as forced, whether renew.lua or SET ... IFEQ renewed it.
+func TestARenewalThatFindsAKeyOfAnotherTypeNamesTheCause(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	r := untrackedRegistry(t, srv)
+	lapsed, err := r.Obtain("lapsed").Acquire(ctx)
+	require.NoError(t, err)
+	forced, err := r.Obtain("forced").Acquire(ctx)
+	require.NoError(t, err)
+	lapsed.tenure.leaseEnd.Store(int64(instantOf(time.Now().Add(-time.Millisecond))))
+	forced.mu.Lock()
+	forced.forced = true // its note came, the watchdog's round was under way
+	forced.mu.Unlock()
+	for _, h := range []*Hold{lapsed, forced} {
+		require.NoError(t, admin.Del(ctx, h.redisKey()).Err())
+		require.NoError(t, admin.HSet(ctx, h.redisKey(), "f", "v").Err())
+	}
+	r.renew(ctx, [][]*Hold{{lapsed}, {forced}})
+	requireCause(t, forced, LossForced)
+	requireCause(t, lapsed, LossExpired)
+}
