@@ -250,27 +250,20 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 	l := h.lock
 	l.r.countCalls(OpToken, 1)
 	token, err = protocol.ReadToken(l.runScript(ctx, l.r.peer.DrawToken(l.keys())))
-	if protocol.WrongType(err) {
-		// The owner check met a key of another type, no registry's: the
-		// hold is lost, as a renewal or tracking reads it; drawing again
-		// would fail alike.
-		h.endLease(LossOverwritten)
-		if err := h.lossError(); err != nil {
-			return 0, err
-		}
-		return 0, errReleasedWhileDrawn(l.key)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, printedKey(l.key), err)
-	}
-	if token == 0 {
-		h.endLease(LossDeleted)
-		if err := h.lossError(); err != nil {
+	if gone := err == nil && token == 0; gone || protocol.WrongType(err) {
+		// The key is gone, or of another type (the owner check met it), no
+		// registry's: the hold is lost, named as a renewal names it (its
+		// lapse or a forced unlock first); drawing again would fail alike.
+		l.r.changedBehindItsBack(h, LossDeleted, gone, false)
+		if err := h.lossNow(); err != nil {
 			return 0, err
 		}
 		// A hold released while the draw ran is not lost, its release
 		// deleted the key: it ended.
 		return 0, errReleasedWhileDrawn(l.key)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, printedKey(l.key), err)
 	}
 	// A reply after the lease found the key the registry's, but it may
 	// have lapsed and come back since (a grant): it carries no hold on.

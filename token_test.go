@@ -328,3 +328,28 @@ func TestATokenAnsweredAfterTheLeaseIsRefused(t *testing.T) {
 	requireCause(t, h, LossExpired)
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 }
+
+// TestATokenDrawNamesAForcedUnlockWhoseNoteCameFirst: a draw that finds
+// the key gone, or of another type, after the note of a forced unlock came
+// (its check had not yet) names the loss forced, as a renewal or a
+// release does.
+func TestATokenDrawNamesAForcedUnlockWhoseNoteCameFirst(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	r := untrackedRegistry(t, srv)
+	for _, key := range []string{"gone", "hash"} {
+		h, err := r.Obtain(key).Acquire(ctx)
+		require.NoError(t, err)
+		h.mu.Lock()
+		h.forced = true
+		h.mu.Unlock()
+		require.NoError(t, admin.Del(ctx, h.redisKey()).Err())
+		if key == "hash" {
+			require.NoError(t, admin.HSet(ctx, h.redisKey(), "f", "v").Err())
+		}
+		_, err = h.Token(ctx)
+		require.ErrorIs(t, err, ErrLockLost)
+		requireCause(t, h, LossForced)
+	}
+}
