@@ -557,3 +557,21 @@ func requireDialProbesEnd(t *testing.T) {
 		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "(*ConnPool).tryDial")
 	}, 3*time.Second, 10*time.Millisecond, "go-redis's dial probes end")
 }
+
+// lapsedAndForced takes two keys on r, an untrackedRegistry, before
+// anything reads them: the lease of "lapsed" has run out as the registry
+// counts it (unsignalled yet), and the note that "forced" was forced open
+// came.
+func lapsedAndForced(t *testing.T, r *Registry) (lapsed, forced *Hold) {
+	t.Helper()
+	ctx := context.Background()
+	lapsed, err := r.Obtain("lapsed").Acquire(ctx)
+	require.NoError(t, err)
+	forced, err = r.Obtain("forced").Acquire(ctx)
+	require.NoError(t, err)
+	lapsed.tenure.leaseEnd.Store(int64(instantOf(time.Now().Add(-time.Millisecond))))
+	forced.mu.Lock()
+	forced.forced = true
+	forced.mu.Unlock()
+	return lapsed, forced
+}

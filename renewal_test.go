@@ -29,19 +29,12 @@ func TestARenewalThatFindsTheKeyGoneNamesTheCauseWhateverTheServer(t *testing.T)
 	// Untracked (an ACL without CLIENT), once it said so: the registry's
 	// client renews, and no check of the refusal reads the keys.
 	r := untrackedRegistry(t, srv)
-	lapsed, err := r.Obtain("lapsed").Acquire(ctx)
-	require.NoError(t, err)
-	forced, err := r.Obtain("forced").Acquire(ctx)
-	require.NoError(t, err)
+	lapsed, forced := lapsedAndForced(t, r) // as the watchdog's round was under way
 	require.False(t, r.tracking.on.Load(), "untracked")
 	info, err := admin.Info(ctx, "server").Result()
 	require.NoError(t, err)
 	require.Equal(t, protocol.RenewsNatively(info), r.servers.native.Load(), "the registry knows what the server has")
 
-	lapsed.tenure.leaseEnd.Store(int64(instantOf(time.Now().Add(-time.Millisecond))))
-	forced.mu.Lock()
-	forced.forced = true // its note came, the watchdog's round was under way
-	forced.mu.Unlock()
 	require.NoError(t, admin.Del(ctx, lapsed.redisKey(), forced.redisKey()).Err())
 	r.renew(ctx, [][]*Hold{{lapsed}, {forced}})
 	requireCause(t, forced, LossForced)
@@ -94,15 +87,8 @@ func TestARenewalThatFindsAKeyOfAnotherTypeNamesTheCause(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
-	r := untrackedRegistry(t, srv)
-	lapsed, err := r.Obtain("lapsed").Acquire(ctx)
-	require.NoError(t, err)
-	forced, err := r.Obtain("forced").Acquire(ctx)
-	require.NoError(t, err)
-	lapsed.tenure.leaseEnd.Store(int64(instantOf(time.Now().Add(-time.Millisecond))))
-	forced.mu.Lock()
-	forced.forced = true // its note came, the watchdog's round was under way
-	forced.mu.Unlock()
+	lapsed, forced := lapsedAndForced(t, untrackedRegistry(t, srv)) // as the watchdog's round was under way
+	r := lapsed.lock.r
 	for _, h := range []*Hold{lapsed, forced} {
 		require.NoError(t, admin.Del(ctx, h.redisKey()).Err())
 		require.NoError(t, admin.HSet(ctx, h.redisKey(), "f", "v").Err())

@@ -514,14 +514,7 @@ func TestShutdownNamesALossThatCameBeforeIt(t *testing.T) {
 	r := untrackedRegistry(t, srv) // nothing reads the keys but the releases
 	told := make(chan LossEvent, 2)
 	r.AddHooks(Hooks{Lost: func(e LossEvent) { told <- e }})
-	lapsed, err := r.Obtain("lapsed").Acquire(ctx)
-	require.NoError(t, err)
-	forced, err := r.Obtain("forced").Acquire(ctx)
-	require.NoError(t, err)
-	lapsed.tenure.leaseEnd.Store(int64(instantOf(time.Now().Add(-time.Millisecond))))
-	forced.mu.Lock()
-	forced.forced = true // its note came; its check had not yet
-	forced.mu.Unlock()
+	lapsed, forced := lapsedAndForced(t, r) // the forced one's check had not come yet
 	require.NoError(t, admin.Del(ctx, forced.redisKey()).Err())
 
 	ended, cancel := context.WithCancel(ctx)

@@ -323,10 +323,16 @@ func TestATokenAnsweredAfterTheLeaseIsRefused(t *testing.T) {
 	held.Store(h)
 	// In Redis the key outlives the lease: the late draw finds it ours.
 	require.NoError(t, client.PExpire(ctx, h.redisKey(), time.Minute).Err())
-	_, err = h.Token(ctx)
-	require.ErrorIs(t, err, ErrLockLost)
-	requireCause(t, h, LossExpired)
+	requireTokenRefused(t, h, LossExpired)
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+}
+
+// requireTokenRefused requires h's Token to refuse it as lost for cause.
+func requireTokenRefused(t *testing.T, h *Hold, cause LossCause) {
+	t.Helper()
+	_, err := h.Token(context.Background())
+	require.ErrorIs(t, err, ErrLockLost)
+	requireCause(t, h, cause)
 }
 
 // TestATokenDrawNamesAForcedUnlockWhoseNoteCameFirst: a draw that finds
@@ -348,8 +354,6 @@ func TestATokenDrawNamesAForcedUnlockWhoseNoteCameFirst(t *testing.T) {
 		if key == "hash" {
 			require.NoError(t, admin.HSet(ctx, h.redisKey(), "f", "v").Err())
 		}
-		_, err = h.Token(ctx)
-		require.ErrorIs(t, err, ErrLockLost)
-		requireCause(t, h, LossForced)
+		requireTokenRefused(t, h, LossForced)
 	}
 }
