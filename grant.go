@@ -241,6 +241,8 @@ func (r *Registry) leave(key string) {
 //
 // A give-back that takes the key (it was the grant's still) takes it from
 // holder too, which is lost at once: another registry may take the key.
+// Either loss is named as a key found another's: by its lapse, or a
+// forced unlock, where that came first.
 //
 // The hold judged is holder, the one current as the grant landed, if any:
 // its release, which may have cleared the key's current hold meanwhile,
@@ -259,7 +261,7 @@ func (r *Registry) giveBack(ctx context.Context, key string, token int64, holder
 		// has it (its release waits for this give-back; a hand-off keeps
 		// the tenure), and another registry may take it now.
 		if holder != nil {
-			holder.endLease(LossOverwritten)
+			r.changedBehindItsBack(holder, LossOverwritten, false, false)
 		}
 		return
 	}
@@ -272,7 +274,7 @@ func (r *Registry) giveBack(ctx context.Context, key string, token int64, holder
 		h = local.hold.Load()
 	}
 	if h != nil && h.redisTaken.time().Before(received) && r.grantIsLast(ctx, l, token) {
-		h.endLease(LossOverwritten)
+		r.changedBehindItsBack(h, LossOverwritten, false, false)
 	}
 }
 

@@ -245,3 +245,26 @@ func TestAGrantWhoseGiveBackTrailsItsHoldsReleaseLosesTheHold(t *testing.T) {
 	requireSettledGiveBacks(t, r)
 	requireNoLocalState(t, r)
 }
+
+// TestAGrantBehindAHoldNamesWhatCameFirst: a grant that lands on a hold
+// whose lease had run out (unsignalled yet) brings back a key that lapsed
+// behind it, and one on a hold whose forced unlock's note came, a key an
+// operator forced open: the give-back names the holds' losses expired and
+// forced, as a renewal that found the key another's would.
+func TestAGrantBehindAHoldNamesWhatCameFirst(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	raw := srv.Client(t)
+	lapsed, forced := lapsedAndForced(t, untrackedRegistry(t, srv)) // nothing else tells
+	r := lapsed.lock.r
+	for i, h := range []*Hold{lapsed, forced} {
+		// The key as another owner's release granting it back left it.
+		token := int64(1_000_000 + i)
+		require.NoError(t, raw.Set(ctx, h.redisKey(), r.clientID, r.grants.lease).Err())
+		require.NoError(t, raw.Set(ctx, h.lock.keys().Fence(), strconv.FormatInt(token, 10), time.Minute).Err())
+		r.receiveGrant(h.Key(), token) // lands while h is current
+	}
+	requireSettledGiveBacks(t, r)
+	requireCause(t, lapsed, LossExpired)
+	requireCause(t, forced, LossForced)
+}
