@@ -175,7 +175,7 @@ type acquisition struct {
 	// script stored, and a draw from a stored token ahead of the clock
 	// would hand that out again. Attempts store it first (attempt).
 	handedOut int64
-	lastErr   atomic.Pointer[error] // the last Redis error, for the caller's error
+	lastErr   atomic.Pointer[error] // what the last attempt found, for the caller's error (failedWith)
 	retry     *time.Timer
 	wake      wakeup // local's wake (locallock.go), from begin on
 }

@@ -104,9 +104,14 @@ func (a *acquisition) attempt() (*Hold, error) {
 			// gives up, and removed by the attempt that takes the key.
 			a.mark = waitMark{sent: sent}
 		}
-	case a.wait: // another owner held it: obtain.lua marked this registry
-		a.mark = waitMark{sent: sent, token: found.LastToken}
-		a.l.r.publishSoon() // a long wait outlives the owner name's time to live
+	default:
+		// Redis answered: another owner holds the key, which is why it was
+		// not taken, not an earlier Redis error (see failedWith).
+		a.lastErr.Store(new(error))
+		if a.wait { // obtain.lua marked this registry
+			a.mark = waitMark{sent: sent, token: found.LastToken}
+			a.l.r.publishSoon() // a long wait outlives the owner name's time to live
+		}
 	}
 	if !a.wait {
 		return nil, a.abandon(errBusy)
@@ -188,13 +193,15 @@ var errKeyKept = errors.New("the key may be held until its lease ends")
 
 // failedWith records a Redis error of an attempt, logging it unless it
 // repeats the last one or ctx ended (it then says nothing new). An attempt
-// that ctx cut short keeps the error before it: the caller's error already
-// says that ctx ended, and what Redis last said (connection refused, an ACL
-// refusal) is what tells them why the lock was not obtained.
+// that ctx cut short keeps what the attempt before it found: the caller's
+// error already says that ctx ended, and what Redis last said (connection
+// refused, an ACL refusal, or that another owner held the key, which is no
+// Redis error) is what tells them why the lock was not obtained. A cut is
+// kept only where no attempt ended before it: Redis answered nothing.
 func (a *acquisition) failedWith(err error) {
 	prev := a.lastError()
 	if a.ctx.Err() != nil {
-		if prev == nil || !cutShort(err) {
+		if a.lastErr.Load() == nil || !cutShort(err) {
 			a.lastErr.Store(&err)
 		}
 		return

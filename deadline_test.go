@@ -308,6 +308,35 @@ func TestAnAttemptCutShortByCtxKeepsTheRedisErrorBeforeIt(t *testing.T) {
 	}
 }
 
+// An attempt cut short by ctx after an earlier one found the key held is
+// no Redis failure: Redis answered, and the key was another's. (Under
+// load, a waiter's last attempt is often in flight at its deadline.)
+func TestAnAttemptCutShortAfterTheKeyWasFoundHeldIsNoRedisError(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	holder := newRegistry(t, srv.Client(t)).Obtain("k")
+	holder.Lock()
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	r := newRegistry(t, client, WithRetryInterval(20*time.Millisecond))
+	lockCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var attempts atomic.Int32
+	r.AddHooks(Hooks{AcquireAttempt: func(context.Context, string) {
+		// The first attempt finds the key held; the second is cut short,
+		// as ctx ends when it starts.
+		if attempts.Add(1) == 2 {
+			cancel()
+		}
+	}})
+	err := r.Obtain("k").LockContext(lockCtx)
+	require.GreaterOrEqual(t, attempts.Load(), int32(2), "an attempt was cut short")
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, ErrRedis, "Redis answered: the key was held")
+	holder.Unlock()
+}
+
 func TestLockContextReturnsAtItsDeadlineWhileSubscribing(t *testing.T) {
 	// A waiter subscribes after its first failed attempt. If Redis hangs
 	// then, so does the subscription's call (go-redis reads the
