@@ -126,12 +126,13 @@ func (l *Lock) TryLock() bool {
 
 // LockContext waits until the calling goroutine holds the lock, retrying
 // Redis every retry interval, and returns nil; or, when ctx ends first, an
-// error matching both ErrNotObtained and ctx.Err() (joined with the last
-// Redis error, if any). It fails as Acquire does otherwise (ErrClosed,
-// ErrServerEvicts, a refusal matching ErrRedis); and, at once, with an
-// error matching both ErrNotObtained and ErrLockLost if the calling
-// goroutine holds the lock already but its hold is lost (as a nested Do
-// does).
+// error matching both ErrNotObtained and ctx.Err(), joined with the last
+// attempt's Redis error if it failed (an attempt that ctx cut short counts
+// only if no attempt ended before it). It fails as Acquire does otherwise
+// (ErrClosed, ErrServerEvicts, a refusal matching ErrRedis); and, at once,
+// with an error matching both ErrNotObtained and ErrLockLost if the
+// calling goroutine holds the lock already but its hold is lost (as a
+// nested Do does).
 //
 // It returns when ctx ends even while Redis hangs. For that, with a ctx
 // that can end, its Redis calls run in a goroutine of their own, which
