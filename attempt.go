@@ -107,7 +107,7 @@ func (a *acquisition) attempt() (*Hold, error) {
 	default:
 		// Redis answered: another owner holds the key, which is why it was
 		// not taken, not an earlier Redis error (see failedWith).
-		a.lastErr.Store(new(error))
+		a.lastErr.Store(&redisAnswered)
 		if a.wait { // obtain.lua marked this registry
 			a.mark = waitMark{sent: sent, token: found.LastToken}
 			a.l.r.publishSoon() // a long wait outlives the owner name's time to live
@@ -190,6 +190,11 @@ func (a *acquisition) settleDoubt(err error) {
 // give it back (obtainReplicated): the key may be this registry's, however
 // surely the error says that the failed call did not run.
 var errKeyKept = errors.New("the key may be held until its lease ends")
+
+// redisAnswered is what an attempt that found the key held leaves as the
+// last error: none, but an attempt ended (see failedWith). It stays nil;
+// storing its address allocates nothing on a contended attempt.
+var redisAnswered error
 
 // failedWith records a Redis error of an attempt, logging it unless it
 // repeats the last one or ctx ended (it then says nothing new). An attempt
