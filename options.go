@@ -214,7 +214,7 @@ func newConfig(client redis.UniversalClient, namespace string, opts []Option) (c
 		errs = append(errs, fmt.Errorf("%w: namespace %w", ErrInvalidOption, err))
 	}
 	if optionsValid && cfg.retryInterval >= cfg.expireAfter {
-		errs = append(errs, fmt.Errorf("%w: the retry interval (WithRetryInterval, %v) must be shorter than the lease (WithExpireAfter, %v)", ErrInvalidOption, cfg.retryInterval, cfg.expireAfter))
+		errs = append(errs, fmt.Errorf("%w: WithRetryInterval(%v): not below the lease (WithExpireAfter, %v)", ErrInvalidOption, cfg.retryInterval, cfg.expireAfter))
 	}
 	// The lease runs from obtain.lua's SET: an acquisition whose WAIT
 	// lasted as long would hand back a hold already lost.
