@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/lockreg/lockreg/internal/protocol"
 )
 
@@ -358,7 +360,7 @@ func (l *Lock) releaseRedis(ctx context.Context, o protocol.Release) (protocol.R
 	r := l.r
 	o.Full = r.contention.looksContended(l.key)
 	for {
-		cmd := l.runScript(ctx, r.peer.Release(l.keys(), l.key, o))
+		cmd := l.runRelease(ctx, r.peer.Release(l.keys(), l.key, o), o.HandedOut)
 		// Told once the call was made: a RedisCalls hook that panics then
 		// leaves the key released, not taken for a lease.
 		r.countCalls(OpRelease, 1)
@@ -372,4 +374,22 @@ func (l *Lock) releaseRedis(ctx context.Context, o protocol.Release) (protocol.R
 		r.contention.saw(l.key)
 		o.Full = true
 	}
+}
+
+// runRelease is runScript for a release c that stores handedOut, the last
+// token handed out locally, or 0. On the lock's key alone, as while its
+// slot migrates, c cannot reach the fence: one call on the fence alone,
+// which Redis serves wherever the move left it, raises it first, before
+// the key is freed, so that no draw after the move repeats those tokens.
+func (l *Lock) runRelease(ctx context.Context, c protocol.Call, handedOut int64) *redis.Cmd {
+	cmd := l.r.batcher.run(ctx, c)
+	if !protocol.SlotMigrating(cmd.Err()) {
+		return cmd
+	}
+	if handedOut != 0 {
+		if raised := l.r.batcher.run(ctx, l.r.peer.RaiseFence(l.keys(), handedOut)); raised.Err() != nil {
+			return raised // the key is kept, and the release fails
+		}
+	}
+	return l.r.batcher.run(ctx, c.OnLockKeyOnly())
 }

@@ -67,6 +67,8 @@ local handedOut, leaseMs, channel, key, giveBack, mark, markMs =
   tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 -- Called with the lock's key alone while its slot migrates between Redis
 -- Cluster nodes: it only deletes the key; waiters find it free by polling.
+-- It cannot reach the fence then: the registry raises it to handedOut
+-- first, with raisefence.lua on the fence alone.
 local migrating = #KEYS == 1
 -- A key that is not ours is left as it is, and only the fence is raised
 -- (below).

@@ -23,9 +23,12 @@ var (
 	renewLua string
 	//go:embed forceunlock.lua
 	forceUnlockLua string
+	//go:embed raisefence.lua
+	raiseFenceLua string
 
 	scripts = protocol.NewScripts(protocol.Sources{
 		DrawToken: drawTokenLua, MarkWaiting: markWaitingLua,
 		Obtain: obtainLua, Release: releaseLua, Token: tokenLua, Renew: renewLua, ForceUnlock: forceUnlockLua,
+		RaiseFence: raiseFenceLua,
 	})
 )

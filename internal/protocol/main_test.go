@@ -45,6 +45,7 @@ func loadScripts(t testing.TB) *Scripts {
 		DrawToken: read("drawtoken.lua"), MarkWaiting: read("markwaiting.lua"),
 		Obtain: read("obtain.lua"), Release: read("release.lua"), Token: read("token.lua"),
 		Renew: read("renew.lua"), ForceUnlock: read("forceunlock.lua"),
+		RaiseFence: read("raisefence.lua"),
 	})
 }
 

@@ -188,6 +188,15 @@ func (p *Peer) Release(k Keys, key string, o Release) Call {
 	return c
 }
 
+// RaiseFence is raisefence.lua, on the fence of k alone: it raises the
+// stored token to handedOut, the last token a hold handed out locally, if
+// it is behind. A release whose call on every key Redis refuses while the
+// key's slot migrates (SlotMigrating) makes it before its call on the lock
+// key alone (Call.OnLockKeyOnly), which cannot reach the fence.
+func (p *Peer) RaiseFence(k Keys, handedOut int64) Call {
+	return Call{Script: p.scripts.raiseFence, Keys: []string{k.Fence()}, Args: []any{handedOut, p.leaseArg}}
+}
+
 // Renew is renew.lua: it extends the lease of each of lockKeys (one slot's
 // on Redis Cluster) that is still this registry's. Read its reply with
 // ReadRenew.

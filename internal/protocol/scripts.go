@@ -9,13 +9,16 @@ type Sources struct {
 	// below call, put before them.
 	DrawToken, MarkWaiting                     string
 	Obtain, Release, Token, Renew, ForceUnlock string
+	// RaiseFence runs before a release on the lock's key alone, while
+	// the key's slot migrates, that must store a token handed out.
+	RaiseFence string
 }
 
 // Scripts are the protocol's scripts, each with the libraries it uses.
 // Run and RunPipeline send EVALSHA and fall back to EVAL on NOSCRIPT, so
 // a restarted Redis costs one extra round trip, once.
 type Scripts struct {
-	obtain, release, token, renew, forceUnlock *Script
+	obtain, release, token, renew, forceUnlock, raiseFence *Script
 }
 
 // NewScripts makes the scripts of src.
@@ -26,6 +29,7 @@ func NewScripts(src Sources) *Scripts {
 		token:       newScript(src.DrawToken + src.Token),
 		renew:       newScript(src.Renew),
 		forceUnlock: newScript(src.ForceUnlock),
+		raiseFence:  newScript(src.DrawToken + src.RaiseFence),
 	}
 }
 

@@ -343,6 +343,25 @@ func TestOnTheLockKeyAloneNoTokenIsDrawn(t *testing.T) {
 	require.Zero(t, e.fence(k))
 }
 
+// A release on the lock key alone cannot store the tokens its hold handed
+// out locally: RaiseFence does, on the fence alone, and never lowers it,
+// exactly beyond 2^53.
+func TestRaiseFenceRaisesOnlyAFenceBehind(t *testing.T) {
+	e := newEnv(t)
+	p, k := e.holder()
+	require.Equal(t, int64(1), e.run(p.RaiseFence(k, 1000)).Val(), "no fence")
+	require.Equal(t, int64(1000), e.fence(k))
+	require.Positive(t, e.pttl(k.Fence()))
+	require.Equal(t, int64(0), e.run(p.RaiseFence(k, 999)).Val())
+	require.Equal(t, int64(1000), e.fence(k), "never lowered")
+	require.NoError(t, e.client.Set(e.ctx, k.Fence(), "9007199254740993", time.Minute).Err())
+	require.Equal(t, int64(1), e.run(p.RaiseFence(k, 9007199254740994)).Val())
+	require.Equal(t, "9007199254740994", e.client.Get(e.ctx, k.Fence()).Val())
+	require.Equal(t, int64(0), e.run(p.RaiseFence(k, 9007199254740993)).Val(), "beyond 2^53")
+	require.Equal(t, "9007199254740994", e.client.Get(e.ctx, k.Fence()).Val())
+	require.Equal(t, p.ClientID(), e.owner(k), "the lock key is left alone")
+}
+
 // A restarted Redis has lost the scripts: a pipeline's script calls go
 // again by EVAL, which loads them.
 func TestRunPipelineRunsScriptsRedisDoesNotHaveYet(t *testing.T) {
