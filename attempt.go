@@ -296,7 +296,7 @@ func (l *Lock) setIfFree(ctx context.Context, queue bool) (held, wentOut bool, e
 // obtain runs obtain.lua once.
 func (l *Lock) obtain(ctx context.Context, wait, marked bool) (protocol.ObtainReply, error) {
 	l.r.countCalls(OpAcquire, 1)
-	found, err := protocol.ReadObtain(l.runScript(ctx, l.r.peer.Obtain(l.keys(), wait, marked)))
+	found, err := protocol.ReadObtain(l.runScript(ctx, l.r.peer.Obtain(l.keys(), wait, marked), nil))
 	if err != nil {
 		return protocol.ObtainReply{}, fmt.Errorf("%w: attempt: %w", ErrRedis, err)
 	}
@@ -335,13 +335,21 @@ func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (protoco
 // script whose keys are split between the nodes or partly missing, which
 // the waiting marker, the queue and the fence usually are; the script then
 // runs on the lock's key alone (see protocol.Call.OnLockKeyOnly), which
-// Redis always serves, so locks keep working during a migration.
-func (l *Lock) runScript(ctx context.Context, c protocol.Call) *redis.Cmd {
+// Redis always serves, so locks keep working during a migration. A call
+// on the lock's key alone cannot reach the fence: fence's call, if any,
+// is made first, on the fence alone, which Redis serves wherever the move
+// left it, and the call on the lock's key only once that succeeded.
+func (l *Lock) runScript(ctx context.Context, c protocol.Call, fence func() protocol.Call) *redis.Cmd {
 	cmd := l.r.batcher.run(ctx, c)
-	if protocol.SlotMigrating(cmd.Err()) {
-		cmd = l.r.batcher.run(ctx, c.OnLockKeyOnly())
+	if !protocol.SlotMigrating(cmd.Err()) {
+		return cmd
 	}
-	return cmd
+	if fence != nil {
+		if raised := l.r.batcher.run(ctx, fence()); raised.Err() != nil {
+			return raised // nothing was freed
+		}
+	}
+	return l.r.batcher.run(ctx, c.OnLockKeyOnly())
 }
 
 // mayHaveRun reports whether a failed call may have run its script after

@@ -74,7 +74,8 @@ func checkForceUnlock(ctx context.Context, key, call string) error {
 // is "".
 func (r *Registry) forceUnlock(ctx context.Context, key, only string) (bool, error) {
 	l := r.Obtain(key)
-	holder, held, err := protocol.ReadForceUnlock(l.runScript(ctx, r.peer.ForceUnlock(l.keys(), key, maxHandoffs, forcedFenceTTL, only)))
+	fence := func() protocol.Call { return r.peer.ForceUnlockFence(l.keys(), maxHandoffs, forcedFenceTTL) }
+	holder, held, err := protocol.ReadForceUnlock(l.runScript(ctx, r.peer.ForceUnlock(l.keys(), key, maxHandoffs, forcedFenceTTL, only), fence))
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("%w: force %q open: %w", ErrRedis, printedKey(key), err)

@@ -14,9 +14,15 @@ local channel, key, margin, fenceMs, forced, only =
 -- Returns the holder's client id, or false when nobody held the key, or
 -- only another holder than the one named.
 -- Called with the lock's key alone while its slot migrates between Redis
--- Cluster nodes: the fence then stays as it is, and tokens rest on the
--- clock alone, as every token drawn then does.
-local holder = redis.pcall('GET', lockKey)
+-- Cluster nodes, it cannot reach the fence: the registry first calls it
+-- with the fence alone and a seventh argument, '1': it raises the fence
+-- only (and returns 1), a one-key call Redis serves wherever the move left
+-- the fence, so that no draw after the move repeats a token the holder's
+-- registry handed out.
+if ARGV[7] == '1' then
+  lockKey, fenceKey = nil, KEYS[1]
+end
+local holder = lockKey and redis.pcall('GET', lockKey)
 if type(holder) == 'table' then
   -- A lock key of another type, made by hand, blocks the lock as a
   -- foreign value does, and inspectors show it held by '': it is forced
@@ -27,7 +33,7 @@ if type(holder) == 'table' then
   end
   holder = ''
 end
-if not holder or (only and only ~= '' and holder ~= only) then
+if lockKey and (not holder or (only and only ~= '' and holder ~= only)) then
   return false
 end
 if fenceKey then
@@ -60,6 +66,9 @@ if fenceKey then
     end
   end
   redis.call('SET', fenceKey, floor, 'PX', math.max(redis.call('PTTL', fenceKey), fenceMs))
+end
+if not lockKey then
+  return 1
 end
 -- 'f<client id>:<key>' tells the holder's registry, which then signals the
 -- hold lost: first on the holder's forced-unlock channel, where its

@@ -249,7 +249,7 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 	}
 	l := h.lock
 	l.r.countCalls(OpToken, 1)
-	token, err = protocol.ReadToken(l.runScript(ctx, l.r.peer.DrawToken(l.keys())))
+	token, err = protocol.ReadToken(l.runScript(ctx, l.r.peer.DrawToken(l.keys()), nil))
 	if gone := err == nil && token == 0; gone || protocol.WrongType(err) {
 		// The key is gone, or of another type (the owner check met it), no
 		// registry's: the hold is lost, named as a renewal names it (its

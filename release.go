@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/lockreg/lockreg/internal/protocol"
 )
 
@@ -360,7 +358,12 @@ func (l *Lock) releaseRedis(ctx context.Context, o protocol.Release) (protocol.R
 	r := l.r
 	o.Full = r.contention.looksContended(l.key)
 	for {
-		cmd := l.runRelease(ctx, r.peer.Release(l.keys(), l.key, o), o.HandedOut)
+		var fence func() protocol.Call
+		if o.HandedOut != 0 {
+			// The tokens handed out must be stored before the key is freed.
+			fence = func() protocol.Call { return r.peer.RaiseFence(l.keys(), o.HandedOut) }
+		}
+		cmd := l.runScript(ctx, r.peer.Release(l.keys(), l.key, o), fence)
 		// Told once the call was made: a RedisCalls hook that panics then
 		// leaves the key released, not taken for a lease.
 		r.countCalls(OpRelease, 1)
@@ -374,22 +377,4 @@ func (l *Lock) releaseRedis(ctx context.Context, o protocol.Release) (protocol.R
 		r.contention.saw(l.key)
 		o.Full = true
 	}
-}
-
-// runRelease is runScript for a release c that stores handedOut, the last
-// token handed out locally, or 0. On the lock's key alone, as while its
-// slot migrates, c cannot reach the fence: one call on the fence alone,
-// which Redis serves wherever the move left it, raises it first, before
-// the key is freed, so that no draw after the move repeats those tokens.
-func (l *Lock) runRelease(ctx context.Context, c protocol.Call, handedOut int64) *redis.Cmd {
-	cmd := l.r.batcher.run(ctx, c)
-	if !protocol.SlotMigrating(cmd.Err()) {
-		return cmd
-	}
-	if handedOut != 0 {
-		if raised := l.r.batcher.run(ctx, l.r.peer.RaiseFence(l.keys(), handedOut)); raised.Err() != nil {
-			return raised // the key is kept, and the release fails
-		}
-	}
-	return l.r.batcher.run(ctx, c.OnLockKeyOnly())
 }

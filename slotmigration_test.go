@@ -74,3 +74,33 @@ func TestAReleaseDuringASlotMigrationStoresTheTokensHandedOut(t *testing.T) {
 	require.Greater(t, mustHoldToken(t, next), handedOut, "a token handed out is drawn again")
 	require.NoError(t, next.Release(ctx))
 }
+
+// A forced unlock while the key's slot migrates runs on the lock's key
+// alone: it must still raise the fence past the tokens the holder's
+// registry handed out locally before it frees the key, or the next hold,
+// after the move, draws one of them again while the forced holder, not
+// yet told, may still use it.
+func TestAForcedUnlockDuringASlotMigrationRaisesTheFence(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	client := clusterClient(t, addrs)
+	r := newRegistry(t, client)
+	operator := newRegistry(t, client)
+	lock := r.Obtain("migrating")
+	aheadOfTheClock(t, client, lock)
+	h, _, handedOut := handOffOnce(t, lock)
+	m := redistest.BeginSlotMigration(t, addrs, protocol.Slot(h.redisKey()))
+	_, moved := m.MoveKey(t) // the lock or its fence moved: a split slot
+	require.True(t, moved)
+	found, err := operator.ForceUnlock(ctx, "migrating")
+	require.NoError(t, err)
+	require.True(t, found)
+	m.Finish(t)
+	next, err := operator.Obtain("migrating").Acquire(ctx)
+	require.NoError(t, err)
+	require.Greater(t, mustHoldToken(t, next), handedOut, "a token handed out is drawn again")
+	require.NoError(t, next.Release(ctx))
+	requireFires(t, h.Lost(), 5*time.Second, "the holder heard")
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+}

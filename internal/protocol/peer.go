@@ -252,6 +252,15 @@ func (p *Peer) ForceUnlock(k Keys, key string, margin int64, fenceTTL time.Durat
 	return Call{Script: p.scripts.forceUnlock, Keys: k.lockAndFence(), Args: []any{ReleaseChannel(p.namespace), key, margin, fenceTTL.Milliseconds(), p.namespace + forcedInfix, only}}
 }
 
+// ForceUnlockFence is forceunlock.lua on the fence of k alone: it raises
+// the fence as ForceUnlock does, and frees nothing. A forced unlock whose
+// call on every key Redis refuses while the key's slot migrates
+// (SlotMigrating) makes it before its call on the lock key alone
+// (Call.OnLockKeyOnly), which cannot reach the fence.
+func (p *Peer) ForceUnlockFence(k Keys, margin int64, fenceTTL time.Duration) Call {
+	return Call{Script: p.scripts.forceUnlock, Keys: []string{k.Fence()}, Args: []any{"", "", margin, fenceTTL.Milliseconds(), "", "", "1"}}
+}
+
 // RefreshOwner are the calls that write the registry's owner hash and set
 // its time to live.
 func (p *Peer) RefreshOwner() []*Call {

@@ -362,6 +362,18 @@ func TestRaiseFenceRaisesOnlyAFenceBehind(t *testing.T) {
 	require.Equal(t, p.ClientID(), e.owner(k), "the lock key is left alone")
 }
 
+// ForceUnlockFence raises the fence as a forced unlock does, past the
+// clock and the last token, and touches nothing else.
+func TestForceUnlockFenceRaisesTheFenceOnly(t *testing.T) {
+	e := newEnv(t)
+	p, k := e.holder()
+	last := e.drawToken(p, k)
+	require.Equal(t, int64(1), e.run(p.ForceUnlockFence(k, 1000, 2*time.Second)).Val())
+	require.GreaterOrEqual(t, e.fence(k), last+1000)
+	require.GreaterOrEqual(t, e.fence(k), e.serverMicros())
+	require.Equal(t, p.ClientID(), e.owner(k), "the lock key is left alone")
+}
+
 // A restarted Redis has lost the scripts: a pipeline's script calls go
 // again by EVAL, which loads them.
 func TestRunPipelineRunsScriptsRedisDoesNotHaveYet(t *testing.T) {
