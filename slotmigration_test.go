@@ -25,11 +25,30 @@ func aheadOfTheClock(t *testing.T, client redis.UniversalClient, lock *Lock) int
 	return ahead
 }
 
+// splits are the ways a test splits a slot while it migrates: nothing
+// moved yet (the marker and the queue, which do not exist, split it
+// already), the lock key moved, or its fence.
+var splits = []string{"nothing", "lock", "fence"}
+
+// beginSplit marks lock's slot migrating and moves the key split names.
+func beginSplit(t *testing.T, addrs []string, lock *Lock, split string) *redistest.SlotMigration {
+	t.Helper()
+	m := redistest.BeginSlotMigration(t, addrs, protocol.Slot(lock.keys().Lock()))
+	switch split {
+	case "lock":
+		m.MoveThisKey(t, lock.keys().Lock())
+	case "fence":
+		m.MoveThisKey(t, lock.keys().Fence())
+	}
+	return m
+}
+
 // handOffOnce takes lock, draws its token and hands the hold off locally
 // to a second acquisition, which it returns with both tokens.
 func handOffOnce(t *testing.T, lock *Lock) (*Hold, int64, int64) {
 	t.Helper()
 	ctx := context.Background()
+	handoffs := lock.r.Stats().LocalHandoffs
 	first, err := lock.Acquire(ctx)
 	require.NoError(t, err)
 	token := mustHoldToken(t, first)
@@ -45,7 +64,7 @@ func handOffOnce(t *testing.T, lock *Lock) (*Hold, int64, int64) {
 	}, 5*time.Second, time.Millisecond)
 	require.NoError(t, first.Release(ctx))
 	second := <-next
-	require.Equal(t, int64(1), lock.r.Stats().LocalHandoffs)
+	require.Equal(t, handoffs+1, lock.r.Stats().LocalHandoffs, "a local hand-off")
 	return second, token, mustHoldToken(t, second)
 }
 
@@ -59,20 +78,20 @@ func TestAReleaseDuringASlotMigrationStoresTheTokensHandedOut(t *testing.T) {
 	addrs := redistest.StartCluster(t, 3)
 	client := clusterClient(t, addrs)
 	r := newRegistry(t, client)
-	lock := r.Obtain("migrating")
-	aheadOfTheClock(t, client, lock)
-	h, first, handedOut := handOffOnce(t, lock)
-	require.Equal(t, first+1, handedOut)
-	m := redistest.BeginSlotMigration(t, addrs, protocol.Slot(h.redisKey()))
-	_, moved := m.MoveKey(t) // the lock or its fence moved: a split slot
-	require.True(t, moved)
-	require.NoError(t, h.Release(ctx))
-	m.Finish(t)
-	other := newRegistry(t, client).Obtain("migrating")
-	next, err := other.Acquire(ctx)
-	require.NoError(t, err)
-	require.Greater(t, mustHoldToken(t, next), handedOut, "a token handed out is drawn again")
-	require.NoError(t, next.Release(ctx))
+	for _, split := range splits {
+		lock := r.Obtain("migrating-" + split)
+		aheadOfTheClock(t, client, lock)
+		h, first, handedOut := handOffOnce(t, lock)
+		require.Equal(t, first+1, handedOut)
+		m := beginSplit(t, addrs, lock, split)
+		require.NoError(t, h.Release(ctx), split)
+		m.Finish(t)
+		other := newRegistry(t, client).Obtain(lock.Key())
+		next, err := other.Acquire(ctx)
+		require.NoError(t, err)
+		require.Greater(t, mustHoldToken(t, next), handedOut, "%s moved: a token handed out is drawn again", split)
+		require.NoError(t, next.Release(ctx))
+	}
 }
 
 // A forced unlock while the key's slot migrates runs on the lock's key
@@ -87,20 +106,20 @@ func TestAForcedUnlockDuringASlotMigrationRaisesTheFence(t *testing.T) {
 	client := clusterClient(t, addrs)
 	r := newRegistry(t, client)
 	operator := newRegistry(t, client)
-	lock := r.Obtain("migrating")
-	aheadOfTheClock(t, client, lock)
-	h, _, handedOut := handOffOnce(t, lock)
-	m := redistest.BeginSlotMigration(t, addrs, protocol.Slot(h.redisKey()))
-	_, moved := m.MoveKey(t) // the lock or its fence moved: a split slot
-	require.True(t, moved)
-	found, err := operator.ForceUnlock(ctx, "migrating")
-	require.NoError(t, err)
-	require.True(t, found)
-	m.Finish(t)
-	next, err := operator.Obtain("migrating").Acquire(ctx)
-	require.NoError(t, err)
-	require.Greater(t, mustHoldToken(t, next), handedOut, "a token handed out is drawn again")
-	require.NoError(t, next.Release(ctx))
-	requireFires(t, h.Lost(), 5*time.Second, "the holder heard")
-	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+	for _, split := range splits {
+		lock := r.Obtain("migrating-" + split)
+		aheadOfTheClock(t, client, lock)
+		h, _, handedOut := handOffOnce(t, lock)
+		m := beginSplit(t, addrs, lock, split)
+		found, err := operator.ForceUnlock(ctx, lock.Key())
+		require.NoError(t, err)
+		require.True(t, found, split)
+		m.Finish(t)
+		next, err := operator.Obtain(lock.Key()).Acquire(ctx)
+		require.NoError(t, err)
+		require.Greater(t, mustHoldToken(t, next), handedOut, "%s moved: a token handed out is drawn again", split)
+		require.NoError(t, next.Release(ctx))
+		requireFires(t, h.Lost(), 5*time.Second, "the holder heard")
+		require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+	}
 }

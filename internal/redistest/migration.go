@@ -96,12 +96,25 @@ func (m *SlotMigration) Move() (string, bool, error) {
 	if len(keys) == 0 {
 		return "", false, nil
 	}
+	return keys[0], true, m.migrate(keys[0])
+}
+
+// MoveThisKey migrates key, of the slot, to the target: a test that must
+// split the slot a given way moves the key it names.
+func (m *SlotMigration) MoveThisKey(tb testing.TB, key string) {
+	tb.Helper()
+	if err := m.migrate(key); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func (m *SlotMigration) migrate(key string) error {
 	host, port, _ := net.SplitHostPort(m.To)
 	// A key that expired since it was listed gets NOKEY, not an error.
-	if err := m.client(m.From).Migrate(ctx, host, port, keys[0], 0, 5*time.Second).Err(); err != nil {
-		return "", false, fmt.Errorf("redistest: MIGRATE %q from %s to %s: %w", keys[0], m.From, m.To, err)
+	if err := m.client(m.From).Migrate(context.Background(), host, port, key, 0, 5*time.Second).Err(); err != nil {
+		return fmt.Errorf("redistest: MIGRATE %q from %s to %s: %w", key, m.From, m.To, err)
 	}
-	return keys[0], true, nil
+	return nil
 }
 
 // Finish migrates the keys left and assigns the slot to the target on
