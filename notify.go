@@ -33,6 +33,9 @@ type notifications struct {
 	// refusalTold says that a refusal was logged as a warning: it lasts
 	// (an ACL, a proxy), and each later try would say it again.
 	refusalTold atomic.Bool
+	// noteRefusalTold says the same of a release's note to the waiters,
+	// which Redis refused (PUBLISH; see releaseRedis).
+	noteRefusalTold atomic.Bool
 }
 
 // subscribe opens the registry's one subscription, to the release

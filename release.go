@@ -371,6 +371,12 @@ func (l *Lock) releaseRedis(ctx context.Context, o protocol.Release) (protocol.R
 		if err != nil {
 			return protocol.ReleaseReply{}, fmt.Errorf("%w: release %q: %w", ErrRedis, printedKey(l.key), err)
 		}
+		if found.NoteRefused != "" && r.notes.noteRefusalTold.CompareAndSwap(false, true) {
+			// The key was deleted or granted all the same: the waiters,
+			// not told, take it when they poll.
+			r.cfg.logger.Warn("lockreg: PUBLISH refused; waiters are not told of releases, and take keys when they poll",
+				"key", printedKey(l.key), "error", found.NoteRefused)
+		}
 		if found.Outcome != protocol.NeedsArguments {
 			return found, nil
 		}

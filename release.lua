@@ -65,6 +65,24 @@ local fenceKey, markerKey, queueKey = KEYS[2], KEYS[3], KEYS[4]
 -- as waiting, as that goroutine's failed attempt would have.
 local handedOut, leaseMs, channel, key, giveBack, mark, markMs =
   tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+-- A note refused (an ACL without PUBLISH, or without the namespace's
+-- channels) comes after the key was deleted or granted, which a script
+-- does not undo: the release is done, and its reply says so, with the
+-- refusal beside it, {reply, error}. The waiters, not told, take the key
+-- when they poll (obtain.lua takes a key granted to its registry).
+local refused
+local function publish(to, note)
+  local sent = redis.pcall('PUBLISH', to, note)
+  if type(sent) == 'table' and sent.err then
+    refused = sent.err
+  end
+end
+local function answer(reply)
+  if refused then
+    return {reply, refused}
+  end
+  return reply
+end
 -- Called with the lock's key alone while its slot migrates between Redis
 -- Cluster nodes: it only deletes the key; waiters find it free by polling.
 -- It cannot reach the fence then: the registry raises it to handedOut
@@ -118,17 +136,17 @@ if ours and channel ~= '' then
       redis.call('SET', lockKey, grantee, 'PX', grantMs)
       -- The handed-out token as its text, exact beyond 2^53 (drawtoken.lua).
       local token, tokenText = drawToken(fenceKey, now, leaseMs, ARGV[2])
-      redis.call('PUBLISH', channel .. ':' .. grantee, 'g' .. tokenText .. ':' .. grantee .. ':' .. key)
+      publish(channel .. ':' .. grantee, 'g' .. tokenText .. ':' .. grantee .. ':' .. key)
       if mark then
         -- It cannot fail here: ZPOPMIN and ZSCORE above found the queue
         -- and the marker sorted sets (or none).
         markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark)
         if token >= exactBelow then
-          return '-' .. tokenText -- exact, where a number would round
+          return answer('-' .. tokenText) -- exact, where a number would round
         end
-        return -token
+        return answer(-token)
       end
-      return 3
+      return answer(3)
     end
     -- A mark that takes no grants has had its turn: a wake-up for all,
     -- in which it races the others. It goes to the back of the queue, so
@@ -184,6 +202,6 @@ if not waiter then
   return 1
 end
 if channel ~= '' then
-  redis.call('PUBLISH', channel, 'w' .. key)
+  publish(channel, 'w' .. key)
 end
-return 2
+return answer(2)

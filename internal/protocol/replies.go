@@ -80,10 +80,27 @@ type ReleaseReply struct {
 	// registry as waiting (Release.MarkNext), is the grant's token: the
 	// mark's last token, as a failed attempt's would be.
 	MarkToken int64
+	// NoteRefused is Redis's refusal of the note to the waiters (PUBLISH,
+	// forbidden by an ACL), which came once the key was deleted or
+	// granted: the release is done, but the waiters were not told.
+	NoteRefused string
 }
 
 // ReadRelease reads release.lua's reply.
 func ReadRelease(cmd *redis.Cmd) (ReleaseReply, error) {
+	if both, ok := cmd.Val().([]any); ok && cmd.Err() == nil {
+		// {reply, the PUBLISH's refusal}
+		if len(both) != 2 {
+			return ReleaseReply{}, fmt.Errorf("release.lua answered %v", both)
+		}
+		refusal, isText := both[1].(string)
+		if !isText {
+			return ReleaseReply{}, fmt.Errorf("release.lua answered %v", both)
+		}
+		found, err := ReadRelease(redis.NewCmdResult(both[0], nil))
+		found.NoteRefused = refusal
+		return found, err
+	}
 	n, err := cmd.Int64()
 	switch {
 	case err != nil:

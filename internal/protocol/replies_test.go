@@ -88,6 +88,16 @@ func TestReadRelease(t *testing.T) {
 		{name: "no token's opposite", cmd: reply(int64(math.MinInt64), nil), wantErr: true},
 		{name: "no token's opposite, as text", cmd: reply("-9223372036854775808", nil), wantErr: true},
 		{name: "a real error", cmd: reply(nil, errConn), wantErr: true},
+		// A note to the waiters that Redis refused, once the key was
+		// released: the release is done, and says so.
+		{name: "woken, the note refused", cmd: reply([]any{int64(2), "NOPERM x"}, nil),
+			want: ReleaseReply{Outcome: DeletedWaited, NoteRefused: "NOPERM x"}},
+		{name: "granted and marked, the note refused", cmd: reply([]any{"-7", "NOPERM x"}, nil),
+			want: ReleaseReply{Outcome: Granted, MarkToken: 7, NoteRefused: "NOPERM x"}},
+		{name: "an unknown outcome, the note refused", cmd: reply([]any{int64(9), "NOPERM x"}, nil), wantErr: true},
+		{name: "a refusal that is no text", cmd: reply([]any{int64(2), int64(1)}, nil), wantErr: true},
+		{name: "no refusal", cmd: reply([]any{int64(2)}, nil), wantErr: true},
+		{name: "an empty array", cmd: reply([]any{}, nil), wantErr: true},
 	})
 }
 

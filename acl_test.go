@@ -1,0 +1,75 @@
+package lockreg
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/protocol"
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// TestAReleaseWhosePublishIsRefusedReleases: an ACL that refuses PUBLISH
+// (or the namespace's channels) lets release.lua free or grant the key,
+// and then refuses its note to the waiters; a script is not rolled back.
+// The key was released: the release must say so, not fail as if it might
+// have been left held, and the waiter, told nothing, takes it when it
+// polls. The refusal is the operator's to fix, and is warned of once.
+func TestAReleaseWhosePublishIsRefusedReleases(t *testing.T) {
+	t.Parallel()
+	for name, waiterOpts := range map[string][]Option{
+		"a grant":   nil,                 // the waiter takes grants
+		"a wake-up": {WithPubSub(false)}, // it marks without grants: the release wakes all
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.Start(t)
+			admin := srv.Client(t)
+			logs := &syncBuffer{}
+			holder := newRegistry(t, aclClient(t, srv, "+@all", "-publish"),
+				WithLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+			waiter := newRegistry(t, admin, append([]Option{WithRetryInterval(100 * time.Millisecond)}, waiterOpts...)...)
+			for i := range 2 {
+				h, err := holder.Obtain("k").Acquire(ctx)
+				require.NoError(t, err)
+				taken := lockInBackground(ctx, waiter.Obtain("k"))
+				waitUntilWaitingSeenBy(t, waiter, admin)
+				require.NoError(t, h.Release(ctx), "round %d: the key was released", i)
+				requireOpen(t, h.Lost(), "a released hold is not lost")
+				require.ErrorIs(t, h.Release(ctx), ErrNotHeld)
+				select {
+				case _, ok := <-taken:
+					require.True(t, ok, "the waiter took the key")
+				case <-time.After(5 * time.Second):
+					t.Fatal("the waiter never took the released key")
+				}
+			}
+			require.NoError(t, holder.Do(ctx, "k", func(context.Context) error { return nil }), "the holder locks again")
+			require.Equal(t, 1, strings.Count(logs.String(), "PUBLISH refused"), logs.String())
+		})
+	}
+}
+
+// A release that grants the key and marks its own registry as waiting
+// (for a goroutine behind it) answers the token of its mark, refused note
+// or not: the mark was set.
+func TestAGrantThatMarksWhosePublishIsRefusedAnswersItsMark(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	r := newRegistry(t, aclClient(t, srv, "+@all", "-publish"))
+	lock := r.Obtain("k")
+	putMarks(t, admin, lock, waitingMark{"first:1000", time.Now().Add(-time.Second), time.Now().Add(time.Minute)})
+	require.NoError(t, admin.Set(ctx, lock.keys().Lock(), r.clientID, time.Minute).Err())
+	found, err := lock.releaseRedis(ctx, protocol.Release{MarkNext: true})
+	require.NoError(t, err, "the key was granted")
+	require.Equal(t, protocol.Granted, found.Outcome)
+	require.Positive(t, found.MarkToken, "and the registry marked")
+	require.NotEmpty(t, found.NoteRefused, "but the grantee was not told")
+	require.Equal(t, "first", admin.Get(ctx, lock.keys().Lock()).Val())
+	require.NoError(t, admin.ZScore(ctx, lock.keys().Marker(), markOf(r)).Err(), "the registry's mark is set")
+}
