@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/protocol"
@@ -72,4 +73,24 @@ func TestAGrantThatMarksWhosePublishIsRefusedAnswersItsMark(t *testing.T) {
 	require.NotEmpty(t, found.NoteRefused, "but the grantee was not told")
 	require.Equal(t, "first", admin.Get(ctx, lock.keys().Lock()).Val())
 	require.NoError(t, admin.ZScore(ctx, lock.keys().Marker(), markOf(r)).Err(), "the registry's mark is set")
+}
+
+// A grant that is to mark its own registry as waiting, under an ACL
+// without ZADD, grants the key but cannot mark: its reply must not say
+// that it did, or the goroutine behind the release would wait for a
+// grant that no release will make, as if its registry were queued.
+func TestAGrantThatCannotMarkSaysSo(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	r := newRegistry(t, aclClient(t, srv, "+@all", "-zadd"))
+	lock := r.Obtain("k")
+	putMarks(t, admin, lock, waitingMark{"first:1000", time.Now().Add(-time.Second), time.Now().Add(time.Minute)})
+	require.NoError(t, admin.Set(ctx, lock.keys().Lock(), r.clientID, time.Minute).Err())
+	found, err := lock.releaseRedis(ctx, protocol.Release{MarkNext: true})
+	require.NoError(t, err, "the key was granted")
+	require.Equal(t, protocol.Granted, found.Outcome)
+	require.Equal(t, "first", admin.Get(ctx, lock.keys().Lock()).Val())
+	require.ErrorIs(t, admin.ZScore(ctx, lock.keys().Marker(), markOf(r)).Err(), redis.Nil, "no mark was set")
+	require.Zero(t, found.MarkToken, "and the reply says none was")
 }

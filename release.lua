@@ -138,9 +138,13 @@ if ours and channel ~= '' then
       local token, tokenText = drawToken(fenceKey, now, leaseMs, ARGV[2])
       publish(channel .. ':' .. grantee, 'g' .. tokenText .. ':' .. grantee .. ':' .. key)
       if mark then
-        -- It cannot fail here: ZPOPMIN and ZSCORE above found the queue
-        -- and the marker sorted sets (or none).
-        markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark)
+        -- ZPOPMIN and ZSCORE above found the queue and the marker sorted
+        -- sets (or none): only an ACL without ZADD fails it here. The key
+        -- is granted all the same, and the reply says that this registry
+        -- is not marked: its goroutine must attempt for itself.
+        if markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark) then
+          return answer(3)
+        end
         if token >= exactBelow then
           return answer('-' .. tokenText) -- exact, where a number would round
         end
