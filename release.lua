@@ -69,20 +69,9 @@ local handedOut, leaseMs, channel, key, giveBack, mark, markMs =
 -- channels) comes after the key was deleted or granted, which a script
 -- does not undo: the release is done, and its reply says so, with the
 -- refusal beside it, {reply, error}. The waiters, not told, take the key
--- when they poll (obtain.lua takes a key granted to its registry).
-local refused
-local function publish(to, note)
-  local sent = redis.pcall('PUBLISH', to, note)
-  if type(sent) == 'table' and sent.err then
-    refused = sent.err
-  end
-end
-local function answer(reply)
-  if refused then
-    return {reply, refused}
-  end
-  return reply
-end
+-- when they poll (obtain.lua takes a key granted to its registry). It is
+-- written out at both notes: a helper function would be made anew on
+-- every call, which would cost every grant.
 -- Called with the lock's key alone while its slot migrates between Redis
 -- Cluster nodes: it only deletes the key; waiters find it free by polling.
 -- It cannot reach the fence then: the registry raises it to handedOut
@@ -136,21 +125,22 @@ if ours and channel ~= '' then
       redis.call('SET', lockKey, grantee, 'PX', grantMs)
       -- The handed-out token as its text, exact beyond 2^53 (drawtoken.lua).
       local token, tokenText = drawToken(fenceKey, now, leaseMs, ARGV[2])
-      publish(channel .. ':' .. grantee, 'g' .. tokenText .. ':' .. grantee .. ':' .. key)
-      if mark then
-        -- ZPOPMIN and ZSCORE above found the queue and the marker sorted
-        -- sets (or none): only an ACL without ZADD fails it here. The key
-        -- is granted all the same, and the reply says that this registry
-        -- is not marked: its goroutine must attempt for itself.
-        if markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark) then
-          return answer(3)
-        end
+      local sent = redis.pcall('PUBLISH', channel .. ':' .. grantee, 'g' .. tokenText .. ':' .. grantee .. ':' .. key)
+      local reply = 3
+      -- ZPOPMIN and ZSCORE above found the queue and the marker sorted
+      -- sets (or none): only an ACL without ZADD fails markWaiting here.
+      -- The key is granted all the same, and the reply says that this
+      -- registry is not marked: its goroutine must attempt for itself.
+      if mark and not markWaiting(markerKey, queueKey, nowMs, tonumber(markMs), mark) then
+        reply = -token
         if token >= exactBelow then
-          return answer('-' .. tokenText) -- exact, where a number would round
+          reply = '-' .. tokenText -- exact, where a number would round
         end
-        return answer(-token)
       end
-      return answer(3)
+      if type(sent) == 'table' then
+        return {reply, sent.err}
+      end
+      return reply
     end
     -- A mark that takes no grants has had its turn: a wake-up for all,
     -- in which it races the others. It goes to the back of the queue, so
@@ -205,7 +195,8 @@ end
 if not waiter then
   return 1
 end
-if channel ~= '' then
-  publish(channel, 'w' .. key)
+local sent = channel ~= '' and redis.pcall('PUBLISH', channel, 'w' .. key)
+if type(sent) == 'table' then
+  return {2, sent.err}
 end
-return answer(2)
+return 2

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redis/go-redis/v9"
@@ -55,7 +56,7 @@ func handOffOnce(t *testing.T, lock *Lock) (*Hold, int64, int64) {
 	next := make(chan *Hold, 1)
 	go func() {
 		h, err := lock.Acquire(ctx)
-		require.NoError(t, err)
+		assert.NoError(t, err)
 		next <- h
 	}()
 	require.Eventually(t, func() bool {
@@ -64,6 +65,7 @@ func handOffOnce(t *testing.T, lock *Lock) (*Hold, int64, int64) {
 	}, 5*time.Second, time.Millisecond)
 	require.NoError(t, first.Release(ctx))
 	second := <-next
+	require.NotNil(t, second, "the second acquisition")
 	require.Equal(t, handoffs+1, lock.r.Stats().LocalHandoffs, "a local hand-off")
 	return second, token, mustHoldToken(t, second)
 }
