@@ -55,24 +55,32 @@ func TestAReleaseWhosePublishIsRefusedReleases(t *testing.T) {
 	}
 }
 
+// grantMarking has a registry under an ACL of acl release its held key
+// "k" with MarkNext, while the registry "first" waits: the key is granted
+// to first. It returns the release's reply, an admin client and the lock.
+func grantMarking(t *testing.T, acl ...string) (protocol.ReleaseReply, *redis.Client, *Lock) {
+	t.Helper()
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	lock := newRegistry(t, aclClient(t, srv, acl...)).Obtain("k")
+	putMarks(t, admin, lock, waitingMark{"first:1000", time.Now().Add(-time.Second), time.Now().Add(time.Minute)})
+	require.NoError(t, admin.Set(ctx, lock.keys().Lock(), lock.r.clientID, time.Minute).Err())
+	found, err := lock.releaseRedis(ctx, protocol.Release{MarkNext: true})
+	require.NoError(t, err, "the key was granted")
+	require.Equal(t, protocol.Granted, found.Outcome)
+	require.Equal(t, "first", admin.Get(ctx, lock.keys().Lock()).Val())
+	return found, admin, lock
+}
+
 // A release that grants the key and marks its own registry as waiting
 // (for a goroutine behind it) answers the token of its mark, refused note
 // or not: the mark was set.
 func TestAGrantThatMarksWhosePublishIsRefusedAnswersItsMark(t *testing.T) {
-	ctx := context.Background()
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
-	r := newRegistry(t, aclClient(t, srv, "+@all", "-publish"))
-	lock := r.Obtain("k")
-	putMarks(t, admin, lock, waitingMark{"first:1000", time.Now().Add(-time.Second), time.Now().Add(time.Minute)})
-	require.NoError(t, admin.Set(ctx, lock.keys().Lock(), r.clientID, time.Minute).Err())
-	found, err := lock.releaseRedis(ctx, protocol.Release{MarkNext: true})
-	require.NoError(t, err, "the key was granted")
-	require.Equal(t, protocol.Granted, found.Outcome)
-	require.Positive(t, found.MarkToken, "and the registry marked")
+	found, admin, lock := grantMarking(t, "+@all", "-publish")
+	require.Positive(t, found.MarkToken, "the registry marked")
 	require.NotEmpty(t, found.NoteRefused, "but the grantee was not told")
-	require.Equal(t, "first", admin.Get(ctx, lock.keys().Lock()).Val())
-	require.NoError(t, admin.ZScore(ctx, lock.keys().Marker(), markOf(r)).Err(), "the registry's mark is set")
+	require.NoError(t, admin.ZScore(context.Background(), lock.keys().Marker(), markOf(lock.r)).Err(), "the registry's mark is set")
 }
 
 // A grant that is to mark its own registry as waiting, under an ACL
@@ -80,17 +88,7 @@ func TestAGrantThatMarksWhosePublishIsRefusedAnswersItsMark(t *testing.T) {
 // that it did, or the goroutine behind the release would wait for a
 // grant that no release will make, as if its registry were queued.
 func TestAGrantThatCannotMarkSaysSo(t *testing.T) {
-	ctx := context.Background()
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
-	r := newRegistry(t, aclClient(t, srv, "+@all", "-zadd"))
-	lock := r.Obtain("k")
-	putMarks(t, admin, lock, waitingMark{"first:1000", time.Now().Add(-time.Second), time.Now().Add(time.Minute)})
-	require.NoError(t, admin.Set(ctx, lock.keys().Lock(), r.clientID, time.Minute).Err())
-	found, err := lock.releaseRedis(ctx, protocol.Release{MarkNext: true})
-	require.NoError(t, err, "the key was granted")
-	require.Equal(t, protocol.Granted, found.Outcome)
-	require.Equal(t, "first", admin.Get(ctx, lock.keys().Lock()).Val())
-	require.ErrorIs(t, admin.ZScore(ctx, lock.keys().Marker(), markOf(r)).Err(), redis.Nil, "no mark was set")
+	found, admin, lock := grantMarking(t, "+@all", "-zadd")
+	require.ErrorIs(t, admin.ZScore(context.Background(), lock.keys().Marker(), markOf(lock.r)).Err(), redis.Nil, "no mark was set")
 	require.Zero(t, found.MarkToken, "and the reply says none was")
 }
