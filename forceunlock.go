@@ -3,6 +3,7 @@ package lockreg
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/lockreg/lockreg/internal/protocol"
@@ -75,7 +76,9 @@ func checkForceUnlock(ctx context.Context, key, call string) error {
 func (r *Registry) forceUnlock(ctx context.Context, key, only string) (bool, error) {
 	l := r.Obtain(key)
 	fence := func() protocol.Call { return r.peer.ForceUnlockFence(l.keys(), maxHandoffs, forcedFenceTTL) }
+	r.forcing.begin(key)
 	holder, held, err := protocol.ReadForceUnlock(l.runScript(ctx, r.peer.ForceUnlock(l.keys(), key, maxHandoffs, forcedFenceTTL, only), fence))
+	r.forcing.end(key)
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("%w: force %q open: %w", ErrRedis, printedKey(key), err)
@@ -84,7 +87,9 @@ func (r *Registry) forceUnlock(ctx context.Context, key, only string) (bool, err
 	}
 	if holder == r.clientID {
 		// Its own hold: no need to wait for Redis to tell it (with pub/sub
-		// and tracking off, nothing would before the lease ran out).
+		// and tracking off, nothing would before the lease ran out). This
+		// comes after the reply; a loss found before it was named by
+		// r.forcing.
 		r.receiveForced(key)
 	}
 	owners, _ := protocol.ReadOwners(ctx, r.client, r.namespace, []string{holder}) // the warning goes out all the same
@@ -110,4 +115,39 @@ func (r *Registry) receiveForced(key string) {
 	h.forced = true
 	h.mu.Unlock()
 	r.verify(h, LossForced)
+}
+
+// ownForces counts, per key, the registry's own forced unlocks in flight.
+// Its tracker can find a key it holds gone before such a call's reply
+// comes back: the DEL's invalidation, or the arming read of a hold just
+// taken, races the reply, and with pub/sub off no note of the forced
+// unlock comes first. A key found gone meanwhile is taken to be forced
+// open by the call (changedBehindItsBack); a deletion by anything else in
+// the same round trip would be named forced too.
+type ownForces struct {
+	mu   sync.Mutex
+	keys map[string]int
+}
+
+func (f *ownForces) begin(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.keys == nil {
+		f.keys = make(map[string]int)
+	}
+	f.keys[key]++
+}
+
+func (f *ownForces) end(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.keys[key]--; f.keys[key] == 0 {
+		delete(f.keys, key)
+	}
+}
+
+func (f *ownForces) inFlight(key string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.keys[key] > 0
 }

@@ -437,3 +437,63 @@ func TestForceUnlockOfItsOwnHoldTellsTheHolderAtOnce(t *testing.T) {
 	require.ErrorContains(t, h.Err(), LossForced.explain())
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 }
+
+// TestForceUnlockOfItsOwnHoldNamesItselfBeforeTrackingCan: a registry's
+// forced unlock of its own hold races the reads of its key (its tracker's,
+// on the DEL's invalidation or to arm a hold just taken; a renewal's),
+// which can find the key gone before the forcing call's reply comes back;
+// with pub/sub off, no note of the forced unlock need reach the registry
+// first (its tracker's target may not have subscribed yet). The hold must
+// still be lost as forced. The registry here has neither tracking nor
+// pub/sub, so only the read, made while the reply is held up, can tell it.
+func TestForceUnlockOfItsOwnHoldNamesItselfBeforeTrackingCan(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	var forceHash atomic.Value
+	forceHash.Store("")
+	ran, gate := make(chan struct{}), make(chan struct{})
+	late := func(c redis.Cmder) {
+		if args := c.Args(); len(args) > 1 && args[0] == "evalsha" && args[1] == forceHash.Load() {
+			close(ran)
+			<-gate // the reply is late: the key is read first
+		}
+	}
+	client := aclClient(t, srv, "+@all", "-client") // no tracking
+	client.AddHook(redistest.Hook{
+		Process: func(next redis.ProcessHook) redis.ProcessHook {
+			return func(ctx context.Context, c redis.Cmder) error {
+				err := next(ctx, c)
+				late(c)
+				return err
+			}
+		},
+		ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+			return func(ctx context.Context, cmds []redis.Cmder) error {
+				err := next(ctx, cmds)
+				for _, c := range cmds {
+					late(c)
+				}
+				return err
+			}
+		},
+	})
+	r := newRegistry(t, client, WithPubSub(false))
+	lock := r.Obtain("k")
+	_, err := r.ForceUnlock(ctx, "warm-up") // loads the script: the next call is an EVALSHA
+	require.NoError(t, err)
+	forceHash.Store(r.peer.ForceUnlock(lock.keys(), "k", 0, 0, "").Script.Hash())
+	h, err := lock.Acquire(ctx)
+	require.NoError(t, err)
+	forced := make(chan bool)
+	go func() {
+		found, err := r.ForceUnlock(ctx, "k")
+		assert.NoError(t, err)
+		forced <- found
+	}()
+	<-ran
+	r.verify(h, LossDeleted) // as the tracker's read of the key does
+	requireFires(t, h.Lost(), 5*time.Second, "the holder heard")
+	close(gate)
+	require.True(t, <-forced)
+	require.ErrorContains(t, h.Err(), LossForced.explain())
+}

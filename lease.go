@@ -203,6 +203,8 @@ func (r *Registry) changedBehindItsBack(h *Hold, cause LossCause, gone, evicted 
 	case h.leaseOver():
 		cause = r.lapseCause(h)
 	case cause == LossRestart || cause == LossFlushed || cause == LossForced:
+	case gone && r.forcing.inFlight(h.lock.key):
+		cause = LossForced // found before the reply of this registry's own ForceUnlock
 	case !gone:
 		cause = LossOverwritten
 	case evicted:

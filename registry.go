@@ -33,6 +33,7 @@ type Registry struct {
 	servers            serverCheck   // whether the servers may evict lock keys (servers.go)
 	hooks              hookList      // what AddHooks added (hooks.go)
 	owner              ownerRecord   // the name inspectors see (owner.go)
+	forcing            ownForces     // its own forced unlocks in flight (forceunlock.go)
 }
 
 // New creates a registry whose locks live in Redis under namespace. The
