@@ -44,6 +44,11 @@ func beginSplit(t *testing.T, addrs []string, lock *Lock, split string) *rediste
 	return m
 }
 
+// handOffUnhurried lets a hold be handed off locally however long the
+// tenure has lasted: handOffOnce's hand-off must not depend on how soon a
+// loaded machine gets through the tenure's first hold.
+var handOffUnhurried = WithLocalHandoff(16, time.Hour)
+
 // handOffOnce takes lock, draws its token and hands the hold off locally
 // to a second acquisition, which it returns with both tokens.
 func handOffOnce(t *testing.T, lock *Lock) (*Hold, int64, int64) {
@@ -79,7 +84,7 @@ func TestAReleaseDuringASlotMigrationStoresTheTokensHandedOut(t *testing.T) {
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
 	client := clusterClient(t, addrs)
-	r := newRegistry(t, client)
+	r := newRegistry(t, client, handOffUnhurried)
 	for _, split := range splits {
 		lock := r.Obtain("migrating-" + split)
 		aheadOfTheClock(t, client, lock)
@@ -106,7 +111,7 @@ func TestAForcedUnlockDuringASlotMigrationRaisesTheFence(t *testing.T) {
 	ctx := context.Background()
 	addrs := redistest.StartCluster(t, 3)
 	client := clusterClient(t, addrs)
-	r := newRegistry(t, client)
+	r := newRegistry(t, client, handOffUnhurried)
 	operator := newRegistry(t, client)
 	for _, split := range splits {
 		lock := r.Obtain("migrating-" + split)
