@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
-
-	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // One acquisition, end to end. It takes the key's local mutex (locallock.go),
@@ -233,7 +231,7 @@ func (a *acquisition) begin() error {
 			err = l.r.contention.yield(a.ctx, l.r.life.closing, l.key, a.wait)
 		}
 		if err != nil {
-			l.unlockLocal(a.local)
+			a.letGo(false)
 			return l.notAcquired(a.ctx, err, nil)
 		}
 	}
@@ -354,8 +352,7 @@ func (a *acquisition) pause() error {
 }
 
 // abandon ends the acquisition without the key, for the reason stop: it
-// withdraws its mark and unlocks the local mutex, first releasing the key
-// (in the background) if the last call or a grant may have taken it.
+// withdraws its mark and lets go of the local mutex (letGo).
 func (a *acquisition) abandon(stop error) error {
 	l := a.l
 	// A grant that came meanwhile left the key to this registry.
@@ -363,24 +360,21 @@ func (a *acquisition) abandon(stop error) error {
 	if a.mark.isSet() {
 		l.withdrawMark()
 	}
-	if !(a.mayHoldKey || granted) || !l.r.goBackground(func(ctx context.Context) { l.releaseThenUnlockLocal(ctx, a.local) }) {
-		l.unlockLocal(a.local)
-	}
+	a.letGo(granted)
 	return l.notAcquired(a.ctx, stop, a.lastError())
 }
 
-// releaseThenUnlockLocal unlocks the local mutex of an acquisition that
-// may have taken the key in Redis after all, once it released the key
-// there (owner-checked): unlocking first would let the next local owner
-// take the key (it carries the same client id) and then lose it to this
-// release.
-func (l *Lock) releaseThenUnlockLocal(ctx context.Context, local *localLock) {
-	ctx, cancel := context.WithTimeout(ctx, l.r.cfg.expireAfter)
-	defer cancel()
-	if _, err := l.releaseRedisAside(ctx, protocol.Release{}); err != nil {
-		l.r.cfg.logger.Debug("lockreg: could not release the key of an abandoned attempt; it expires after the lease", "key", printedKey(l.key), "error", err)
+// letGo unlocks the local mutex of an acquisition that ends without the
+// key, first releasing the key (in the background) if the last call or a
+// grant may have taken it, or if a local hand-off it discarded left a
+// token that no script stored: that token was handed out, and a later
+// draw from a stored token ahead of the clock would hand it out again.
+func (a *acquisition) letGo(granted bool) {
+	l, handedOut := a.l, a.handedOut
+	if !(a.mayHoldKey || granted || handedOut != 0) ||
+		!l.r.goBackground(func(ctx context.Context) { l.releaseThenUnlockLocal(ctx, a.local, handedOut) }) {
+		l.unlockLocal(a.local)
 	}
-	l.unlockLocal(local)
 }
 
 // notAcquired turns the reason an acquisition stopped into its error: a

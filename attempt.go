@@ -44,7 +44,7 @@ func (a *acquisition) attemptsAside() (*Hold, error) {
 				a.mayHoldKey = true
 				_ = a.abandon(a.ctx.Err())
 			case h != nil:
-				l.releaseThenUnlockLocal(stop, a.local)
+				l.releaseThenUnlockLocal(stop, a.local, 0) // the attempt stored any token first
 			case err == nil:
 				_ = a.abandon(a.ctx.Err())
 			}
@@ -63,6 +63,21 @@ func (a *acquisition) attemptsAside() (*Hold, error) {
 		close(left)
 		return nil, l.notAcquired(a.ctx, a.ctx.Err(), a.lastError())
 	}
+}
+
+// releaseThenUnlockLocal unlocks the local mutex of an acquisition that
+// may have taken the key in Redis after all, once it released the key
+// there (owner-checked), storing handedOut, if set, first (see
+// acquisition.handedOut): unlocking first would let the next local owner
+// take the key (it carries the same client id) and then lose it to this
+// release.
+func (l *Lock) releaseThenUnlockLocal(ctx context.Context, local *localLock, handedOut int64) {
+	ctx, cancel := context.WithTimeout(ctx, l.r.cfg.expireAfter)
+	defer cancel()
+	if _, err := l.releaseRedisAside(ctx, protocol.Release{HandedOut: handedOut}); err != nil {
+		l.r.cfg.logger.Debug("lockreg: could not release the key of an abandoned attempt; it expires after the lease", "key", printedKey(l.key), "error", err)
+	}
+	l.unlockLocal(local)
 }
 
 // attemptsCaught is attemptsHere for attemptsAside's goroutine, where a

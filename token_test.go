@@ -295,6 +295,57 @@ func TestATokenOfAHandOffDiscardedForALossIsNotDrawnAgain(t *testing.T) {
 	require.NoError(t, taken.Release(ctx))
 }
 
+// A waiter that discards a local hand-off a loss struck (its token was
+// handed out locally, and no script stored it) and then gives up, its ctx
+// ending before its first attempt, must still store that token: else a
+// later draw, from a stored token ahead of the clock, hands out the
+// hand-off's token again.
+func TestATokenOfADiscardedHandOffIsStoredWhenItsWaiterGivesUp(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour))
+	other := newRegistry(t, client)
+	lock, h, handedOff := aHandOffWithAToken(t, client, r)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	gaveUp := make(chan error, 1)
+	go func() {
+		got, err := lock.Acquire(wctx)
+		if err == nil {
+			_ = got.Release(ctx)
+		}
+		gaveUp <- err
+	}()
+	require.Eventually(t, func() bool { return waitersOf(r, "fence") == 1 }, 5*time.Second, time.Millisecond)
+
+	// A call on the key's state still pending holds the waiter's first
+	// attempt back (awaitPending), until its ctx ends.
+	finish := r.startPending("fence")
+	defer finish()
+	h.local.mu.Lock()
+	released := make(chan error, 1)
+	go func() { released <- h.Release(ctx) }()
+	require.Eventually(t, func() bool { return goroutinesRunning("lockreg.(*Registry).nextLocalHold(") == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, client.Del(ctx, h.redisKey()).Err()) // behind the hold's back
+	require.Eventually(t, func() bool { return h.tenure.loss() != lossNone }, 5*time.Second, time.Millisecond, "tracking struck the tenure")
+	h.local.mu.Unlock()
+	require.ErrorIs(t, <-released, ErrLockLost)
+	require.Eventually(t, func() bool { return goroutinesRunning("lockreg.(*Lock).awaitPending(") == 1 }, 5*time.Second, time.Millisecond)
+	cancel()
+	err := <-gaveUp
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.Canceled)
+	finish()
+	// What the waiter leaves to do, it does before the key's local state
+	// goes, as a release of a key its attempt took would.
+	requireNoLocalState(t, r)
+
+	later, err := other.Obtain("fence").Acquire(ctx)
+	require.NoError(t, err)
+	require.Greater(t, mustHoldToken(t, later), handedOff, "a later hold's token exceeds every earlier one")
+	require.NoError(t, later.Release(ctx))
+}
+
 // TestATokenAnsweredAfterTheLeaseIsRefused: a draw whose reply came after
 // the hold's lease ran out found the key the registry's, but the key may
 // have lapsed and come back to it meanwhile (a grant), which the owner
