@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"strconv"
 	"strings"
@@ -238,4 +239,27 @@ func TestANestedCallRunsNothingUnderAHoldReleasedEarly(t *testing.T) {
 	})
 	require.False(t, ran, "a nested call ran with the key released")
 	requireNoLocalState(t, r)
+}
+
+// A nested Do or DoAll whose context ended, cancelled with a cause of the
+// caller's, matches ErrNotObtained and the context's error, as an
+// acquisition's does; and the cause.
+func TestANestedCallWhoseContextEndedMatchesItsError(t *testing.T) {
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	cause := errors.New("the request went away")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	err := r.Do(ctx, "k", func(ctx context.Context) error {
+		cancel(cause)
+		nested := r.Do(ctx, "k", func(context.Context) error { return nil })
+		require.ErrorIs(t, nested, ErrNotObtained)
+		require.ErrorIs(t, nested, context.Canceled)
+		require.ErrorIs(t, nested, cause)
+		all := r.DoAll(ctx, []string{"k"}, func(context.Context) error { return nil })
+		require.ErrorIs(t, all, ErrNotObtained)
+		require.ErrorIs(t, all, context.Canceled)
+		require.NotErrorIs(t, all, ErrLockLost, "the outer hold was not lost")
+		return nil
+	})
+	require.NoError(t, err)
 }

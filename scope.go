@@ -137,7 +137,13 @@ func runNested(ctx context.Context, scopes []*scope, fn func(ctx context.Context
 	if ctx.Err() != nil {
 		// The outer hold was lost, or the caller stopped waiting: fn would run
 		// unprotected, or for nobody.
-		return true, errors.Join(fmt.Errorf("%w: the outer call's context ended", ErrNotObtained), context.Cause(ctx))
+		// Its error matches ctx's, as an acquisition's does, and its cause
+		// (the outer hold's loss, or the caller's own), which may differ.
+		err := fmt.Errorf("%w: the outer call's context ended: %w", ErrNotObtained, ctx.Err())
+		if cause := context.Cause(ctx); cause != ctx.Err() {
+			err = errors.Join(err, cause)
+		}
+		return true, err
 	}
 	return true, withOuterLoss(ctx, fn(ctx))
 }
