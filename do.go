@@ -20,7 +20,8 @@ import (
 // panic it panics again. It returns fn's error joined with ErrLockLost if
 // the hold was lost while fn ran (even if fn returned nil), and with the
 // release's error, if any: errors.Is tells "not obtained" from "lost while
-// working".
+// working". A hold fn released itself (through HoldFor) is not released
+// again: Do waits for that release, and reports the loss it found.
 //
 // Do is reentrant through its context: a Do or DoAll of this registry
 // whose ctx is fn's context, or derived from it, on any goroutine, runs at
@@ -252,11 +253,29 @@ func (r *Registry) releaseAll(ctx context.Context, holds []*Hold) error {
 		}
 	}()
 	for ; i >= 0; i-- {
-		if err := holds[i].Release(ctx); err != nil {
+		if err := releaseOwn(ctx, holds[i]); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// releaseOwn releases h, a hold of a Do or DoAll. One that fn released
+// first (through HoldFor) is not released again: what counts is how that
+// release ended, once it is done (ctx bounding the wait), a loss or
+// nothing. ErrNotHeld would say that Do's release failed, and hide the
+// loss that fn's release reported and fn may have dropped.
+func releaseOwn(ctx context.Context, h *Hold) error {
+	if !h.wasReleased() {
+		if err := h.Release(ctx); !errors.Is(err, ErrNotHeld) {
+			return err
+		}
+	}
+	select {
+	case <-h.Done():
+	case <-ctx.Done():
+	}
+	return h.lossError()
 }
 
 // joinNew joins to err the errors of more that err does not carry already

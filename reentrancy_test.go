@@ -263,3 +263,28 @@ func TestANestedCallWhoseContextEndedMatchesItsError(t *testing.T) {
 	})
 	require.NoError(t, err)
 }
+
+// A Do whose fn released its hold early (HoldFor(ctx, key).Release) reports
+// how that hold ended, as it would had it released the hold itself: nil,
+// not ErrNotHeld for its own release; ErrLockLost if the hold was lost
+// while fn ran, even though fn returned nil.
+func TestADoWhoseFnReleasedItsHoldEarlyReportsHowItEnded(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	err := r.Do(ctx, "k", func(ctx context.Context) error {
+		return r.HoldFor(ctx, "k").Release(ctx)
+	})
+	require.NoError(t, err, "the early release was the hold's release")
+
+	err = r.Do(ctx, "k", func(ctx context.Context) error {
+		h := r.HoldFor(ctx, "k")
+		require.NoError(t, client.Del(ctx, h.redisKey()).Err()) // behind the hold's back
+		requireFires(t, h.Lost(), 5*time.Second, "tracking found the key gone")
+		_ = h.Release(context.WithoutCancel(ctx)) // fn ignores what it says
+		return nil
+	})
+	require.ErrorIs(t, err, ErrLockLost, "lost while fn ran")
+	require.NotErrorIs(t, err, ErrNotHeld)
+	requireNoLocalState(t, r)
+}
