@@ -339,6 +339,8 @@ func (r *Registry) checkHoldsOnce(ctx context.Context, holds []*Hold, cause Loss
 	if r.countCallsAside(OpCheck, calls) == nil {
 		protocol.RunPipeline(ctx, r.client, calls)
 	}
+	evicted, settle := r.evictionsOf(ctx)
+	defer settle(holds)
 	logged := false
 	for i, h := range holds {
 		owner, err := r.peer.ReadOwner(calls[i])
@@ -348,7 +350,8 @@ func (r *Registry) checkHoldsOnce(ctx context.Context, holds []*Hold, cause Loss
 			r.cfg.logger.Debug("lockreg: could not check the held keys; the renewal will", "error", err)
 		case err != nil:
 		case owner != protocol.Ours:
-			r.changedBehindItsBack(h, cause, owner == protocol.Gone, false)
+			gone := owner == protocol.Gone
+			r.changedBehindItsBack(h, cause, gone, gone && evicted(h.redisKey()))
 		}
 		h.tenure.settle(confirming[i], err == nil && owner == protocol.Ours)
 		if err != nil && len(confirming[i]) > 0 {

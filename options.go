@@ -184,8 +184,9 @@ func WithOwner(name string) Option {
 // evict them (maxmemory with a maxmemory-policy other than noeviction),
 // which it otherwise refuses with ErrServerEvicts. It logs one warning
 // naming the policy, and a holder whose key is evicted learns of it at
-// once, through Lost and Do's context (LossEvicted); its critical section
-// may still have overlapped another's by then.
+// once (without tracking, at its next renewal), through Lost and Do's
+// context (LossEvicted); its critical section may still have overlapped
+// another's by then.
 func WithEvictionAllowed() Option {
 	return func(c *config) { c.evictionAllowed = true }
 }

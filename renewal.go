@@ -190,6 +190,8 @@ func (r *Registry) renewByScript(ctx context.Context, batches [][]*Hold, refresh
 		calls[i] = &c
 	}
 	sent := r.sendRenewals(ctx, calls, refresh)
+	evicted, settle := r.evictionsOf(ctx)
+	defer settle(slices.Concat(batches...))
 	var oneByOne [][]*Hold
 	for i, batch := range batches {
 		// A key of another type fails the whole call: its batch goes key
@@ -205,7 +207,7 @@ func (r *Registry) renewByScript(ctx context.Context, batches [][]*Hold, refresh
 			// a forced unlock first.
 			r.changedBehindItsBack(batch[0], LossDeleted, false, false)
 		default:
-			r.applyRenewal(ctx, batch, calls[i].Cmd, sent, nil)
+			r.applyRenewal(ctx, batch, calls[i].Cmd, sent, func() bool { return evicted(batch[0].redisKey()) })
 		}
 	}
 	r.renewByScript(ctx, oneByOne)
@@ -254,7 +256,7 @@ func (r *Registry) applyRenewal(ctx context.Context, batch []*Hold, cmd *redis.C
 			state = found[i]
 		}
 		if state == protocol.Ours {
-			r.extended(h, true, sent, leaseEnd)
+			r.extended(h, true, false, sent, leaseEnd)
 			continue
 		}
 		gone := state == protocol.Gone
@@ -263,8 +265,8 @@ func (r *Registry) applyRenewal(ctx context.Context, batch []*Hold, cmd *redis.C
 }
 
 // extended applies a renewal of h, sent at sent, that renewed its key or
-// found it gone or taken.
-func (r *Registry) extended(h *Hold, renewed bool, sent time.Time, leaseEnd int64) {
+// found it gone or taken; evicted says that its server evicted keys since.
+func (r *Registry) extended(h *Hold, renewed, evicted bool, sent time.Time, leaseEnd int64) {
 	// The hold was picked while its lease lived, but the process may have
 	// stood still before sending (a stop, a long pause). Once a lease has
 	// run out, the key may have passed through other owners and come back,
@@ -274,7 +276,7 @@ func (r *Registry) extended(h *Hold, renewed bool, sent time.Time, leaseEnd int6
 	case !renewed:
 		// Gone, or another's (SET ... IFEQ tells them not apart): named as
 		// renew.lua's reply would be, its lapse or a forced unlock first.
-		r.changedBehindItsBack(h, LossDeleted, true, false)
+		r.changedBehindItsBack(h, LossDeleted, true, evicted)
 	case !h.extendLease(sent, leaseEnd):
 		h.endLease(r.lapseCause(h))
 	}
@@ -294,6 +296,8 @@ func (r *Registry) renewNatively(ctx context.Context, holds []*Hold, refresh []*
 		calls[i] = &c
 	}
 	sent := r.sendRenewals(ctx, calls, refresh)
+	evicted, settle := r.evictionsOf(ctx)
+	defer settle(holds)
 	leaseEnd := int64(instantOf(sent.Add(r.cfg.expireAfter)))
 	for i, h := range holds {
 		renewed, err := protocol.ReadRenewOne(calls[i].Cmd)
@@ -308,7 +312,7 @@ func (r *Registry) renewNatively(ctx context.Context, holds []*Hold, refresh []*
 		case err != nil:
 			r.renewalFailed(ctx, h, err)
 		default:
-			r.extended(h, renewed, sent, leaseEnd)
+			r.extended(h, renewed, !renewed && evicted(h.redisKey()), sent, leaseEnd)
 		}
 	}
 	return true

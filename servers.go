@@ -235,3 +235,48 @@ func (r *Registry) evictedSince(ctx context.Context, addr string, node redis.Cmd
 	r.servers.evicted[addr] = n
 	return seen && n > last
 }
+
+// evictionsOf is, for one round of calls on the registry's client (which
+// no tracker reads for), whether the server of a key evicted keys since
+// the last look: read once a server, and, through settle, for every
+// server of the round, so that a key found gone later is put down to
+// eviction only for one since this round, as a tracker's batch does.
+func (r *Registry) evictionsOf(ctx context.Context) (evicted func(redisKey string) bool, settle func(holds []*Hold)) {
+	seen := make(map[string]bool) // by server
+	evicted = func(redisKey string) bool {
+		if !r.servers.evicts.Load() {
+			return false
+		}
+		addr, node := r.primaryOf(ctx, redisKey)
+		if node == nil {
+			return false
+		}
+		if v, ok := seen[addr]; ok {
+			return v
+		}
+		seen[addr] = r.evictedSince(ctx, addr, node)
+		return seen[addr]
+	}
+	settle = func(holds []*Hold) {
+		for _, h := range holds {
+			evicted(h.redisKey())
+		}
+	}
+	return evicted, settle
+}
+
+// primaryOf is the primary that serves redisKey, named as forEachPrimary
+// names it, or nil if the Cluster cannot say.
+func (r *Registry) primaryOf(ctx context.Context, redisKey string) (string, redis.Cmdable) {
+	switch c := r.client.(type) {
+	case *redis.ClusterClient:
+		node, err := c.MasterForKey(ctx, redisKey)
+		if err != nil {
+			return "", nil
+		}
+		return node.Options().Addr, node
+	case *redis.Client:
+		return c.Options().Addr, c
+	}
+	return "Redis", r.client
+}

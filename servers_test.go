@@ -159,3 +159,26 @@ func TestAnEvictingPrimaryIsRefusedBesideOneThatHidesItsPolicy(t *testing.T) {
 	require.ErrorIs(t, err, ErrServerEvicts)
 	require.ErrorContains(t, err, addrs[1])
 }
+
+// Without tracking (a redis.Ring, which the registry cannot clone), a
+// registry allowed an evicting server finds an evicted key at its next
+// renewal: that loss names the eviction too, as a tracker's read would.
+func TestAnUntrackedHolderNamesAnEviction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := evictingServer(t)
+	client := srv.Client(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": srv.Addr()}})
+	t.Cleanup(func() { _ = ring.Close() })
+	const lease = 600 * time.Millisecond
+	r := newRegistry(t, ring, WithEvictionAllowed(), WithExpireAfter(lease))
+	h, err := r.Obtain("evicted").Acquire(ctx)
+	require.NoError(t, err)
+	value := strings.Repeat("x", 64<<10)
+	for i := 0; client.Exists(ctx, h.redisKey()).Val() == 1; i++ {
+		require.Less(t, i, 10000, "the server never evicted the lock key")
+		require.NoError(t, client.Set(ctx, "filler-"+strconv.Itoa(i), value, 0).Err())
+	}
+	requireFires(t, h.Lost(), lease/3+blindLimit, "the renewal finds the key gone")
+	requireCause(t, h, LossEvicted)
+}
