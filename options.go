@@ -103,8 +103,10 @@ func WithRenewal(on bool) Option {
 
 // WithMaxHold stops renewing a hold d after it was taken, so a forgotten
 // unlock cannot keep a key alive for ever: the lease then runs out and the
-// holder is told through Lost. Default: no limit. It needs renewal on, and
-// d must be positive.
+// holder is told through Lost. A hold past it is not handed off locally
+// (WithLocalHandoff): the next holder takes the key in Redis, with a lease
+// of its own. Default: no limit. It needs renewal on, and d must be
+// positive.
 func WithMaxHold(d time.Duration) Option {
 	return func(c *config) {
 		if d <= 0 {

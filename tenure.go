@@ -289,13 +289,16 @@ func (h *Hold) handedOut(token int64) int64 {
 // next local waiter, or nil when h must go back to Redis: hand-offs are
 // off, h may be lost or its lease over, nobody waits, or the run of
 // hand-offs reached its bound, after which other registries get their
-// turn. If h has a token, the next hold's
+// turn; or h was held past WithMaxHold, whose renewal stopped: the next
+// hold would inherit a lease the watchdog may not renew before it ends.
+// If h has a token, the next hold's
 // is one more: no other registry can draw a token meanwhile, as the key
 // stays held, and the release stores the last one handed out. Otherwise
 // the next hold draws its own if asked.
 func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 	if r.cfg.handoffMax == 0 || h.handoffs >= r.cfg.handoffMax || h.isLost() || h.leaseOver() ||
-		h.redisTaken.since() >= r.cfg.handoffFor || local.unchecked.Load() > 0 || !local.waited() {
+		h.redisTaken.since() >= r.cfg.handoffFor || local.unchecked.Load() > 0 || !local.waited() ||
+		r.cfg.maxHold > 0 && h.taken.since() >= r.cfg.maxHold {
 		return nil
 	}
 	next := &Hold{
