@@ -156,7 +156,9 @@ func WithPubSub(on bool) Option {
 // that other registries get their turn. The unlock that hands off returns
 // once a read of the key after the hand-off confirmed it was still held,
 // about a round trip (with tracking or without); the next holder does not
-// wait for it. Default 16 and 10ms; n = 0 turns
+// wait for it. With WithRenewal(false), nothing renews the lease handed
+// on: d is at most two thirds of the lease then, so that a third of it is
+// left at least. Default 16 and 10ms; n = 0 turns
 // hand-offs off, and d must be positive when n is not. n is at most 1,000:
 // ForceUnlock keeps fencing tokens rising past those handed off locally by
 // that bound.

@@ -289,8 +289,7 @@ func (h *Hold) handedOut(token int64) int64 {
 // next local waiter, or nil when h must go back to Redis: hand-offs are
 // off, h may be lost or its lease over, nobody waits, or the run of
 // hand-offs reached its bound, after which other registries get their
-// turn; or h was held past WithMaxHold, whose renewal stopped: the next
-// hold would inherit a lease the watchdog may not renew before it ends.
+// turn; or nothing renews h's lease and it is running out (passesOnLapse).
 // If h has a token, the next hold's
 // is one more: no other registry can draw a token meanwhile, as the key
 // stays held, and the release stores the last one handed out. Otherwise
@@ -298,7 +297,7 @@ func (h *Hold) handedOut(token int64) int64 {
 func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 	if r.cfg.handoffMax == 0 || h.handoffs >= r.cfg.handoffMax || h.isLost() || h.leaseOver() ||
 		h.redisTaken.since() >= r.cfg.handoffFor || local.unchecked.Load() > 0 || !local.waited() ||
-		r.cfg.maxHold > 0 && h.taken.since() >= r.cfg.maxHold {
+		r.passesOnLapse(h) {
 		return nil
 	}
 	next := &Hold{
@@ -315,4 +314,20 @@ func (r *Registry) nextLocalHold(h *Hold, token int64, local *localLock) *Hold {
 		next.token = token + 1
 	}
 	return next
+}
+
+// passesOnLapse reports whether a hand-off of h would pass on a lease
+// that nothing renews any more, running out: h was held past WithMaxHold,
+// whose renewal stopped, and the next hold would inherit a lease the
+// watchdog may not renew before it ends; or renewal is off and the key
+// was taken in Redis two thirds of a lease ago, so that less than a third
+// of it is left, and the next hold would be lost soon after it began (the
+// release that handed it off could wait for a read in vain). A granted
+// key's short lease counts from the grant, as the grant's extension
+// (extendLater) makes it a full one.
+func (r *Registry) passesOnLapse(h *Hold) bool {
+	if r.cfg.maxHold > 0 && h.taken.since() >= r.cfg.maxHold {
+		return true
+	}
+	return !r.cfg.renewal && h.redisTaken.since() >= r.cfg.expireAfter*2/3
 }

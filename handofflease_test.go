@@ -45,3 +45,37 @@ func TestAHoldPastMaxHoldIsNotHandedOff(t *testing.T) {
 	requireOpen(t, h.Lost(), "and keeps the key for its own max hold")
 	require.NoError(t, h.Release(ctx))
 }
+
+// With renewal off, nothing renews a lease a local hand-off passes on: a
+// hold handed off late in it (WithLocalHandoff's d near the lease) would
+// start with a sliver of the lease, lost at once, and the release that
+// handed it off would wait for a read that comes too late. Late in the
+// lease the key goes back to Redis, and the next hold gets a lease of
+// its own.
+func TestWithoutRenewalALateHoldIsNotHandedOff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	const lease = 600 * time.Millisecond
+	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(20*time.Millisecond),
+		WithRenewal(false), WithLocalHandoff(16, time.Minute))
+	first, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	next := make(chan *Hold, 1)
+	go func() {
+		h, err := r.Obtain("k").Acquire(ctx)
+		if err != nil {
+			close(next)
+			return
+		}
+		next <- h
+	}()
+	time.Sleep(lease * 4 / 5) // a fifth of the lease left
+	require.NoError(t, first.Release(ctx))
+	h, ok := <-next
+	require.True(t, ok, "the waiter took the key")
+	require.Greater(t, client.PTTL(ctx, h.redisKey()).Val(), lease/2, "the next hold has a lease of its own")
+	time.Sleep(lease / 2)
+	requireOpen(t, h.Lost(), "and keeps the key for it")
+	require.NoError(t, h.Release(ctx))
+}
