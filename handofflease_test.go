@@ -5,23 +5,26 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
-// A hold past WithMaxHold has stopped renewing its key, whose lease runs
-// out soon: handed off locally (WithLocalHandoff's d past the max), the
-// key would pass that dying lease on to a fresh hold, which the watchdog
-// may not renew before it ends: lost long before its own max. It goes
-// back to Redis instead, and the next hold takes it with a lease of its own.
-func TestAHoldPastMaxHoldIsNotHandedOff(t *testing.T) {
-	t.Parallel()
+// handOffLeaseLease is the lease of the tests below: long enough that a
+// loaded machine's stalls stay well within the margins they keep.
+const handOffLeaseLease = 3 * time.Second
+
+// holdWithAWaiter has a registry on a server of its own, with opts, hold
+// "k" while a second acquisition of it waits. It returns the hold, the
+// channel the waiter's hold comes on (closed if its acquisition failed)
+// and an admin client.
+func holdWithAWaiter(t *testing.T, opts ...Option) (*Hold, <-chan *Hold, *redis.Client) {
+	t.Helper()
 	ctx := context.Background()
-	client := redistest.Shared(t).Client(t)
-	const lease, maxHold = 600 * time.Millisecond, 250 * time.Millisecond
-	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(20*time.Millisecond),
-		WithMaxHold(maxHold), WithLocalHandoff(16, time.Minute))
+	srv := redistest.Start(t)
+	opts = append([]Option{WithExpireAfter(handOffLeaseLease), WithRetryInterval(20 * time.Millisecond), WithLocalHandoff(16, time.Minute)}, opts...)
+	r := newRegistry(t, srv.Client(t), opts...)
 	first, err := r.Obtain("k").Acquire(ctx)
 	require.NoError(t, err)
 	next := make(chan *Hold, 1)
@@ -33,17 +36,37 @@ func TestAHoldPastMaxHoldIsNotHandedOff(t *testing.T) {
 		}
 		next <- h
 	}()
-	time.Sleep(maxHold + lease/3) // past the max, and past the renewal that followed it, if any
-	// Into the last quarter of the lease that the last renewal left.
-	time.Sleep(time.Until(instant(first.tenure.leaseEnd.Load()).time().Add(-lease / 4)))
-	requireOpen(t, first.Lost(), "the lease still runs")
+	return first, next, srv.Client(t)
+}
+
+// requireALeaseOfItsOwn releases first and checks that the waiter, next,
+// took the key with a lease of its own, which it keeps for keep.
+func requireALeaseOfItsOwn(t *testing.T, first *Hold, next <-chan *Hold, admin *redis.Client, keep time.Duration) {
+	t.Helper()
+	ctx := context.Background()
 	require.NoError(t, first.Release(ctx))
 	h, ok := <-next
 	require.True(t, ok, "the waiter took the key")
-	require.Greater(t, client.PTTL(ctx, h.redisKey()).Val(), lease/2, "the next hold has a lease of its own")
-	time.Sleep(maxHold)
-	requireOpen(t, h.Lost(), "and keeps the key for its own max hold")
+	require.Greater(t, admin.PTTL(ctx, h.redisKey()).Val(), handOffLeaseLease/2, "the next hold has a lease of its own")
+	time.Sleep(keep)
+	requireOpen(t, h.Lost(), "and keeps the key")
 	require.NoError(t, h.Release(ctx))
+}
+
+// A hold past WithMaxHold has stopped renewing its key, whose lease runs
+// out soon: handed off locally (WithLocalHandoff's d past the max), the
+// key would pass that dying lease on to a fresh hold, which the watchdog
+// may not renew before it ends: lost long before its own max. It goes
+// back to Redis instead, and the next hold takes it with a lease of its own.
+func TestAHoldPastMaxHoldIsNotHandedOff(t *testing.T) {
+	t.Parallel()
+	const maxHold = handOffLeaseLease / 3
+	first, next, admin := holdWithAWaiter(t, WithMaxHold(maxHold))
+	time.Sleep(maxHold + handOffLeaseLease/3) // past the max, and past the renewal that followed it, if any
+	// Into the last quarter of the lease that the last renewal left.
+	time.Sleep(time.Until(instant(first.tenure.leaseEnd.Load()).time().Add(-handOffLeaseLease / 4)))
+	requireOpen(t, first.Lost(), "the lease still runs")
+	requireALeaseOfItsOwn(t, first, next, admin, maxHold)
 }
 
 // With renewal off, nothing renews a lease a local hand-off passes on: a
@@ -54,28 +77,7 @@ func TestAHoldPastMaxHoldIsNotHandedOff(t *testing.T) {
 // its own.
 func TestWithoutRenewalALateHoldIsNotHandedOff(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	client := redistest.Shared(t).Client(t)
-	const lease = 600 * time.Millisecond
-	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(20*time.Millisecond),
-		WithRenewal(false), WithLocalHandoff(16, time.Minute))
-	first, err := r.Obtain("k").Acquire(ctx)
-	require.NoError(t, err)
-	next := make(chan *Hold, 1)
-	go func() {
-		h, err := r.Obtain("k").Acquire(ctx)
-		if err != nil {
-			close(next)
-			return
-		}
-		next <- h
-	}()
-	time.Sleep(lease * 4 / 5) // a fifth of the lease left
-	require.NoError(t, first.Release(ctx))
-	h, ok := <-next
-	require.True(t, ok, "the waiter took the key")
-	require.Greater(t, client.PTTL(ctx, h.redisKey()).Val(), lease/2, "the next hold has a lease of its own")
-	time.Sleep(lease / 2)
-	requireOpen(t, h.Lost(), "and keeps the key for it")
-	require.NoError(t, h.Release(ctx))
+	first, next, admin := holdWithAWaiter(t, WithRenewal(false))
+	time.Sleep(handOffLeaseLease * 4 / 5) // a fifth of the lease left
+	requireALeaseOfItsOwn(t, first, next, admin, handOffLeaseLease/2)
 }

@@ -259,6 +259,22 @@ func TestTokenOfAHoldWhoseFenceIsOfAnotherTypeNamesIt(t *testing.T) {
 	require.NoError(t, h.Release(ctx))
 }
 
+// strikeWhileHandingOff releases h, which a waiter of its registry waits
+// behind, and deletes its key behind its back while the release hands it
+// off locally: tracking strikes the tenure, and the release finds h lost.
+func strikeWhileHandingOff(t *testing.T, client redis.Cmdable, h *Hold) {
+	t.Helper()
+	ctx := context.Background()
+	h.local.mu.Lock()
+	released := make(chan error, 1)
+	go func() { released <- h.Release(ctx) }()
+	require.Eventually(t, func() bool { return goroutinesRunning("lockreg.(*Registry).nextLocalHold(") == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, client.Del(ctx, h.redisKey()).Err()) // behind the hold's back
+	require.Eventually(t, func() bool { return h.tenure.loss() != lossNone }, 5*time.Second, time.Millisecond, "tracking struck the tenure")
+	h.local.mu.Unlock()
+	require.ErrorIs(t, <-released, ErrLockLost)
+}
+
 // TestATokenOfAHandOffDiscardedForALossIsNotDrawnAgain: a release hands
 // its key off with the next token, and a loss strikes the tenure before
 // the waiter looks at what it received: the waiter discards it and takes
@@ -279,14 +295,7 @@ func TestATokenOfAHandOffDiscardedForALossIsNotDrawnAgain(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool { return waitersOf(r, "fence") == 1 }, 5*time.Second, time.Millisecond)
 
-	h.local.mu.Lock()
-	released := make(chan error, 1)
-	go func() { released <- h.Release(ctx) }()
-	require.Eventually(t, func() bool { return goroutinesRunning("lockreg.(*Registry).nextLocalHold(") == 1 }, 5*time.Second, time.Millisecond)
-	require.NoError(t, client.Del(ctx, h.redisKey()).Err()) // behind the hold's back
-	require.Eventually(t, func() bool { return h.tenure.loss() != lossNone }, 5*time.Second, time.Millisecond, "tracking struck the tenure")
-	h.local.mu.Unlock()
-	require.ErrorIs(t, <-released, ErrLockLost)
+	strikeWhileHandingOff(t, client, h)
 
 	taken := <-later
 	require.NotNil(t, taken, "the waiter took the key in Redis")
@@ -322,14 +331,7 @@ func TestATokenOfADiscardedHandOffIsStoredWhenItsWaiterGivesUp(t *testing.T) {
 	// attempt back (awaitPending), until its ctx ends.
 	finish := r.startPending("fence")
 	defer finish()
-	h.local.mu.Lock()
-	released := make(chan error, 1)
-	go func() { released <- h.Release(ctx) }()
-	require.Eventually(t, func() bool { return goroutinesRunning("lockreg.(*Registry).nextLocalHold(") == 1 }, 5*time.Second, time.Millisecond)
-	require.NoError(t, client.Del(ctx, h.redisKey()).Err()) // behind the hold's back
-	require.Eventually(t, func() bool { return h.tenure.loss() != lossNone }, 5*time.Second, time.Millisecond, "tracking struck the tenure")
-	h.local.mu.Unlock()
-	require.ErrorIs(t, <-released, ErrLockLost)
+	strikeWhileHandingOff(t, client, h)
 	require.Eventually(t, func() bool { return goroutinesRunning("lockreg.(*Lock).awaitPending(") == 1 }, 5*time.Second, time.Millisecond)
 	cancel()
 	err := <-gaveUp
