@@ -233,24 +233,7 @@ type replyWatcher struct {
 }
 
 func (w *replyWatcher) hook() redis.Hook {
-	return redistest.Hook{
-		Process: func(next redis.ProcessHook) redis.ProcessHook {
-			return func(ctx context.Context, cmd redis.Cmder) error {
-				err := next(ctx, cmd)
-				w.saw(err)
-				return err
-			}
-		},
-		ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-			return func(ctx context.Context, cmds []redis.Cmder) error {
-				err := next(ctx, cmds)
-				for _, cmd := range cmds {
-					w.saw(cmd.Err())
-				}
-				return err
-			}
-		},
-	}
+	return redistest.AfterReply(func(cmd redis.Cmder) { w.saw(cmd.Err()) })
 }
 
 func (w *replyWatcher) saw(err error) {

@@ -459,24 +459,7 @@ func TestForceUnlockOfItsOwnHoldNamesItselfBeforeTrackingCan(t *testing.T) {
 		}
 	}
 	client := aclClient(t, srv, "+@all", "-client") // no tracking
-	client.AddHook(redistest.Hook{
-		Process: func(next redis.ProcessHook) redis.ProcessHook {
-			return func(ctx context.Context, c redis.Cmder) error {
-				err := next(ctx, c)
-				late(c)
-				return err
-			}
-		},
-		ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-			return func(ctx context.Context, cmds []redis.Cmder) error {
-				err := next(ctx, cmds)
-				for _, c := range cmds {
-					late(c)
-				}
-				return err
-			}
-		},
-	})
+	client.AddHook(redistest.AfterReply(late))
 	r := newRegistry(t, client, WithPubSub(false))
 	lock := r.Obtain("k")
 	_, err := r.ForceUnlock(ctx, "warm-up") // loads the script: the next call is an EVALSHA

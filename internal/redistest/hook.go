@@ -1,6 +1,10 @@
 package redistest
 
-import "github.com/redis/go-redis/v9"
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // Hook is a go-redis hook made of functions, for tests that wrap a
 // client's calls: Dial wraps its dials, Process its single commands and
@@ -45,4 +49,28 @@ func (h Hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessP
 		return next
 	}
 	return h.ProcessPipeline(next)
+}
+
+// AfterReply is a Hook that calls f with each command once its reply came
+// (or its call failed), single or in a pipeline, before its caller sees
+// it: for tests that watch replies, or hold one back.
+func AfterReply(f func(cmd redis.Cmder)) Hook {
+	return Hook{
+		Process: func(next redis.ProcessHook) redis.ProcessHook {
+			return func(ctx context.Context, cmd redis.Cmder) error {
+				err := next(ctx, cmd)
+				f(cmd)
+				return err
+			}
+		},
+		ProcessPipeline: func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+			return func(ctx context.Context, cmds []redis.Cmder) error {
+				err := next(ctx, cmds)
+				for _, cmd := range cmds {
+					f(cmd)
+				}
+				return err
+			}
+		},
+	}
 }

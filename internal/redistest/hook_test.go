@@ -94,3 +94,31 @@ func TestAHookPassesThroughWhatItHasNoFieldFor(t *testing.T) {
 	})
 	require.NoError(t, err)
 }
+
+// TestAfterReplySeesEachCommandWithItsReply: AfterReply's function gets
+// every command, single or pipelined, once its reply came.
+func TestAfterReplySeesEachCommandWithItsReply(t *testing.T) {
+	ctx := context.Background()
+	var (
+		mu      sync.Mutex
+		replies []string
+	)
+	client := Shared(t).Client(t, AfterReply(func(cmd redis.Cmder) {
+		if c, ok := cmd.(*redis.StatusCmd); ok && cmd.Name() == "ping" {
+			mu.Lock()
+			replies = append(replies, c.Val())
+			mu.Unlock()
+		}
+	}))
+	require.NoError(t, client.Ping(ctx).Err())
+	_, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Echo(ctx, "x")
+		p.Ping(ctx)
+		p.Ping(ctx)
+		return nil
+	})
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"PONG", "PONG", "PONG"}, replies)
+}
