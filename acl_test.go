@@ -92,3 +92,25 @@ func TestAGrantThatCannotMarkSaysSo(t *testing.T) {
 	require.ErrorIs(t, admin.ZScore(context.Background(), lock.keys().Marker(), markOf(lock.r)).Err(), redis.Nil, "no mark was set")
 	require.Zero(t, found.MarkToken, "and the reply says none was")
 }
+
+// TestARenewalRefusedForGoodIsWarnedOfOnce: an ACL that refuses renewal's
+// PEXPIRE refuses every tick's renewal alike until the lease runs out.
+// The operator needs to hear it once, not once a tick and batch; the hold
+// still ends as expired, on time.
+func TestARenewalRefusedForGoodIsWarnedOfOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	logs := &syncBuffer{}
+	r := newRegistry(t, aclClient(t, srv, "+@all", "-pexpire"), WithExpireAfter(900*time.Millisecond),
+		WithLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	select {
+	case <-h.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a hold that no renewal carried on was not lost")
+	}
+	require.ErrorIs(t, h.Err(), ErrLockLost)
+	require.Equal(t, 1, strings.Count(logs.String(), "renewal"), logs.String())
+}

@@ -244,9 +244,7 @@ func (r *Registry) sendRenewals(ctx context.Context, calls, refresh []*protocol.
 func (r *Registry) applyRenewal(ctx context.Context, batch []*Hold, cmd *redis.Cmd, sent time.Time, evicted func() bool) {
 	found, err := protocol.ReadRenew(cmd)
 	if err != nil {
-		if ctx.Err() == nil {
-			r.cfg.logger.Warn("lockreg: lease renewal failed; retrying on the next tick", "keys", len(batch), "error", err)
-		}
+		r.renewalFailed(ctx, err, "keys", len(batch))
 		return
 	}
 	leaseEnd := int64(instantOf(sent.Add(r.cfg.expireAfter)))
@@ -310,7 +308,7 @@ func (r *Registry) renewNatively(ctx context.Context, holds []*Hold, refresh []*
 			// fail each tick until the lease ran out, named expired.
 			r.changedBehindItsBack(h, LossDeleted, false, false)
 		case err != nil:
-			r.renewalFailed(ctx, h, err)
+			r.renewalFailed(ctx, err, "key", printedKey(h.Key()))
 		default:
 			r.extended(h, renewed, !renewed && evicted(h.redisKey()), sent, leaseEnd)
 		}
@@ -318,10 +316,13 @@ func (r *Registry) renewNatively(ctx context.Context, holds []*Hold, refresh []*
 	return true
 }
 
-// renewalFailed logs a renewal of h that Redis refused; the next tick
-// tries again.
-func (r *Registry) renewalFailed(ctx context.Context, h *Hold, err error) {
-	if ctx.Err() == nil {
-		r.cfg.logger.Warn("lockreg: lease renewal failed; retrying on the next tick", "key", printedKey(h.Key()), "error", err)
+// renewalFailed logs a renewal that failed with err, of the holds attrs
+// name; the next tick tries again. A refusal that lasts (an ACL) is logged
+// once: every tick and batch would say it again until the leases ran out,
+// and their losses are reported anyway.
+func (r *Registry) renewalFailed(ctx context.Context, err error, attrs ...any) {
+	if ctx.Err() != nil || protocol.Permanent(err) && !r.servers.renewalRefusalTold.CompareAndSwap(false, true) {
+		return
 	}
+	r.cfg.logger.Warn("lockreg: lease renewal failed; retrying on the next tick", append(attrs, "error", err)...)
 }

@@ -39,6 +39,9 @@ type serverCheck struct {
 	// native says that every primary renews natively (SET ... IFEQ, see
 	// protocol.Peer.RenewOne), rather than by renew.lua.
 	native atomic.Bool
+	// renewalRefusalTold says that a renewal refused for good was logged
+	// (renewalFailed).
+	renewalRefusalTold atomic.Bool
 	// evicts says that a server may evict lock keys, as WithEvictionAllowed
 	// lets it: a key found gone after the server evicted keys lost its hold
 	// to eviction. evicted is the servers' evicted_keys when last read.
