@@ -103,7 +103,10 @@
 // call on the caller's goroutine: ctx bounds it as far as the client
 // honours it (go-redis's ContextTimeoutEnabled). A release whose ctx has
 // ended runs all the same, bounded by the lease, so that a cancelled
-// request never leaves its key held.
+// request does not leave its key held. One whose ctx ends while its call
+// waits behind the registry's four calls in flight (Redis slow to answer)
+// returns at once, unsent, with ErrRedis and ctx's error: its key is left
+// to its lease, which nothing renews any more.
 //
 // # Errors
 //
