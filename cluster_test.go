@@ -460,9 +460,7 @@ func requireTakenWithin(t *testing.T, r *Registry, limit time.Duration, msg stri
 // acquisition failed with ErrRedis though the replica served the slot.
 func TestWaitReplicasRecoversAfterAClusterFailover(t *testing.T) {
 	t.Parallel()
-	c, stop, err := redistest.LaunchCluster(3, 1)
-	require.NoError(t, err)
-	t.Cleanup(stop)
+	c := launchCluster(t, 1)
 	replicated := newRegistry(t, clusterClient(t, c.Addrs()), WithWaitReplicas(1, 100*time.Millisecond), WithRetryInterval(50*time.Millisecond))
 	plain := newRegistry(t, clusterClient(t, c.Addrs()))
 	lock := lockAndUnlock(t, replicated, plain)
@@ -543,9 +541,7 @@ func TestNoTokenIsDrawnWhileTheKeysSlotMigrates(t *testing.T) {
 func TestAStalledNodeDoesNotLoseTheHoldsOfTheOthers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c, stop, err := redistest.LaunchCluster(3, 0)
-	require.NoError(t, err)
-	t.Cleanup(stop)
+	c := launchCluster(t, 0)
 	client := clusterClient(t, c.Addrs())
 	const lease = 900 * time.Millisecond
 	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(50*time.Millisecond))

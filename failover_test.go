@@ -239,9 +239,7 @@ func TestFailoverWithWaitReplicasLosesNoAcknowledgedHold(t *testing.T) {
 // holds moved to the node that took its slots.
 func TestATrackerOfANodeThatLeftTheClusterEnds(t *testing.T) {
 	t.Parallel()
-	c, stop, err := redistest.LaunchCluster(3, 1)
-	require.NoError(t, err)
-	t.Cleanup(stop)
+	c := launchCluster(t, 1)
 	r := newRegistry(t, clusterClient(t, c.Addrs()))
 	h, err := r.Obtain("k").Acquire(context.Background())
 	require.NoError(t, err)

@@ -575,3 +575,13 @@ func lapsedAndForced(t *testing.T, r *Registry) (lapsed, forced *Hold) {
 	forced.mu.Unlock()
 	return lapsed, forced
 }
+
+// launchCluster starts a Redis Cluster of three primaries with replicasEach
+// replicas each, stopped when t ends.
+func launchCluster(t *testing.T, replicasEach int) *redistest.Cluster {
+	t.Helper()
+	c, stop, err := redistest.LaunchCluster(3, replicasEach)
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	return c
+}

@@ -21,9 +21,7 @@ import (
 func TestAHolderOnClusterLearnsAtOnceThatItsNodeRestartedEmpty(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c, stop, err := redistest.LaunchCluster(3, 0)
-	require.NoError(t, err)
-	t.Cleanup(stop)
+	c := launchCluster(t, 0)
 	// A long lease: no renewal in the test's time finds the loss instead.
 	r := newRegistry(t, clusterClient(t, c.Addrs()), WithExpireAfter(3*time.Minute))
 	reads := trackingReads(r)
@@ -61,9 +59,7 @@ func TestAFailoverToAnEvictingReplicaIsRefused(t *testing.T) {
 // then on too.
 func TestAClusterFailoverToAnEvictingReplicaIsRefused(t *testing.T) {
 	ctx := context.Background()
-	c, stop, err := redistest.LaunchCluster(3, 1)
-	require.NoError(t, err)
-	t.Cleanup(stop)
+	c := launchCluster(t, 1)
 	client := clusterClient(t, c.Addrs())
 	r := newRegistry(t, client)
 	h, err := r.Obtain("k").Acquire(ctx)

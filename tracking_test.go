@@ -448,9 +448,7 @@ func TestATrackerWhoseTargetIsOnAnotherServerMovesIt(t *testing.T) {
 func TestAHolderOnClusterStillLearnsAtOnceAfterAFailover(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c, stop, err := redistest.LaunchCluster(3, 1)
-	require.NoError(t, err)
-	t.Cleanup(stop)
+	c := launchCluster(t, 1)
 	client := clusterClient(t, c.Addrs())
 	// A long lease: no renewal in the test's time finds the change instead.
 	r := newRegistry(t, client, WithExpireAfter(3*time.Minute))
