@@ -99,9 +99,12 @@ func (r *Registry) forceUnlock(ctx context.Context, key, only string) (bool, err
 
 // receiveForced acts on news that a hold of this registry on key was
 // forced open: once Redis confirms that the key is not this registry's,
-// the hold is signalled lost. (A hold that took the key since keeps it.)
-// The hold is marked first, so that the invalidation of its key, which
-// may be read before the confirmation, names the same cause.
+// the hold is signalled lost. The hold is marked first, so that the
+// invalidation of its key, which may be read before the confirmation,
+// names the same cause. A hold that took the key since keeps it, and
+// loses the mark (spareForced): the news, late (a copy on the second
+// channel, the reply of this registry's own ForceUnlock), was of an
+// earlier hold, and a later loss of this one has a cause of its own.
 func (r *Registry) receiveForced(key string) {
 	local, ok := r.locals.m.Load(key)
 	if !ok {
@@ -115,6 +118,19 @@ func (r *Registry) receiveForced(key string) {
 	h.forced = true
 	h.mu.Unlock()
 	r.verify(h, LossForced)
+}
+
+// spareForced withdraws the mark of receiveForced from h, whose key a
+// read for a forced unlock's news, sent after the news came, found still
+// this registry's: the forced unlock's DEL came before its news, so h
+// took the key after it.
+func spareForced(h *Hold, cause LossCause) {
+	if cause != LossForced {
+		return
+	}
+	h.mu.Lock()
+	h.forced = false
+	h.mu.Unlock()
 }
 
 // ownForces counts, per key, the registry's own forced unlocks in flight.

@@ -480,3 +480,68 @@ func TestForceUnlockOfItsOwnHoldNamesItselfBeforeTrackingCan(t *testing.T) {
 	require.True(t, <-forced)
 	require.ErrorContains(t, h.Err(), LossForced.explain())
 }
+
+// TestAForcedUnlockTellsNoHoldTakenAfterIt: the reply of a registry's
+// forced unlock of its own hold can reach it after its holder heard of it
+// (by pub/sub, or on its tracker's target) and a new hold took the key
+// again. That new hold was not forced open: a later loss of it must name
+// its own cause, not "forced".
+func TestAForcedUnlockTellsNoHoldTakenAfterIt(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		rules []string
+		opts  []Option
+		ready func(r *Registry) bool
+	}{
+		{"pub/sub", []string{"+@all", "-client"}, nil, func(r *Registry) bool { return r.notes.subscribed.Load() }},
+		{"tracking", []string{"+@all"}, []Option{WithPubSub(false)}, (*Registry).trackingUp},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.Start(t)
+			var forceHash atomic.Value
+			forceHash.Store("")
+			ran, gate := make(chan struct{}), make(chan struct{})
+			late := func(c redis.Cmder) {
+				if args := c.Args(); len(args) > 1 && args[0] == "evalsha" && args[1] == forceHash.Load() {
+					close(ran)
+					<-gate // the reply is late: the holder heard first
+				}
+			}
+			client := aclClient(t, srv, tc.rules...)
+			client.AddHook(redistest.AfterReply(late))
+			r := newRegistry(t, client, append([]Option{WithRenewal(false)}, tc.opts...)...)
+			lock := r.Obtain("k")
+			_, err := r.ForceUnlock(ctx, "warm-up") // loads the script: the next call is an EVALSHA
+			require.NoError(t, err)
+			forceHash.Store(r.peer.ForceUnlock(lock.keys(), "k", 0, 0, "").Script.Hash())
+			h, err := lock.Acquire(ctx)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return tc.ready(r) }, 5*time.Second, time.Millisecond)
+			forced := make(chan bool)
+			go func() {
+				found, err := r.ForceUnlock(ctx, "k")
+				assert.NoError(t, err)
+				forced <- found
+			}()
+			<-ran
+			requireFires(t, h.Lost(), 5*time.Second, "the holder heard")
+			require.ErrorContains(t, h.Err(), LossForced.explain())
+			require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+			next, err := lock.Acquire(ctx)
+			require.NoError(t, err)
+			close(gate)
+			require.True(t, <-forced)
+			// The late reply has the new hold's key checked: a second is plenty.
+			for end := time.Now().Add(time.Second); next.wasForced() && time.Now().Before(end); {
+				time.Sleep(time.Millisecond)
+			}
+			require.NoError(t, next.Err(), "the new hold keeps the key")
+			// Its key changes behind its back: not by a forced unlock.
+			require.NoError(t, srv.Client(t).Set(ctx, next.redisKey(), "intruder", 0).Err())
+			err = next.Release(ctx)
+			require.ErrorIs(t, err, ErrLockLost)
+			require.NotContains(t, err.Error(), LossForced.explain(), "the new hold was not forced open")
+		})
+	}
+}

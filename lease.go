@@ -352,6 +352,8 @@ func (r *Registry) checkHoldsOnce(ctx context.Context, holds []*Hold, cause Loss
 		case owner != protocol.Ours:
 			gone := owner == protocol.Gone
 			r.changedBehindItsBack(h, cause, gone, gone && evicted(h.redisKey()))
+		default:
+			spareForced(h, cause)
 		}
 		h.tenure.settle(confirming[i], err == nil && owner == protocol.Ours)
 		if err != nil && len(confirming[i]) > 0 {

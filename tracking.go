@@ -309,6 +309,7 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 			r.changedBehindItsBack(req.h, req.cause, false, false)
 		default:
 			ours = true
+			spareForced(req.h, req.cause)
 		}
 		req.h.tenure.settle(confirming[i], ours)
 	}
