@@ -22,13 +22,9 @@ func seenNamespaces(ctx context.Context, client redis.UniversalClient) (map[stri
 	seen := map[string]int{}
 	err := protocol.Scan(ctx, client, protocol.OwnerPattern, func(batch []string) bool {
 		for _, key := range batch {
-			namespace, ok := protocol.NamespaceOf(key)
-			if !ok {
-				continue
-			}
-			// A client id has neither ':' nor braces: a lock key whose
-			// key holds ":owner:" matches the pattern too.
-			if id := strings.TrimPrefix(key, protocol.OwnerKey(namespace, "")); id != "" && !strings.ContainsAny(id, ":{}") {
+			// A lock key whose key holds ":owner:", or an application's
+			// key, matches the pattern too: NamespaceOf names no namespace.
+			if namespace, ok := protocol.NamespaceOf(key); ok {
 				seen[namespace]++
 			}
 		}

@@ -132,6 +132,10 @@ func TestLockctlNamesTheNamespacesInUse(t *testing.T) {
 		return n == 3
 	}, 5*time.Second, 10*time.Millisecond, "each registry published its owner hash")
 	require.NoError(t, admin.HSet(ctx, protocol.OwnerKey("other", "not-a-registry:really"), "name", "x").Err(), "no client id has a ':'")
+	// An application's keys of the same shape, on the shared server: no
+	// registry's client id is "42" (New draws a UUID).
+	require.NoError(t, admin.Set(ctx, "inventory:owner:42", "alice", 0).Err())
+	require.NoError(t, admin.HSet(ctx, "inventory:owner:d2d7fcac", "name", "bob").Err())
 
 	in := " seen in " + twoLeases
 	for _, tc := range []struct {

@@ -149,13 +149,38 @@ const OwnerPattern = "*" + ownerInfix + "*"
 
 const ownerInfix = ":owner:"
 
-// NamespaceOf is the namespace of an owner hash's Redis key.
+// NamespaceOf is the namespace of an owner hash's Redis key. The client
+// id that ends it is a UUID as New draws it: a key of another kind that
+// matches OwnerPattern, a lock key whose key holds ":owner:" or an
+// application's "project:owner:17" on a shared server, names none.
 func NamespaceOf(ownerKey string) (string, bool) {
 	i := strings.LastIndex(ownerKey, ownerInfix)
-	if i <= 0 {
+	if i <= 0 || !isClientID(ownerKey[i+len(ownerInfix):]) {
 		return "", false
 	}
 	return ownerKey[:i], true
+}
+
+// isClientID says whether id is a UUID in the canonical form New draws:
+// 8-4-4-4-12 hex digits.
+func isClientID(id string) bool {
+	if len(id) != 36 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // Channels: a namespace's waiters all listen to <namespace>:released; a

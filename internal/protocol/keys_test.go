@@ -138,9 +138,20 @@ func TestCheckNamespace(t *testing.T) {
 }
 
 func TestNamespaceOfReadsAnOwnerKeyBack(t *testing.T) {
-	ns, ok := NamespaceOf(OwnerKey("app:owner:x", "id"))
+	const id = "d2d7fcac-f68e-48aa-93e8-1d7ebee5620a" // as New draws one
+	ns, ok := NamespaceOf(OwnerKey("app:owner:x", id))
 	require.True(t, ok)
 	require.Equal(t, "app:owner:x", ns)
-	_, ok = NamespaceOf("app:orders:{k}")
-	require.False(t, ok)
+	for _, key := range []string{
+		"app:orders:{k}",
+		"app:orders:{x:owner:" + id + "}", // a lock key
+		"project:owner:17",                // an application's key
+		"project:owner:" + id[:35] + "g",
+		"project:owner:" + id + "0",
+		"project:owner:" + strings.ReplaceAll(id, "-", "_"),
+		"project:owner:",
+	} {
+		_, ok = NamespaceOf(key)
+		require.False(t, ok, key)
+	}
 }
