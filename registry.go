@@ -42,8 +42,8 @@ type Registry struct {
 // never interfere. (Those of one namespace on two databases of one
 // server do not exclude each other, but hear each other's notes, which
 // costs them round trips: docs/PROTOCOL.md, Databases of one server.) On
-// a *redis.ClusterClient, the registry pipelines calls on each node's client (internal/protocol's runClusterPipeline
-// says why): hooks added with OnNewNode see them, hooks added to the
+// a *redis.ClusterClient, the registry pipelines calls on each node's
+// client (internal/protocol's runClusterPipeline says why): hooks added with OnNewNode see them, hooks added to the
 // ClusterClient itself see only its single calls. No client's hooks see
 // the calls on the registry's tracking connections (its reads of held keys,
 // the renewals of tracked keys), which Hooks.RedisCalls counts.
