@@ -297,12 +297,17 @@ func (r *Registry) renewNatively(ctx context.Context, holds []*Hold, refresh []*
 	evicted, settle := r.evictionsOf(ctx)
 	defer settle(holds)
 	leaseEnd := int64(instantOf(sent.Add(r.cfg.expireAfter)))
+	var full []*Hold
 	for i, h := range holds {
 		renewed, err := protocol.ReadRenewOne(calls[i].Cmd)
 		switch {
 		case protocol.NativeRenewalRefused(err):
 			r.servers.native.Store(false)
 			return false
+		case protocol.OutOfMemory(err):
+			// A full server (noeviction) refuses SET, but not renew.lua's
+			// PEXPIRE: the hold is kept, rather than its lease let run out.
+			full = append(full, h)
 		case protocol.WrongType(err):
 			// A key of another type is no registry's: retried, it would
 			// fail each tick until the lease ran out, named expired.
@@ -313,6 +318,7 @@ func (r *Registry) renewNatively(ctx context.Context, holds []*Hold, refresh []*
 			r.extended(h, renewed, !renewed && evicted(h.redisKey()), sent, leaseEnd)
 		}
 	}
+	r.renewByScript(ctx, r.renewalBatches(full))
 	return true
 }
 

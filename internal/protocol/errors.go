@@ -51,6 +51,12 @@ var transientReplies = []string{
 // which is no registry's.
 func WrongType(err error) bool { return replyStarts(err, "WRONGTYPE") }
 
+// OutOfMemory reports whether err is a full server's refusal of a command
+// that may grow its data (maxmemory reached, maxmemory-policy
+// noeviction): SET, ZADD, HSET. PEXPIRE and DEL pass, and so does every
+// write of a script after its first.
+func OutOfMemory(err error) bool { return replyStarts(err, "OOM") }
+
 // IsReply reports whether err is the server's own error reply, rather than
 // a failure to reach it or to read its answer.
 func IsReply(err error) bool {
