@@ -342,6 +342,8 @@ func (r *Registry) checkHoldsOnce(ctx context.Context, holds []*Hold, cause Loss
 	evicted, settle := r.evictionsOf(ctx)
 	defer settle(holds)
 	logged := false
+	var restored []*Hold
+	defer func() { r.renewRestored(restored) }()
 	for i, h := range holds {
 		owner, err := r.peer.ReadOwner(calls[i])
 		switch {
@@ -352,6 +354,8 @@ func (r *Registry) checkHoldsOnce(ctx context.Context, holds []*Hold, cause Loss
 		case owner != protocol.Ours:
 			gone := owner == protocol.Gone
 			r.changedBehindItsBack(h, cause, gone, gone && evicted(h.redisKey()))
+		case cause == LossRestart:
+			restored = append(restored, h)
 		default:
 			spareForced(h, cause)
 		}

@@ -118,15 +118,36 @@ func (r *Registry) dueForRenewal() []*Hold {
 	var due []*Hold
 	now := time.Now()
 	r.forEachHold(func(h *Hold) {
-		// A hold whose lease ran out is not renewed: the key may have
-		// passed on and come back to this registry since (a grant, a new
-		// acquisition), and the owner check, by client id, cannot tell
-		// that from a key held all along.
-		if !h.isLost() && !h.leaseOver() && (r.cfg.maxHold == 0 || now.Sub(h.taken.time()) < r.cfg.maxHold) {
+		if r.renewable(h, now) {
 			due = append(due, h)
 		}
 	})
 	return due
+}
+
+// renewable says whether h may be renewed at now. A hold whose lease ran
+// out is not: the key may have passed on and come back to this registry
+// since (a grant, a new acquisition), and the owner check, by client id,
+// cannot tell that from a key held all along.
+func (r *Registry) renewable(h *Hold, now time.Time) bool {
+	return !h.isLost() && !h.leaseOver() && (r.cfg.maxHold == 0 || now.Sub(h.taken.time()) < r.cfg.maxHold)
+}
+
+// renewRestored renews at once, in the background, holds whose keys a
+// check after a restart (or a reconnect, which may hide one) found this
+// registry's. A server that restarted with its data (an RDB snapshot, an
+// AOF) brings a key back with the time to live it had when that data was
+// written, which later renewals may have outrun: the key would expire, and
+// another registry take it, while its hold counts its lease live.
+func (r *Registry) renewRestored(holds []*Hold) {
+	if !r.cfg.renewal || len(holds) == 0 {
+		return
+	}
+	r.goBackground(func(ctx context.Context) {
+		now := time.Now()
+		holds = slices.DeleteFunc(holds, func(h *Hold) bool { return !r.renewable(h, now) })
+		r.renew(ctx, r.renewalBatches(holds))
+	})
 }
 
 // renewalBatches cuts holds into script calls of at most renewBatch keys;

@@ -286,6 +286,8 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 	// A key found not ours may be read where the client is no more.
 	astray := sync.OnceValue(func() bool { return t.readAstray(ctx, conn) })
 	broke := false
+	var restored []*Hold
+	defer func() { r.renewRestored(restored) }()
 	for i, req := range batch {
 		owner, err := r.peer.ReadOwner(calls[i])
 		ours := false
@@ -310,6 +312,9 @@ func (t *tracker) armBatch(ctx context.Context, conn *redis.Conn, batch []armReq
 		default:
 			ours = true
 			spareForced(req.h, req.cause)
+			if req.cause == LossRestart {
+				restored = append(restored, req.h)
+			}
 		}
 		req.h.tenure.settle(confirming[i], ours)
 	}
