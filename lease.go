@@ -247,7 +247,7 @@ func (h *Hold) extendLease(sent time.Time, end int64) bool {
 func (h *Hold) leaseOver() bool { return int64(nowInstant()) >= h.tenure.leaseEnd.Load() }
 
 // lossNow is h's loss error, or nil while it lives. A lease that ran out
-// unrenewed, which the watchdog signals at its next tick, is signalled
+// unrenewed, which the watchdog signals as its timer fires, is signalled
 // now: a caller about to act under h must not wait for that.
 func (h *Hold) lossNow() error {
 	if cause := h.tenure.loss(); cause != lossNone {

@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -22,11 +23,14 @@ const renewBatch = 100
 // ran out. A renewal round runs in a goroutine of its own, one at a time
 // per Redis node, so that a round that a node keeps waiting (a silent
 // network, go-redis' timeouts and retries) holds no signal back: the
-// leases it would have carried on run out as counted, and Lost fires on
-// the next tick; the holds of the other nodes are renewed meanwhile.
+// leases it would have carried on run out as counted, and Lost fires then
+// (nextLapse); the holds of the other nodes are renewed meanwhile.
 func (r *Registry) watch(ctx context.Context) {
 	ticker := time.NewTicker(r.cfg.expireAfter / 3)
 	defer ticker.Stop()
+	lapse := time.NewTimer(r.cfg.expireAfter)
+	lapse.Stop()
+	defer lapse.Stop()
 	var round sync.WaitGroup
 	defer round.Wait()
 	renewing := make(map[string]*atomic.Bool) // by node
@@ -34,6 +38,10 @@ func (r *Registry) watch(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-lapse.C:
+			r.loseLapsed()
+			r.nextLapse(lapse)
+			continue
 		case <-ticker.C:
 		}
 		r.contention.forgetLapsed()
@@ -68,7 +76,27 @@ func (r *Registry) watch(ctx context.Context) {
 			}()
 		}
 		r.loseLapsed()
+		r.nextLapse(lapse)
 	}
+}
+
+// nextLapse sets lapse to fire when the first lease still live runs out.
+// A lease that runs out unrenewed (Redis paused, gone or failing) frees
+// the key in Redis then, and its hold must hear of it then, not at the
+// next tick, up to lease/3 later, while its work goes on. Leases that
+// renewals carry on move past it, and it finds none over.
+func (r *Registry) nextLapse(lapse *time.Timer) {
+	now, first := int64(nowInstant()), int64(math.MaxInt64)
+	r.forEachHold(func(h *Hold) {
+		if end := h.tenure.leaseEnd.Load(); end > now && end < first && !h.isLost() {
+			first = end
+		}
+	})
+	if first == math.MaxInt64 {
+		lapse.Stop()
+		return
+	}
+	lapse.Reset(time.Duration(first - now))
 }
 
 // byNode groups holds by the Redis node that serves their keys (nodeOf).

@@ -1,0 +1,46 @@
+package lockreg
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/lockreg/lockreg/internal/redistest"
+)
+
+// A server paused past a lease (CLIENT PAUSE, as a manual failover does)
+// answers no renewal: the hold's lease runs out as the registry counts it,
+// and once the pause ends the key is anyone's, its TTL having run too. The
+// registry knows the instant, and Lost must fire then, not at the
+// watchdog's next tick up to a renewal interval (lease/3) later, while the
+// work under the hold goes on.
+func TestLostFiresWhenTheLeaseRunsOutNotAtTheNextTick(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const lease = 900 * time.Millisecond
+	r := newRegistry(t, srv.Client(t), WithExpireAfter(lease))
+	// The watchdog ticks every lease/3 from the first hold on; a hold
+	// taken half a tick later has its lease end half a tick before one.
+	first, err := r.Obtain("first").Acquire(ctx)
+	require.NoError(t, err)
+	time.Sleep(lease / 6)
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", (2*lease).Milliseconds(), "ALL").Err())
+	t.Cleanup(func() { _ = admin.Do(ctx, "CLIENT", "UNPAUSE").Err() })
+	end := instant(h.tenure.leaseEnd.Load()).time()
+
+	select {
+	case <-h.Lost():
+	case <-time.After(2 * lease):
+		t.Fatal("Lost never fired")
+	}
+	late := time.Since(end)
+	require.Less(t, late, lease/9, "Lost fired %v after the lease ran out", late)
+	require.ErrorIs(t, h.Err(), ErrLockLost)
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
+	require.ErrorIs(t, first.Release(ctx), ErrLockLost)
+}
