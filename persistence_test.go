@@ -29,9 +29,15 @@ func TestAKeyRestoredFromASnapshotKeepsItsHoldersLease(t *testing.T) {
 			restoredKeepsItsLease(t, tracked)
 		})
 	}
+	// With renewal off, the lease is fixed: the key must live as long as
+	// it, and no longer.
+	t.Run("renewalOff", func(t *testing.T) {
+		t.Parallel()
+		restoredKeepsItsLease(t, true, WithRenewal(false))
+	})
 }
 
-func restoredKeepsItsLease(t *testing.T, tracked bool) {
+func restoredKeepsItsLease(t *testing.T, tracked bool, opts ...Option) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
@@ -40,7 +46,7 @@ func restoredKeepsItsLease(t *testing.T, tracked bool) {
 	if !tracked {
 		client = aclClient(t, srv, "+@all", "-client")
 	}
-	r := newRegistry(t, client, WithExpireAfter(lease), WithRetryInterval(20*time.Millisecond))
+	r := newRegistry(t, client, append([]Option{WithExpireAfter(lease), WithRetryInterval(20 * time.Millisecond)}, opts...)...)
 	if tracked {
 		requireTracking(t, r)
 	}
@@ -74,6 +80,10 @@ func restoredKeepsItsLease(t *testing.T, tracked bool) {
 	}
 	require.True(t, errors.Is(err, ErrNotObtained), "%v", err)
 	requireOpen(t, h.Lost(), "the hold lives on")
+	left := time.Until(instant(h.tenure.leaseEnd.Load()).time())
+	ttl := admin.PTTL(ctx, h.redisKey()).Val()
+	require.GreaterOrEqual(t, ttl, left-50*time.Millisecond, "Redis keeps the key as long as the hold counts its lease")
+	require.LessOrEqual(t, ttl, lease)
 	require.NoError(t, h.Release(ctx))
 }
 

@@ -167,14 +167,29 @@ func (r *Registry) renewable(h *Hold, now time.Time) bool {
 // AOF) brings a key back with the time to live it had when that data was
 // written, which later renewals may have outrun: the key would expire, and
 // another registry take it, while its hold counts its lease live.
+// A hold whose lease is fixed (renewal off, or past WithMaxHold) has its
+// key's time to live set to what is left of its lease, and no longer.
 func (r *Registry) renewRestored(holds []*Hold) {
-	if !r.cfg.renewal || len(holds) == 0 {
+	if len(holds) == 0 {
 		return
 	}
 	r.goBackground(func(ctx context.Context) {
 		now := time.Now()
-		holds = slices.DeleteFunc(holds, func(h *Hold) bool { return !r.renewable(h, now) })
-		r.renew(ctx, r.renewalBatches(holds))
+		var renewed []*Hold
+		var fixed []*protocol.Call
+		for _, h := range holds {
+			switch {
+			case r.cfg.renewal && r.renewable(h, now):
+				renewed = append(renewed, h)
+			case !h.isLost() && !h.leaseOver():
+				c := r.peer.RenewFor(h.redisKey(), instant(h.tenure.leaseEnd.Load()).time().Sub(now))
+				fixed = append(fixed, &c)
+			}
+		}
+		r.renew(ctx, r.renewalBatches(renewed))
+		if len(fixed) > 0 && r.countCallsAside(OpRenew, fixed) == nil {
+			protocol.RunPipeline(ctx, r.client, fixed) // a key found changed is told by its check
+		}
 	})
 }
 

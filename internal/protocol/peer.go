@@ -204,6 +204,13 @@ func (p *Peer) Renew(lockKeys []string) Call {
 	return Call{Script: p.scripts.renew, Keys: lockKeys, Args: p.ownerAndLease}
 }
 
+// RenewFor is Renew of one key with a lease of its own, at least a
+// millisecond: a hold whose lease is fixed (renewal off, or past
+// WithMaxHold) has its key's time to live set to what is left of it.
+func (p *Peer) RenewFor(lockKey string, lease time.Duration) Call {
+	return Call{Script: p.scripts.renew, Keys: []string{lockKey}, Args: []any{p.clientIDArg, max(lease.Milliseconds(), 1)}}
+}
+
 // RenewTracked is Renew for a call on the registry's tracking connection
 // of the keys' server: the script reads the keys it renewed again, which
 // tracks them again. Read its reply with ReadRenew.
