@@ -321,6 +321,7 @@ func (l *Lock) acceptGrant(local *localLock, token int64, mark waitMark) *Hold {
 	if !r.extendLater(local, h) {
 		return nil // closing: the grant expires unextended
 	}
+	r.grants.leaseEnds(instant(h.tenure.leaseEnd.Load()))
 	return h
 }
 

@@ -69,10 +69,22 @@ type grants struct {
 	// plain SET NX that takes the key once a grant expired leaves the
 	// grant's token the last, and would lose the key to a late give-back.
 	pending *xsync.MapOf[string, *pendingCalls]
+	// shortLeases tells the watchdog the end of a granted hold's lease,
+	// which may come before its next tick (lapseTimer).
+	shortLeases chan instant
 }
 
 func newGrants(lease time.Duration) grants {
-	return grants{lease: lease, pending: xsync.NewMapOf[string, *pendingCalls]()}
+	return grants{lease: lease, pending: xsync.NewMapOf[string, *pendingCalls](), shortLeases: make(chan instant, 16)}
+}
+
+// leaseEnds tells the watchdog that a granted hold's lease ends at end. A
+// full queue drops it: the next tick finds that lease.
+func (g *grants) leaseEnds(end instant) {
+	select {
+	case g.shortLeases <- end:
+	default:
+	}
 }
 
 // extendLater extends a granted hold's short lease to the registry's own

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/redistest"
@@ -43,4 +44,40 @@ func TestLostFiresWhenTheLeaseRunsOutNotAtTheNextTick(t *testing.T) {
 	require.ErrorIs(t, h.Err(), ErrLockLost)
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 	require.ErrorIs(t, first.Release(ctx), ErrLockLost)
+}
+
+// A granted hold's lease is short (two retry intervals) until the grantee
+// extends it; a server paused before that leaves it to run out between
+// two of the watchdog's ticks, and Lost must fire then too.
+func TestLostFiresWhenAGrantsLeaseRunsOut(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const lease = 3 * time.Second // ticks a second apart
+	holder := newRegistry(t, srv.Client(t), WithExpireAfter(lease))
+	waiter := newRegistry(t, srv.Client(t), WithExpireAfter(lease), WithRetryInterval(50*time.Millisecond))
+	held, err := holder.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	got := make(chan *Hold, 1)
+	go func() {
+		h, err := waiter.Obtain("k").Acquire(ctx)
+		assert.NoError(t, err)
+		got <- h
+	}()
+	waitUntilWaiting(t, waiter)
+	require.NoError(t, held.Release(ctx))
+	h := <-got
+	require.Equal(t, viaGrant, h.via, "granted")
+	require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", 1000, "ALL").Err())
+	t.Cleanup(func() { _ = admin.Do(ctx, "CLIENT", "UNPAUSE").Err() })
+	end := instant(h.tenure.leaseEnd.Load()).time()
+
+	select {
+	case <-h.Lost():
+	case <-time.After(2 * time.Second):
+		t.Fatal("Lost never fired")
+	}
+	late := time.Since(end)
+	require.Less(t, late, 50*time.Millisecond, "Lost fired %v after the grant's lease ran out", late)
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 }

@@ -2,7 +2,6 @@ package lockreg
 
 import (
 	"context"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -28,9 +27,8 @@ const renewBatch = 100
 func (r *Registry) watch(ctx context.Context) {
 	ticker := time.NewTicker(r.cfg.expireAfter / 3)
 	defer ticker.Stop()
-	lapse := time.NewTimer(r.cfg.expireAfter)
-	lapse.Stop()
-	defer lapse.Stop()
+	lapse := newLapseTimer()
+	defer lapse.timer.Stop()
 	var round sync.WaitGroup
 	defer round.Wait()
 	renewing := make(map[string]*atomic.Bool) // by node
@@ -38,9 +36,12 @@ func (r *Registry) watch(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-lapse.C:
+		case <-lapse.timer.C:
 			r.loseLapsed()
 			r.nextLapse(lapse)
+			continue
+		case end := <-r.grants.shortLeases:
+			lapse.set(int64(end))
 			continue
 		case <-ticker.C:
 		}
@@ -78,25 +79,6 @@ func (r *Registry) watch(ctx context.Context) {
 		r.loseLapsed()
 		r.nextLapse(lapse)
 	}
-}
-
-// nextLapse sets lapse to fire when the first lease still live runs out.
-// A lease that runs out unrenewed (Redis paused, gone or failing) frees
-// the key in Redis then, and its hold must hear of it then, not at the
-// next tick, up to lease/3 later, while its work goes on. Leases that
-// renewals carry on move past it, and it finds none over.
-func (r *Registry) nextLapse(lapse *time.Timer) {
-	now, first := int64(nowInstant()), int64(math.MaxInt64)
-	r.forEachHold(func(h *Hold) {
-		if end := h.tenure.leaseEnd.Load(); end > now && end < first && !h.isLost() {
-			first = end
-		}
-	})
-	if first == math.MaxInt64 {
-		lapse.Stop()
-		return
-	}
-	lapse.Reset(time.Duration(first - now))
 }
 
 // byNode groups holds by the Redis node that serves their keys (nodeOf).
