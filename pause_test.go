@@ -78,6 +78,6 @@ func TestLostFiresWhenAGrantsLeaseRunsOut(t *testing.T) {
 		t.Fatal("Lost never fired")
 	}
 	late := time.Since(end)
-	require.Less(t, late, 50*time.Millisecond, "Lost fired %v after the grant's lease ran out", late)
+	require.Less(t, late, 300*time.Millisecond, "Lost fired %v after the grant's lease ran out", late)
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 }
