@@ -113,9 +113,9 @@ func (h *Hold) redisKey() string { return h.lock.keys().Lock() }
 // registry tracks its keys (the default), it fires within a round trip or
 // two of a change of the key (a DEL, an overwrite, a flush, an eviction)
 // and of Redis answering again after a restart or failover; without
-// tracking, within one renewal interval (expireAfter/3). It is closed
-// already when the acquisition's reply came a lease or more after it was
-// sent. Stop the protected work when it fires; Release then reports
+// tracking, within one renewal interval (expireAfter/3). A lease that
+// runs out unrenewed closes it at its end. It is closed already when the
+// acquisition's reply came a lease or more after it was sent. Stop the protected work when it fires; Release then reports
 // ErrLockLost.
 //
 // Release does not close it: a goroutine that watches it should also
