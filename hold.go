@@ -115,8 +115,8 @@ func (h *Hold) redisKey() string { return h.lock.keys().Lock() }
 // and of Redis answering again after a restart or failover; without
 // tracking, within one renewal interval (expireAfter/3). A lease that
 // runs out unrenewed closes it at its end. It is closed already when the
-// acquisition's reply came a lease or more after it was sent. Stop the protected work when it fires; Release then reports
-// ErrLockLost.
+// acquisition's reply came a lease or more after it was sent. Stop the
+// protected work when it fires; Release then reports ErrLockLost.
 //
 // Release does not close it: a goroutine that watches it should also
 // watch for the end of the work (Do does both for you), or watch Done.
