@@ -296,7 +296,9 @@ func (r *Registry) giveBack(ctx context.Context, key string, token int64, holder
 // does not count).
 func (r *Registry) grantIsLast(ctx context.Context, l *Lock, token int64) bool {
 	last := r.peer.LastToken(l.keys())
-	protocol.Run(ctx, r.client, last)
+	// In a pipeline: on Redis Cluster that reads the key's primary, where a
+	// client that reads from replicas (ReadOnly) would read one that may lag.
+	protocol.RunPipeline(ctx, r.client, []*protocol.Call{last})
 	n, err := protocol.ReadToken(last.Cmd)
 	return err == nil && n == token
 }
