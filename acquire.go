@@ -79,7 +79,7 @@ func (l *Lock) acquireHooked(ctx context.Context, wait bool, start time.Time, ho
 	told := false // a hook that panics leaves nothing held; the panic goes on
 	defer func() {
 		if !told && err == nil {
-			l.releaseUnclaimed()
+			h.releaseUnclaimed()
 		}
 	}()
 	tellAcquireDone(ctx, hooks, e)

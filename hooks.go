@@ -252,9 +252,36 @@ func (r *Registry) attempting(ctx context.Context, key string) {
 
 // tellAcquireDone tells the hooks that an acquisition ended.
 func tellAcquireDone(ctx context.Context, hooks []Hooks, e AcquireEvent) {
-	for _, hk := range hooks {
+	tellEach(hooks, func(hk Hooks) {
 		if hk.AcquireDone != nil {
 			hk.AcquireDone(ctx, e)
 		}
+	})
+}
+
+// tellReleaseDone tells the hooks that a release ended.
+func tellReleaseDone(ctx context.Context, hooks []Hooks, e ReleaseEvent) {
+	tellEach(hooks, func(hk Hooks) {
+		if hk.ReleaseDone != nil {
+			hk.ReleaseDone(ctx, e)
+		}
+	})
+}
+
+// tellEach tells each of hooks, the ones after a hook that panics too:
+// each began something (a span) that only its Done hook ends. The panic
+// then goes on.
+func tellEach(hooks []Hooks, tell func(Hooks)) {
+	for i, hk := range hooks {
+		told := false
+		func() {
+			defer func() {
+				if !told {
+					tellEach(hooks[i+1:], tell)
+				}
+			}()
+			tell(hk)
+			told = true
+		}()
 	}
 }

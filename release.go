@@ -37,11 +37,7 @@ func (h *Hold) release(ctx context.Context) error {
 			// a RedisCalls hook's).
 			e.Err = errReleasePanicked(h.lock.key)
 		}
-		for _, hk := range hooks[:begun] {
-			if hk.ReleaseDone != nil {
-				hk.ReleaseDone(ctx, e)
-			}
-		}
+		tellReleaseDone(ctx, hooks[:begun], e)
 	}()
 	for i, hk := range hooks {
 		if hk.ReleaseStart != nil {
@@ -55,11 +51,7 @@ func (h *Hold) release(ctx context.Context) error {
 	if !loss.signalled {
 		e.FoundLost = loss.cause
 	}
-	for _, hk := range hooks {
-		if hk.ReleaseDone != nil {
-			hk.ReleaseDone(ctx, e)
-		}
-	}
+	tellReleaseDone(ctx, hooks, e)
 	return err
 }
 
@@ -295,19 +287,15 @@ func (h *Hold) foundLost(cause LossCause, err error) {
 	}
 }
 
-// releaseUnclaimed releases the hold of l's key that the calling
-// goroutine just took and its caller never got (a hook panicked), on a
-// context of its own: the acquisition's ended with the panic.
-func (l *Lock) releaseUnclaimed() {
-	local, ok := l.r.locals.m.Load(l.key)
-	if !ok {
-		return
-	}
-	if h := local.hold.Load(); h != nil {
-		ctx, cancel := l.r.releaseContext(l.r.life.stopCtx)
-		defer cancel()
-		_, _ = h.releaseKey(ctx)
-	}
+// releaseUnclaimed releases h, which an acquisition took and its caller
+// never got (an AcquireDone hook panicked), on a context of its own: the
+// acquisition's ended with the panic. The hooks, told that h was acquired,
+// are told of its release (a panic of theirs there goes on in place of
+// the one that ended the acquisition).
+func (h *Hold) releaseUnclaimed() {
+	ctx, cancel := h.lock.r.releaseContext(h.lock.r.life.stopCtx)
+	defer cancel()
+	_ = h.release(ctx)
 }
 
 // grantIsLastAfterRelease is grantIsLast for a release whose script ran:
