@@ -29,6 +29,13 @@ const blindLimit = time.Second
 // returns the hold once its Lost channel fired. opts are the registry's.
 func holdAndChange(t *testing.T, client redis.UniversalClient, key string, change func(redisKey string), opts ...Option) *Hold {
 	t.Helper()
+	return holdAndChangeWithin(t, client, key, blindLimit, change, opts...)
+}
+
+// holdAndChangeWithin is holdAndChange for a holder that may learn of the
+// change as late as limit.
+func holdAndChangeWithin(t *testing.T, client redis.UniversalClient, key string, limit time.Duration, change func(redisKey string), opts ...Option) *Hold {
+	t.Helper()
 	ctx := context.Background()
 	r := newRegistry(t, client, opts...)
 	reads := trackingReads(r)
@@ -46,7 +53,7 @@ func holdAndChange(t *testing.T, client redis.UniversalClient, key string, chang
 	readsSettled(reads)
 	requireOpen(t, h.Lost(), "a change that leaves the key the holder's is no loss")
 	change(h.redisKey())
-	blind := requireFires(t, h.Lost(), blindLimit, "the holder learns at once that its key changed")
+	blind := requireFires(t, h.Lost(), limit, "the holder learns that its key changed")
 	t.Logf("%s: told %v after the change returned", key, blind)
 	return h
 }
