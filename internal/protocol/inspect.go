@@ -38,6 +38,8 @@ func ReadLocks(ctx context.Context, client redis.UniversalClient, keys []Keys) (
 	all := make([]reads, len(keys))
 	var now *redis.TimeCmd
 	cmds, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		// TIME, which is no read, also keeps a Cluster client with ReadOnly
+		// from sending the pipeline to a replica, which may lag.
 		now = p.Time(ctx)
 		for i, k := range keys {
 			ttl := redis.NewIntCmd(ctx, "pttl", k.Lock())
