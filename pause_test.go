@@ -81,3 +81,22 @@ func TestLostFiresWhenAGrantsLeaseRunsOut(t *testing.T) {
 	require.Less(t, late, 300*time.Millisecond, "Lost fired %v after the grant's lease ran out", late)
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 }
+
+// A release that a paused server holds up past the hold's lease finds the
+// key gone: it expired meanwhile, and the release names it so, not
+// "deleted", which would send an operator looking for who deleted it.
+func TestAReleaseHeldUpPastTheLeaseNamesTheKeyExpired(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	const lease = 600 * time.Millisecond
+	r := newRegistry(t, srv.Client(t), WithExpireAfter(lease))
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", (2*lease).Milliseconds(), "ALL").Err())
+	t.Cleanup(func() { _ = admin.Do(ctx, "CLIENT", "UNPAUSE").Err() })
+	err = h.Release(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	require.ErrorContains(t, err, LossExpired.explain())
+	requireCause(t, h, LossExpired)
+}

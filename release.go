@@ -228,7 +228,7 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		lostErr = lossError(l.key, loss.cause)
 	case leaseRanOut:
 		loss.cause = r.lapseCause(h)
-		lostErr = fmt.Errorf("%w: key %q: %s", ErrLockLost, printedKey(l.key), loss.cause.explain())
+		lostErr = lossError(l.key, loss.cause)
 	case (overwritten || err == nil && found.Outcome == protocol.NotOurs) && h.wasForced():
 		// News of a forced unlock came before the check it asked for
 		// (receiveForced): the registry knows the cause, which that check
@@ -237,6 +237,12 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		lostErr = lossError(l.key, loss.cause)
 	case overwritten:
 		loss.cause = LossOverwritten
+		lostErr = lossError(l.key, loss.cause)
+	case err == nil && found.Outcome == protocol.NotOurs && h.leaseOver():
+		// The lease ran out while the call was on its way (a paused
+		// server, a slow network, a queue): the key most likely expired,
+		// and "deleted" would send an operator looking for who deleted it.
+		loss.cause = r.lapseCause(h)
 		lostErr = lossError(l.key, loss.cause)
 	case err == nil && found.Outcome == protocol.NotOurs:
 		loss.cause = LossDeleted
