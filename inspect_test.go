@@ -305,7 +305,7 @@ func TestAReadOnlyInspector(t *testing.T) {
 	const ns = "orders"
 	// The README's inspector ACL.
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "inspector", "on", ">secret", "resetkeys", "resetchannels",
-		"%R~"+ns+":*", "-@all", "+get", "+pttl", "+zrange", "+hget", "+time", "+scan", "+ping", "+hello").Err())
+		"%R~"+ns+":{*", "%R~"+ns+":owner:*", "-@all", "+get", "+pttl", "+zrange", "+hget", "+time", "+scan", "+ping", "+hello").Err())
 	holder, err := New(srv.Client(t), ns, WithOwner("writer"))
 	require.NoError(t, err)
 	defer holder.Close()

@@ -546,7 +546,7 @@ func TestAKeyOfAnotherTypeIsLostAloneAsOverwritten(t *testing.T) {
 			admin := srv.Client(t)
 			client := admin
 			if !tracked {
-				client = minimalACL(t, admin, srv, "lockreg-test", "-client|tracking")()
+				client = minimalACL(t, admin, srv, "lockreg-test:"+t.Name(), "-client|tracking")()
 			}
 			const lease = 1200 * time.Millisecond
 			r := newRegistry(t, client, WithExpireAfter(lease))

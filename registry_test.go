@@ -133,7 +133,8 @@ func TestRegistryWorksOverRESP2(t *testing.T) {
 func minimalACL(t *testing.T, admin *redis.Client, srv *redistest.Server, prefix string, more ...string) func() *redis.Client {
 	t.Helper()
 	args := []any{"ACL", "SETUSER", "locker", "reset", "on", ">secret", "resetkeys", "resetchannels",
-		"~" + prefix + ":*", "&" + prefix + ":*", "&__redis__:invalidate", "-@all",
+		"~" + prefix + ":{*", "~" + prefix + ":owner:*",
+		"&" + prefix + ":released", "&" + prefix + ":released:*", "&" + prefix + ":forced:*", "&__redis__:invalidate", "-@all",
 		"+evalsha", "+eval", "+get", "+mget", "+set", "+pexpire", "+del", "+exists", "+time",
 		"+zadd", "+zrem", "+zscore", "+zrangebyscore", "+zpopmin", "+pttl", "+publish", "+subscribe", "+ping", "+hello", "+hset",
 		"+client|id", "+client|tracking", "+info", "+zrange", "+hget", "+scan"}
@@ -177,6 +178,12 @@ func TestRegistryWorksWithAMinimalACL(t *testing.T) {
 	verdict, err := admin.Do(ctx, "ACL", "DRYRUN", "locker", "GET", "payments:{x}").Text()
 	require.NoError(t, err)
 	require.Contains(t, verdict, "no permissions", "and it can touch nothing outside its prefix")
+	// Nor a namespace that its own begins: "orders:eu" is another.
+	for _, command := range [][]any{{"GET", "orders:eu:{x}"}, {"HGET", "orders:eu:owner:x", "name"}, {"PUBLISH", "orders:eu:released", "x"}} {
+		verdict, err := admin.Do(ctx, append([]any{"ACL", "DRYRUN", "locker"}, command...)...).Text()
+		require.NoError(t, err)
+		require.Contains(t, verdict, "no permissions", "%v", command)
+	}
 	require.Eventually(t, func() bool {
 		return admin.HGet(ctx, protocol.OwnerKey(holder.namespace, holder.clientID), "name").Val() == holder.cfg.owner
 	}, 5*time.Second, 10*time.Millisecond, "the owner name is published under the ACL")

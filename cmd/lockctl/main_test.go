@@ -145,7 +145,7 @@ func TestLockctlNamesTheCommandAnACLForbids(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "inspector", "on", ">secret", "resetkeys", "resetchannels",
-		"%R~orders:*", "-@all", "+get", "+pttl", "+zrange", "+hget", "+time", "+scan", "+ping", "+hello").Err())
+		"%R~orders:{*", "%R~orders:owner:*", "-@all", "+get", "+pttl", "+zrange", "+hget", "+time", "+scan", "+ping", "+hello").Err())
 	service, err := lockreg.New(srv.Client(t), "orders")
 	require.NoError(t, err)
 	defer service.Close()
