@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -37,10 +38,19 @@ func TestAHolderLearnsAtOnceOfEveryCommandThatChangesItsKey(t *testing.T) {
 		{"a list in its place", func(k string) [][]any { return [][]any{{"del", k}, {"rpush", k, "x"}} }, LossOverwritten},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h := holdAndChange(t, client, "k", func(redisKey string) {
-				for _, command := range c.command(redisKey) {
-					require.NoError(t, client.Do(ctx, command...).Err())
-				}
+			// A key of each run's own: a run leaves a value of its own, with
+			// no expiry, where the lock was, and a copy in database 1.
+			key := fmt.Sprint("k", time.Now().UnixNano())
+			h := holdAndChange(t, client, key, func(redisKey string) {
+				// In one step: a read between a DEL and an RPUSH would find
+				// the key gone, and rightly say deleted.
+				_, err := client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+					for _, command := range c.command(redisKey) {
+						p.Do(ctx, command...)
+					}
+					return nil
+				})
+				require.NoError(t, err)
 			})
 			requireCause(t, h, c.cause)
 		})
