@@ -136,6 +136,20 @@ func TestNewAtFailsTheTestWhenNoRedisAnswers(t *testing.T) {
 	require.Contains(t, msg, `lockregtest: NewAt("redis://nobody:xxxxx@`+addr+`/0"): no Redis answers there: `, "the password stays out")
 }
 
+// TestNewAtKeepsThePasswordOfAnUnparsableURLOut: a password that is not
+// percent-encoded (a '%', '#', '/', '?' or space in it) makes the URL
+// unparsable; the failure says so without showing the password, or any
+// part of it, as the test's output may be a public CI log.
+func TestNewAtKeepsThePasswordOfAnUnparsableURLOut(t *testing.T) {
+	for _, password := range []string{"p%ss-word", "pa#ss-word", "pa/ss-word", "pa?ss-word", "pa ss-word"} {
+		msg := fatalOf(t, func(t testing.TB) { lockregtest.NewAt(t, "redis://user:"+password+"@127.0.0.1:1/0") })
+		require.Contains(t, msg, `lockregtest: NewAt("redis://user:xxxxx@127.0.0.1:1/0"): `, password)
+		for _, part := range []string{password, password[:4], "-word"} {
+			require.NotContains(t, msg, part, "the password, or part of it, shows")
+		}
+	}
+}
+
 // TestNewNeedsNoRedisServer: the embedded server is all New needs.
 func TestNewNeedsNoRedisServer(t *testing.T) {
 	t.Setenv("PATH", "")
