@@ -488,6 +488,42 @@ func TestALostHookThatPanicsIsLoggedAndTheOthersAreTold(t *testing.T) {
 	require.ErrorIs(t, lost.Release(ctx), ErrLockLost)
 }
 
+// TestAReleaseThatPanicsStillSaysTheHoldWasLost: a hold signalled lost
+// (a LossEvent told the hooks) whose release a panic cuts short, a
+// ReleaseStart hook's or one in its Redis calls, is reported WasLost all
+// the same: hooks that count the holds (lockregotel's, lockregtest's)
+// count each hold ended once, by its loss, not once more by its release.
+func TestAReleaseThatPanicsStillSaysTheHoldWasLost(t *testing.T) {
+	for _, panicking := range []Hooks{
+		{ReleaseStart: func(context.Context, string) context.Context { panic("hook") }},
+		{RedisCalls: func(op RedisOp, _ int) {
+			if op == OpRelease {
+				panic("hook")
+			}
+		}},
+	} {
+		ctx := context.Background()
+		r := newRegistry(t, redistest.Shared(t).Client(t))
+		rec := &recorder{}
+		r.AddHooks(rec.hooks())
+		h, err := r.Obtain("k").Acquire(ctx)
+		require.NoError(t, err)
+		forced, err := r.ForceUnlockHeldBy(ctx, "k", r.OwnerID()) // tells h at once
+		require.NoError(t, err)
+		require.True(t, forced)
+		require.Eventually(t, func() bool {
+			_, _, _, lost, _ := rec.snapshot()
+			return len(lost) == 1
+		}, 5*time.Second, time.Millisecond, "the hooks are told of the loss")
+		r.AddHooks(panicking)
+		require.PanicsWithValue(t, "hook", func() { _ = h.Release(ctx) })
+		_, _, released, _, _ := rec.snapshot()
+		require.Len(t, released, 1)
+		require.True(t, released[0].WasLost, "the hold's loss was told before its release")
+		require.Zero(t, released[0].FoundLost)
+	}
+}
+
 // TestAHoldWhoseRenewalsAreRefusedSaysSo: an ACL without PEXPIRE lets a
 // registry take keys (a plain SET) but refuses every renewal; the hold is
 // lost when its lease runs out, and its error says that renewals failed,

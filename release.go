@@ -28,16 +28,21 @@ func (h *Hold) release(ctx context.Context) error {
 		// A panic (a ReleaseStart hook's, a client's) still tells
 		// ReleaseDone to the hooks whose ReleaseStart was called, so that
 		// what they began, a span, ends; the panic goes on.
-		e := ReleaseEvent{Key: h.lock.key, Held: held}
+		var loss releaseLoss
+		var err error
 		if begun < len(hooks) {
 			// A ReleaseStart hook's: the hold is released all the same.
-			_, e.Err = h.releaseKey(callerCtx)
+			loss, err = h.releaseKey(callerCtx)
 		} else {
 			// A client's, in the release's Redis calls (a go-redis hook's,
-			// a RedisCalls hook's).
-			e.Err = errReleasePanicked(h.lock.key)
+			// a RedisCalls hook's), which came after releaseKey marked the
+			// hold released: no loss is signalled since, and the loss it
+			// would have found is not known.
+			loss, err = h.signalledLoss(), errReleasePanicked(h.lock.key)
 		}
-		tellReleaseDone(ctx, hooks[:begun], e)
+		// A hold whose loss the hooks were told of ends with that loss,
+		// for them: its release must say so, or they count it ended twice.
+		tellReleaseDone(ctx, hooks[:begun], h.releaseEvent(held, loss, err))
 	}()
 	for i, hk := range hooks {
 		if hk.ReleaseStart != nil {
@@ -47,12 +52,24 @@ func (h *Hold) release(ctx context.Context) error {
 	}
 	loss, err := h.releaseKey(ctx)
 	ended = true
+	tellReleaseDone(ctx, hooks, h.releaseEvent(held, loss, err))
+	return err
+}
+
+// releaseEvent is the end of h's release, which knew loss of it.
+func (h *Hold) releaseEvent(held time.Duration, loss releaseLoss, err error) ReleaseEvent {
 	e := ReleaseEvent{Key: h.lock.key, Held: held, WasLost: loss.signalled, Err: err}
 	if !loss.signalled {
 		e.FoundLost = loss.cause
 	}
-	tellReleaseDone(ctx, hooks, e)
-	return err
+	return e
+}
+
+// signalledLoss is the loss signalled of h, released already, if any.
+func (h *Hold) signalledLoss() releaseLoss {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return releaseLoss{cause: h.cause, signalled: h.cause != lossNone}
 }
 
 // errReleasePanicked is the error of a release that a panic in its Redis

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,6 +106,31 @@ func TestLoseTellsAHolderThatRedisTellsNothing(t *testing.T) {
 	lockregtest.Lose(t, r, "k")
 	require.ErrorIs(t, h.Err(), lockreg.ErrLockLost)
 	require.ErrorContains(t, h.Err(), "forced")
+	require.ErrorIs(t, h.Release(ctx), lockreg.ErrLockLost)
+}
+
+// TestLoseAfterAReleaseThatPanicked: the release of a hold Lose took,
+// which a hook of the user's cut short by a panic, ends that hold once
+// for the kit: Lose takes the next hold of the key as it would any.
+func TestLoseAfterAReleaseThatPanicked(t *testing.T) {
+	ctx := context.Background()
+	r := lockregtest.New(t)
+	var panicking atomic.Bool
+	r.AddHooks(lockreg.Hooks{ReleaseStart: func(ctx context.Context, _ string) context.Context {
+		if panicking.Swap(false) {
+			panic("hook")
+		}
+		return ctx
+	}})
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	lockregtest.Lose(t, r, "k")
+	panicking.Store(true)
+	require.PanicsWithValue(t, "hook", func() { _ = h.Release(ctx) })
+
+	h, err = r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.Empty(t, fatalOf(t, func(t testing.TB) { lockregtest.Lose(t, r, "k") }))
 	require.ErrorIs(t, h.Release(ctx), lockreg.ErrLockLost)
 }
 
