@@ -9,7 +9,8 @@
 //
 // -redis takes a redis:// (or rediss://, unix://) URL, or HOST:PORT, or
 // several addresses or URLs separated by commas, which make a Cluster
-// client (as -cluster does), or Sentinels with -sentinel MASTER; REDIS_URL
+// client (as -cluster does, and one address of a Cluster node), or
+// Sentinels with -sentinel MASTER; REDIS_URL
 // is the default. -json prints JSON. The namespace is the one the
 // service passes to lockreg.New. list, show and the confirmation need only
 // read the namespace (the README's inspector ACL); unlock runs
@@ -49,6 +50,7 @@ import (
 
 	"github.com/lockreg/lockreg"
 	"github.com/lockreg/lockreg/internal/keytext"
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // Exit codes.
@@ -263,6 +265,8 @@ func checkCommand(o options, args []string) (command, key string, err error) {
 		return "", "", usageError("-quoted is for show and unlock, not list")
 	case o.namespace == "":
 		return "", "", usageError("-namespace is required: the namespace the service passes to lockreg.New")
+	case protocol.CheckNamespace(o.namespace) != nil: // lockreg.New's check, ahead of the first Redis call
+		return "", "", usageError("-namespace: namespace %w", protocol.CheckNamespace(o.namespace))
 	case o.timeout <= 0:
 		return "", "", usageError("-timeout must be positive (given %v)", o.timeout)
 	}
@@ -278,14 +282,18 @@ func dispatch(ctx context.Context, o options, args []string, stdin io.Reader, st
 	if err != nil {
 		return err
 	}
+	stepCtx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	client, err = clusterIfNode(stepCtx, client, o)
 	defer client.Close()
+	if err != nil {
+		return explainRedisError(err, o)
+	}
 	registry, err := lockreg.New(client, o.namespace, lockreg.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		return usageError("-namespace: %w", err)
 	}
 	defer closeBriefly(registry)
-	stepCtx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
 	c := commandRun{ctx: stepCtx, again: func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, o.timeout) }, interrupt: ctx,
 		client: client, registry: registry, namespace: o.namespace, p: printer{out: stdout, json: o.json}}
 	switch command {

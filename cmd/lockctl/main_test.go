@@ -186,6 +186,33 @@ func TestLockctlListsACluster(t *testing.T) {
 	require.ElementsMatch(t, keys, got)
 }
 
+// TestLockctlFindsAClusterFromOneNode: an operator who gives one Cluster
+// node's address, without -cluster, is shown the whole Cluster's locks,
+// not that node's alone, nor told that none is held.
+func TestLockctlFindsAClusterFromOneNode(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	addrs := redistest.StartCluster(t, 3)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer client.Close()
+	service, err := lockreg.New(client, "orders")
+	require.NoError(t, err)
+	defer service.Close()
+	h, err := service.Obtain("a").Acquire(ctx)
+	require.NoError(t, err)
+	for _, addr := range addrs {
+		res := runLockctl(t, nil, "-redis", addr, "-namespace", "orders", "-json", "list")
+		require.Equal(t, exitOK, res.code, "%s: %s", addr, res.stderr)
+		var listed []lockJSON
+		require.NoError(t, json.Unmarshal([]byte(res.stdout), &listed))
+		require.Len(t, listed, 1, addr)
+		require.Equal(t, "a", listed[0].Key)
+		res = runLockctl(t, nil, "-redis", "redis://"+addr, "-namespace", "orders", "show", "a")
+		require.Equal(t, exitOK, res.code, "%s: %s", addr, res.stderr)
+	}
+	require.NoError(t, h.Release(ctx))
+}
+
 // awaitOwnerName waits until Inspect names key's owner: a registry
 // publishes its name in the background (publishSoon) when it first
 // acquires.

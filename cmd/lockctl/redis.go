@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -43,13 +44,44 @@ func connect(o options) (redis.UniversalClient, error) {
 			ContextTimeoutEnabled: true, DialTimeout: t, ReadTimeout: t, WriteTimeout: t,
 		}), nil
 	case o.cluster || len(addrs) > 1:
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: addrs, Username: first.Username, Password: first.Password, TLSConfig: first.TLSConfig,
-			ContextTimeoutEnabled: true, DialTimeout: t, ReadTimeout: t, WriteTimeout: t,
-		}), nil
+		return clusterClient(addrs, first, t), nil
 	}
 	first.ContextTimeoutEnabled, first.DialTimeout, first.ReadTimeout, first.WriteTimeout = true, t, t, t
 	return redis.NewClient(first), nil
+}
+
+// clusterClient is a Cluster client seeded with addrs, with the options
+// of first, read from -redis, and the timeouts t (see connect).
+func clusterClient(addrs []string, first *redis.Options, t time.Duration) *redis.ClusterClient {
+	return redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: addrs, Username: first.Username, Password: first.Password, TLSConfig: first.TLSConfig,
+		ContextTimeoutEnabled: true, DialTimeout: t, ReadTimeout: t, WriteTimeout: t,
+	})
+}
+
+// clusterIfNode is client, or, if it is a plain client of a Redis Cluster
+// node (one address given, without -cluster), a Cluster client seeded with
+// that node: a plain one scans that node alone, so that list would miss
+// the other nodes' locks, and say that none is held if that node has
+// none. A server that refuses CLUSTER SLOTS is taken for a single one: its
+// cluster support is disabled, or its ACL, lacking +cluster|slots, is not
+// a Cluster inspector's (see the README).
+func clusterIfNode(ctx context.Context, client redis.UniversalClient, o options) (redis.UniversalClient, error) {
+	plain, ok := client.(*redis.Client)
+	if !ok || o.sentinel != "" || plain.Options().Network == "unix" {
+		return client, nil
+	}
+	err := plain.ClusterSlots(ctx).Err()
+	var refused redis.Error
+	switch {
+	case errors.As(err, &refused):
+		return client, nil
+	case err != nil:
+		return client, err
+	}
+	opt := plain.Options()
+	_ = plain.Close()
+	return clusterClient([]string{opt.Addr}, opt, o.timeout), nil
 }
 
 // schemeLike is the start of a URL whose "//" is missing or mistyped.
