@@ -105,6 +105,17 @@ func redisAddress(address string) (*redis.Options, error) {
 		}
 		address = "redis://" + address // HOST:PORT
 	}
+	opt, err := parseURL(address)
+	if start, at := userInfo(address); err != nil && at >= 0 && strings.ContainsAny(address[start:at], "/?#") {
+		// The URL's host or path took in part of the password, which err
+		// would quote.
+		err = errors.New(`the user or password holds '/', '?' or '#': percent-encode it (%2F, %3F, %23)`)
+	}
+	return opt, err
+}
+
+// parseURL is redis.ParseURL, whose errors do not repeat the URL.
+func parseURL(address string) (*redis.Options, error) {
 	if _, err := url.Parse(address); err != nil {
 		var urlErr *url.Error
 		if errors.As(err, &urlErr) {
@@ -131,23 +142,39 @@ func knownScheme(scheme string) bool {
 func redact(value string) string {
 	parts := strings.Split(value, ",")
 	for i, part := range parts {
-		start := 0
-		if n := strings.Index(part, "://"); n >= 0 {
-			start = n + len("://")
-		}
-		authority := part[start:]
-		if end := strings.IndexAny(authority, "/?#"); end >= 0 {
-			authority = authority[:end]
-		}
-		at := strings.LastIndex(authority, "@")
+		start, at := userInfo(part)
 		if at < 0 {
 			continue
 		}
-		if user, _, hasPassword := strings.Cut(authority[:at], ":"); hasPassword {
-			parts[i] = part[:start] + user + ":xxxxx" + part[start+at:]
+		if user, _, hasPassword := strings.Cut(part[start:at], ":"); hasPassword {
+			parts[i] = part[:start] + user + ":xxxxx" + part[at:]
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// userInfo is where the user info of one address of -redis starts, and
+// where its '@' is (-1 if it has none). A generated password often holds
+// '/', '?' or '#' unescaped, which ends a URL's host part before the '@':
+// the last '@' of the address ends the user info then, if a host follows
+// it, else the password would show whole.
+func userInfo(address string) (start, at int) {
+	if n := strings.Index(address, "://"); n >= 0 {
+		start = n + len("://")
+	}
+	rest := address[start:]
+	end := len(rest)
+	if n := strings.IndexAny(rest, "/?#"); n >= 0 {
+		end = n
+	}
+	at = strings.LastIndex(rest[:end], "@")
+	if last := strings.LastIndex(rest, "@"); at < 0 && last >= 0 && last+1 < len(rest) && !strings.ContainsRune("/?#", rune(rest[last+1])) {
+		at = last
+	}
+	if at < 0 {
+		return start, -1
+	}
+	return start, start + at
 }
 
 // explainRedisError says, of an error that Redis could not be reached or

@@ -125,6 +125,7 @@ func TestRedact(t *testing.T) {
 		"unix://u:pw@/run/redis.sock":    "unix://u:xxxxx@/run/redis.sock",
 		"htp:/foo":                       "htp:/foo",
 		"redis://h:1/0?dial_timeout=1s@": "redis://h:1/0?dial_timeout=1s@",
+		"redis://u:p/w?x#y@h:1/0":        "redis://u:xxxxx@h:1/0", // unescaped, yet hidden
 	} {
 		require.Equal(t, want, redact(value), value)
 	}
@@ -249,4 +250,28 @@ func TestLockctlTimeoutBoundsAServerThatDoesNotAnswer(t *testing.T) {
 	res := runLockctl(t, nil, "-redis", addr, "-namespace", "ns", "-timeout", "6s", "list")
 	require.Equal(t, exitError, res.code, res.stderr)
 	require.True(t, strings.HasPrefix(res.stderr, fmt.Sprintf(`lockctl: no answer from Redis (-redis %q) within -timeout 6s: `, addr)), res.stderr)
+}
+
+// TestLockctlHidesAPasswordThatIsNotEscaped: a generated password often
+// holds '/', '?' or '#', which a URL must percent-encode; unescaped, they
+// end the URL's host part early, and the password showed in the error,
+// whole, and in part in url.Parse's message ("invalid port").
+func TestLockctlHidesAPasswordThatIsNotEscaped(t *testing.T) {
+	for _, redis := range []string{
+		"redis://u:Zq9/Wk3@h:6379",
+		"redis://:Zq9?Wk3@h:6379/0",
+		"redis://u:123/4567@h", // parses, but 4567@h is no database
+		"rediss://u:Zq9#Wk3@h",
+		"u:Zq9/Wk3@h:6379",
+		"redis://v:pw@h:1,redis://u:Zq9/Wk3@h:2",
+	} {
+		t.Run(redis, func(t *testing.T) {
+			res := runLockctl(t, nil, "-redis", redis, "-timeout", "1s", "-namespace", "ns", "list")
+			require.Equal(t, exitUsage, res.code, res.stderr)
+			require.NotContains(t, res.stderr, "Zq9")
+			require.NotContains(t, res.stderr, "Wk3")
+			require.NotContains(t, res.stderr, "4567")
+			require.Contains(t, res.stderr, "percent-encode")
+		})
+	}
 }
