@@ -269,6 +269,8 @@ func checkCommand(o options, args []string) (command, key string, err error) {
 		return "", "", usageError("-namespace: namespace %w", protocol.CheckNamespace(o.namespace))
 	case o.timeout <= 0:
 		return "", "", usageError("-timeout must be positive (given %v)", o.timeout)
+	case o.sentinel != "" && o.cluster:
+		return "", "", usageError("-sentinel and -cluster exclude each other: Sentinels serve one primary, a Cluster many")
 	}
 	return command, key, nil
 }

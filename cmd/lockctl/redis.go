@@ -44,6 +44,11 @@ func connect(o options) (redis.UniversalClient, error) {
 			ContextTimeoutEnabled: true, DialTimeout: t, ReadTimeout: t, WriteTimeout: t,
 		}), nil
 	case o.cluster || len(addrs) > 1:
+		for _, u := range urls {
+			if u.DB != 0 {
+				return nil, usageError("%s %q: database %d on a Cluster, which has database 0 alone", o.redisFrom, redact(o.redisURL), u.DB)
+			}
+		}
 		return clusterClient(addrs, first, t), nil
 	}
 	first.ContextTimeoutEnabled, first.DialTimeout, first.ReadTimeout, first.WriteTimeout = true, t, t, t

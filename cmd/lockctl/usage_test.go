@@ -41,6 +41,9 @@ func TestLockctlRefusesBadInput(t *testing.T) {
 		{"bad namespace", []string{"-namespace", "a{}b", "list"}, `"a{}b" starts a Cluster hash tag`},
 		{"bad URL", []string{"-redis", "htp:/foo", "-namespace", "ns", "list"}, `-redis "htp:/foo": "htp:" is not a scheme lockctl takes (redis://, rediss:// or unix://), and the rest is not HOST:PORT`},
 		{"bad URL after the command", []string{"list", "-namespace", "ns", "-redis", "http://x:y:z"}, `-redis "http://x:y:z": the scheme is "http"; lockctl takes redis://, rediss:// or unix://`},
+		{"Sentinel and Cluster at once", []string{"-namespace", "ns", "-sentinel", "mymaster", "-cluster", "list"}, "-sentinel and -cluster exclude each other"},
+		{"a database on a Cluster", []string{"-namespace", "ns", "-cluster", "-redis", "redis://127.0.0.1:1/2", "list"}, `-redis "redis://127.0.0.1:1/2": database 2 on a Cluster, which has database 0 alone`},
+		{"a database on several addresses", []string{"-namespace", "ns", "-redis", "127.0.0.1:1,redis://127.0.0.1:2/3", "list"}, `database 3 on a Cluster, which has database 0 alone`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := runLockctl(t, nil, tc.args...)
