@@ -58,7 +58,9 @@
 //     registry left held frees within seconds, and renewals, every
 //     second, make up for the missing tracking. A test stopped for two
 //     seconds or more (a debugger's breakpoint) loses its holds:
-//     WithExpireAfter sets a longer lease.
+//     WithExpireAfter sets a longer lease. An option that must stay below
+//     the lease (WithRetryInterval) must stay below 3s too, or come with
+//     WithExpireAfter.
 //   - Time is the wall clock: leases run out as on Redis (miniredis's
 //     ClockTTL), and there is no fake clock to move them on.
 //   - There is one server: no replicas, failover, Cluster or eviction

@@ -15,8 +15,9 @@ const loseTimeout = 5 * time.Second
 
 // Lose makes r lose the hold it has on key, as an operator's
 // lockreg.Registry.ForceUnlock does: the key is deleted, the fencing
-// token raised past the holder's, the key's waiters (of r or another
-// registry) woken, and r told. Lose returns once r signalled the hold
+// token raised past the holder's, another registry's waiters woken, and r
+// told (a goroutine of r that waits for the key takes it once the lost
+// hold is released, as the local mutex passes then). Lose returns once r signalled the hold
 // lost, for lockreg.LossForced: its Lost channel is closed, the context
 // of the Do that holds it has ended with a cause matching
 // lockreg.ErrLockLost, and its Release returns ErrLockLost. That takes
