@@ -161,20 +161,26 @@ func TestLockctlNamesTheCommandAnACLForbids(t *testing.T) {
 	require.NoError(t, h.Release(ctx))
 }
 
-func TestLockctlListsACluster(t *testing.T) {
-	ctx := context.Background()
+// clusterHolding starts a Cluster of 3 primaries on which a registry of
+// namespace "orders" holds keys, and returns its addresses.
+func clusterHolding(t *testing.T, keys ...string) []string {
+	t.Helper()
 	addrs := redistest.StartCluster(t, 3)
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	defer client.Close()
+	t.Cleanup(func() { _ = client.Close() })
 	service, err := lockreg.New(client, "orders")
 	require.NoError(t, err)
-	defer service.Close()
-	var keys []string
-	for _, key := range []string{"a", "b", "c", "d", "e", "f"} {
-		_, err := service.Obtain(key).Acquire(ctx)
+	t.Cleanup(func() { _ = service.Close() })
+	for _, key := range keys {
+		_, err := service.Obtain(key).Acquire(context.Background())
 		require.NoError(t, err)
-		keys = append(keys, key)
 	}
+	return addrs
+}
+
+func TestLockctlListsACluster(t *testing.T) {
+	keys := []string{"a", "b", "c", "d", "e", "f"}
+	addrs := clusterHolding(t, keys...)
 	res := runLockctl(t, nil, "-redis", strings.Join(addrs, ","), "-namespace", "orders", "-json", "list")
 	require.Equal(t, exitOK, res.code, res.stderr)
 	var listed []lockJSON
@@ -191,15 +197,7 @@ func TestLockctlListsACluster(t *testing.T) {
 // not that node's alone, nor told that none is held.
 func TestLockctlFindsAClusterFromOneNode(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	addrs := redistest.StartCluster(t, 3)
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	defer client.Close()
-	service, err := lockreg.New(client, "orders")
-	require.NoError(t, err)
-	defer service.Close()
-	h, err := service.Obtain("a").Acquire(ctx)
-	require.NoError(t, err)
+	addrs := clusterHolding(t, "a")
 	for _, addr := range addrs {
 		res := runLockctl(t, nil, "-redis", addr, "-namespace", "orders", "-json", "list")
 		require.Equal(t, exitOK, res.code, "%s: %s", addr, res.stderr)
@@ -210,7 +208,6 @@ func TestLockctlFindsAClusterFromOneNode(t *testing.T) {
 		res = runLockctl(t, nil, "-redis", "redis://"+addr, "-namespace", "orders", "show", "a")
 		require.Equal(t, exitOK, res.code, "%s: %s", addr, res.stderr)
 	}
-	require.NoError(t, h.Release(ctx))
 }
 
 // awaitOwnerName waits until Inspect names key's owner: a registry
