@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/protocol"
+	"github.com/lockreg/lockreg/internal/redistest"
 )
 
 // TestAClientThatReadsFromReplicas: a Cluster client with ReadOnly sends
@@ -58,5 +59,17 @@ func TestAClientThatReadsFromReplicas(t *testing.T) {
 			n++
 		}
 		require.Equal(t, 1, n)
+	})
+	// A read that a slot's migration redirected (ASK) is sent again
+	// through the cluster client, which would send it to a replica of the
+	// slot's old primary: that replica knows nothing of the migration, and
+	// lags besides. It must follow the migration to the new primary.
+	t.Run("FollowsAMigratingSlotToItsNewPrimary", func(t *testing.T) {
+		primaries, err := c.Primaries()
+		require.NoError(t, err)
+		m := redistest.BeginSlotMigration(t, primaries, protocol.Slot(l.keys().Lock()))
+		m.MoveThisKey(t, fence)
+		require.True(t, r.grantIsLast(ctx, l, 2), "the new primary's last token is the grant's")
+		require.False(t, r.grantIsLast(ctx, l, 1))
 	})
 }

@@ -140,10 +140,30 @@ func runClusterPipeline(ctx context.Context, cluster *redis.ClusterClient, calls
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			Run(ctx, cluster, c)
+			runRedirected(ctx, cluster, c)
 		})
 	}
 	wg.Wait()
+}
+
+// runRedirected sends a call that a node refused again through the
+// cluster client, which follows MOVED and ASK. A plain call (a read) goes
+// in a pipeline with a TIME: go-redis sends a lone read to a replica when
+// the client reads from replicas (ReadOnly), and a replica may lag, or not
+// know that its slot is migrating, while the reads sent here judge holds
+// (a grant's token, a hold's owner). A pipeline with a command that is no
+// read goes to primaries.
+func runRedirected(ctx context.Context, cluster *redis.ClusterClient, c *Call) {
+	if c.Script != nil || !cluster.Options().ReadOnly {
+		Run(ctx, cluster, c)
+		return
+	}
+	c.Cmd = redis.NewCmd(ctx, c.Args...)
+	_, _ = cluster.Pipelined(ctx, func(p redis.Pipeliner) error {
+		_ = p.Process(ctx, c.Cmd)
+		p.Time(ctx)
+		return nil
+	})
 }
 
 // Redirected reports whether a Redis Cluster node refused a call without
