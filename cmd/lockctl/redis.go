@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockreg/lockreg/internal/redact"
 )
 
 // connect makes the client o names.
@@ -22,9 +24,9 @@ func connect(o options) (redis.UniversalClient, error) {
 		if err != nil {
 			where := ""
 			if len(parts) > 1 {
-				where = fmt.Sprintf("address %d, %q: ", i+1, redact(part))
+				where = fmt.Sprintf("address %d, %q: ", i+1, hidePasswords(part))
 			}
-			return nil, usageError("%s %q: %s%w", o.redisFrom, redact(o.redisURL), where, err)
+			return nil, usageError("%s %q: %s%w", o.redisFrom, hidePasswords(o.redisURL), where, err)
 		}
 		urls = append(urls, opt)
 	}
@@ -46,7 +48,7 @@ func connect(o options) (redis.UniversalClient, error) {
 	case o.cluster || len(addrs) > 1:
 		for _, u := range urls {
 			if u.DB != 0 {
-				return nil, usageError("%s %q: database %d on a Cluster, which has database 0 alone", o.redisFrom, redact(o.redisURL), u.DB)
+				return nil, usageError("%s %q: database %d on a Cluster, which has database 0 alone", o.redisFrom, hidePasswords(o.redisURL), u.DB)
 			}
 		}
 		return clusterClient(addrs, first, t), nil
@@ -111,7 +113,7 @@ func redisAddress(address string) (*redis.Options, error) {
 		address = "redis://" + address // HOST:PORT
 	}
 	opt, err := parseURL(address)
-	if start, at := userInfo(address); err != nil && at >= 0 && strings.ContainsAny(address[start:at], "/?#") {
+	if start, at := redact.UserInfo(address); err != nil && at >= 0 && strings.ContainsAny(address[start:at], "/?#") {
 		// The URL's host or path took in part of the password, which err
 		// would quote.
 		err = errors.New(`the user or password holds '/', '?' or '#': percent-encode it (%2F, %3F, %23)`)
@@ -143,43 +145,14 @@ func knownScheme(scheme string) bool {
 	return false
 }
 
-// redact hides the passwords of a -redis value, one address or several.
-func redact(value string) string {
+// hidePasswords hides the passwords of a -redis value, one address or
+// several.
+func hidePasswords(value string) string {
 	parts := strings.Split(value, ",")
 	for i, part := range parts {
-		start, at := userInfo(part)
-		if at < 0 {
-			continue
-		}
-		if user, _, hasPassword := strings.Cut(part[start:at], ":"); hasPassword {
-			parts[i] = part[:start] + user + ":xxxxx" + part[at:]
-		}
+		parts[i] = redact.URL(part)
 	}
 	return strings.Join(parts, ",")
-}
-
-// userInfo is where the user info of one address of -redis starts, and
-// where its '@' is (-1 if it has none). A generated password often holds
-// '/', '?' or '#' unescaped, which ends a URL's host part before the '@':
-// the last '@' of the address ends the user info then, if a host follows
-// it, else the password would show whole.
-func userInfo(address string) (start, at int) {
-	if n := strings.Index(address, "://"); n >= 0 {
-		start = n + len("://")
-	}
-	rest := address[start:]
-	end := len(rest)
-	if n := strings.IndexAny(rest, "/?#"); n >= 0 {
-		end = n
-	}
-	at = strings.LastIndex(rest[:end], "@")
-	if last := strings.LastIndex(rest, "@"); at < 0 && last >= 0 && last+1 < len(rest) && !strings.ContainsRune("/?#", rune(rest[last+1])) {
-		at = last
-	}
-	if at < 0 {
-		return start, -1
-	}
-	return start, start + at
 }
 
 // explainRedisError says, of an error that Redis could not be reached or
@@ -191,9 +164,9 @@ func explainRedisError(err error, o options) error {
 	var opErr *net.OpError
 	switch {
 	case errors.As(err, &opErr) && opErr.Op == "dial":
-		return fmt.Errorf("cannot reach Redis (%s %q): %w", o.redisFrom, redact(o.redisURL), opErr)
+		return fmt.Errorf("cannot reach Redis (%s %q): %w", o.redisFrom, hidePasswords(o.redisURL), opErr)
 	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("no answer from Redis (%s %q) within -timeout %v: %w", o.redisFrom, redact(o.redisURL), o.timeout, err)
+		return fmt.Errorf("no answer from Redis (%s %q) within -timeout %v: %w", o.redisFrom, hidePasswords(o.redisURL), o.timeout, err)
 	}
 	return err
 }

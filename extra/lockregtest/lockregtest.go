@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockreg/lockreg"
+	"github.com/lockreg/lockreg/internal/redact"
 )
 
 // Lease is the lease of the registries the kit makes, unless their
@@ -76,49 +77,21 @@ func NewAt(t testing.TB, addr string, opts ...lockreg.Option) *lockreg.Registry 
 	if strings.Contains(addr, "://") {
 		var err error
 		if options, err = redis.ParseURL(addr); err != nil {
-			t.Fatalf("lockregtest: NewAt(%q): %v", redacted(addr), unparsable(addr, err))
+			t.Fatalf("lockregtest: NewAt(%q): %v", redact.URL(addr), unparsable(addr, err))
 		}
 	}
 	if err := ping(*options); err != nil {
-		t.Fatalf("lockregtest: NewAt(%q): no Redis answers there: %v", redacted(addr), err)
+		t.Fatalf("lockregtest: NewAt(%q): no Redis answers there: %v", redact.URL(addr), err)
 	}
 	srv := &redisServer{options: *options}
 	return srv.newRegistry(t, newNamespace(), opts)
-}
-
-// redacted is addr with the password of a URL left out, for failures:
-// cut by hand from a URL that does not parse, as a password that is not
-// percent-encoded makes it.
-func redacted(addr string) string {
-	if !strings.Contains(addr, "://") {
-		return addr
-	}
-	if u, err := url.Parse(addr); err == nil {
-		return u.Redacted()
-	}
-	if user, rest, ok := userInfo(addr); ok {
-		return user + ":xxxxx@" + rest
-	}
-	return addr
-}
-
-// userInfo splits a URL that may not parse at its user info's password:
-// what comes before it (the scheme and user), and after its '@'.
-func userInfo(addr string) (user, rest string, ok bool) {
-	scheme, after, _ := strings.Cut(addr, "://")
-	at := strings.LastIndexByte(after, '@')
-	colon := strings.IndexByte(after, ':')
-	if at < 0 || colon < 0 || colon > at {
-		return "", "", false
-	}
-	return scheme + "://" + after[:colon], after[at+1:], true
 }
 
 // unparsable is why ParseURL refused addr, unless it has a password,
 // which url.Parse's errors quote, in part or whole.
 func unparsable(addr string, err error) error {
 	var parse *url.Error
-	if _, _, secret := userInfo(addr); secret && errors.As(err, &parse) {
+	if redact.HasPassword(addr) && errors.As(err, &parse) {
 		return errors.New("not a URL; percent-encode the password")
 	}
 	return err
