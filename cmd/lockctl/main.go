@@ -10,7 +10,8 @@
 // -redis takes a redis:// (or rediss://, unix://) URL, or HOST:PORT, or
 // several addresses or URLs separated by commas, which make a Cluster
 // client (as -cluster does, and one address of a Cluster node), or
-// Sentinels with -sentinel MASTER; REDIS_URL
+// Sentinels with -sentinel MASTER (the first URL's user and password
+// serve the primary, and the Sentinels too if they ask for one); REDIS_URL
 // is the default. -json prints JSON. The namespace is the one the
 // service passes to lockreg.New. list, show and the confirmation need only
 // read the namespace (the README's inspector ACL); unlock runs

@@ -329,6 +329,40 @@ func TestLockctlFollowsSentinels(t *testing.T) {
 	require.NoError(t, h.Release(ctx))
 }
 
+// TestLockctlFollowsSentinelsThatAskForAPassword: Sentinels and their
+// servers often share one password; -redis's then reaches both.
+func TestLockctlFollowsSentinelsThatAskForAPassword(t *testing.T) {
+	ctx := context.Background()
+	g := redistest.StartSentinelGroup(t)
+	for _, srv := range []*redistest.Server{g.Replica, g.Primary} {
+		require.NoError(t, srv.Client(t).ConfigSet(ctx, "masterauth", "pw").Err())
+		require.NoError(t, srv.Client(t).ConfigSet(ctx, "requirepass", "pw").Err())
+	}
+	for _, addr := range g.SentinelAddrs() {
+		sentinel := redis.NewSentinelClient(&redis.Options{Addr: addr})
+		require.NoError(t, sentinel.Set(ctx, redistest.SentinelMaster, "auth-pass", "pw").Err())
+		require.NoError(t, sentinel.Process(ctx, redis.NewStatusCmd(ctx, "acl", "setuser", "default", "resetpass", ">pw")))
+		require.NoError(t, sentinel.Close())
+	}
+	client := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName: redistest.SentinelMaster, SentinelAddrs: g.SentinelAddrs(), Password: "pw", SentinelPassword: "pw",
+	})
+	defer client.Close()
+	service, err := lockreg.New(client, "orders", lockreg.WithOwner("behind-sentinels"))
+	require.NoError(t, err)
+	defer service.Close()
+	h, err := service.Obtain("o-1").Acquire(ctx)
+	require.NoError(t, err)
+	var addrs []string
+	for _, addr := range g.SentinelAddrs() {
+		addrs = append(addrs, "redis://:pw@"+addr)
+	}
+	res := runLockctl(t, nil, "-redis", strings.Join(addrs, ","), "-sentinel", redistest.SentinelMaster, "-namespace", "orders", "show", "o-1")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	require.Contains(t, res.stdout, "behind-sentinels")
+	require.NoError(t, h.Release(ctx))
+}
+
 // TestLockctlExitsPromptly: lockreg's Close can wait 15s when it races the
 // tracking subscription that New starts (about one run in five); lockctl
 // does not wait for it.

@@ -40,11 +40,15 @@ func connect(o options) (redis.UniversalClient, error) {
 	t := o.timeout
 	switch {
 	case o.sentinel != "":
-		return redis.NewFailoverClient(&redis.FailoverOptions{
+		opt := &redis.FailoverOptions{
 			MasterName: o.sentinel, SentinelAddrs: addrs,
 			Username: first.Username, Password: first.Password, DB: first.DB, TLSConfig: first.TLSConfig,
 			ContextTimeoutEnabled: true, DialTimeout: t, ReadTimeout: t, WriteTimeout: t,
-		}), nil
+		}
+		if first.Password != "" && sentinelsAskForAPassword(addrs, first, t) {
+			opt.SentinelUsername, opt.SentinelPassword = first.Username, first.Password
+		}
+		return redis.NewFailoverClient(opt), nil
 	case o.cluster || len(addrs) > 1:
 		for _, u := range urls {
 			if u.DB != 0 {
@@ -55,6 +59,27 @@ func connect(o options) (redis.UniversalClient, error) {
 	}
 	first.ContextTimeoutEnabled, first.DialTimeout, first.ReadTimeout, first.WriteTimeout = true, t, t, t
 	return redis.NewClient(first), nil
+}
+
+// sentinelsAskForAPassword reports whether the first of the Sentinels at
+// addrs that answers refuses a PING without a password (NOAUTH). Sentinels
+// and their servers often share one, which -redis then gives both; but
+// Sentinels that ask for none refuse a password (AUTH without one set),
+// so it goes to them only if they ask.
+func sentinelsAskForAPassword(addrs []string, first *redis.Options, t time.Duration) bool {
+	for _, addr := range addrs {
+		sentinel := redis.NewSentinelClient(&redis.Options{
+			Addr: addr, TLSConfig: first.TLSConfig, DialTimeout: t, ReadTimeout: t, WriteTimeout: t,
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), t)
+		err := sentinel.Ping(ctx).Err()
+		cancel()
+		_ = sentinel.Close()
+		if err == nil || redis.HasErrorPrefix(err, "NOAUTH") {
+			return err != nil
+		}
+	}
+	return false
 }
 
 // clusterClient is a Cluster client seeded with addrs, with the options
