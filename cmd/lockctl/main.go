@@ -11,8 +11,9 @@
 // several addresses or URLs separated by commas, which make a Cluster
 // client (as -cluster does, and one address of a Cluster node), or
 // Sentinels with -sentinel MASTER (the first URL's user and password
-// serve the primary, and the Sentinels too if they ask for one); REDIS_URL
-// is the default. -json prints JSON. The namespace is the one the
+// serve the primary, and the Sentinels too if they ask for one). Later
+// addresses take the first's user, password, TLS and database, or name
+// the same ones. REDIS_URL is the default. -json prints JSON. The namespace is the one the
 // service passes to lockreg.New. list, show and the confirmation need only
 // read the namespace (the README's inspector ACL); unlock runs
 // forceunlock.lua, and forces the key open only while the registry it

@@ -21,6 +21,9 @@ func connect(o options) (redis.UniversalClient, error) {
 	var urls []*redis.Options
 	for i, part := range parts {
 		opt, err := redisAddress(strings.TrimSpace(part))
+		if err == nil && i > 0 {
+			err = unlikeFirst(opt, urls[0], strings.Contains(part, "://"), o.sentinel != "")
+		}
 		if err != nil {
 			where := ""
 			if len(parts) > 1 {
@@ -59,6 +62,23 @@ func connect(o options) (redis.UniversalClient, error) {
 	}
 	first.ContextTimeoutEnabled, first.DialTimeout, first.ReadTimeout, first.WriteTimeout = true, t, t, t
 	return redis.NewClient(first), nil
+}
+
+// unlikeFirst says how a later address of -redis asks for what the first's
+// client cannot give it: a Cluster or Sentinel client has one user and
+// password, one TLS setting and, behind Sentinels, one database, the
+// first address's. A later address that names none of them takes the
+// first's; HOST:PORT (no scheme) takes its TLS setting too.
+func unlikeFirst(later, first *redis.Options, hasScheme, sentinels bool) error {
+	switch {
+	case (later.Username != "" || later.Password != "") && (later.Username != first.Username || later.Password != first.Password):
+		return errors.New("another user or password than the first address's; one client takes one")
+	case hasScheme && (later.TLSConfig != nil) != (first.TLSConfig != nil):
+		return errors.New("rediss:// where the first address has redis://, or the other way round; one client takes one")
+	case sentinels && later.DB != 0 && later.DB != first.DB:
+		return fmt.Errorf("database %d where the first address has %d; one client takes one", later.DB, first.DB)
+	}
+	return nil
 }
 
 // sentinelsAskForAPassword reports whether the first of the Sentinels at

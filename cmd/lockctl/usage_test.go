@@ -43,6 +43,9 @@ func TestLockctlRefusesBadInput(t *testing.T) {
 		{"bad URL after the command", []string{"list", "-namespace", "ns", "-redis", "http://x:y:z"}, `-redis "http://x:y:z": the scheme is "http"; lockctl takes redis://, rediss:// or unix://`},
 		{"Sentinel and Cluster at once", []string{"-namespace", "ns", "-sentinel", "mymaster", "-cluster", "list"}, "-sentinel and -cluster exclude each other"},
 		{"a database on a Cluster", []string{"-namespace", "ns", "-cluster", "-redis", "redis://127.0.0.1:1/2", "list"}, `-redis "redis://127.0.0.1:1/2": database 2 on a Cluster, which has database 0 alone`},
+		{"another password on a later address", []string{"-namespace", "ns", "-redis", "redis://:a@127.0.0.1:1,redis://:b@127.0.0.1:2", "list"}, `address 2, "redis://:xxxxx@127.0.0.1:2": another user or password than the first address's; one client takes one`},
+		{"TLS on a later address alone", []string{"-namespace", "ns", "-redis", "redis://127.0.0.1:1,rediss://127.0.0.1:2", "list"}, `address 2, "rediss://127.0.0.1:2": rediss:// where the first address has redis://, or the other way round; one client takes one`},
+		{"another database on a later Sentinel", []string{"-namespace", "ns", "-sentinel", "m", "-redis", "127.0.0.1:1/1,127.0.0.1:2/2", "list"}, `address 2, "127.0.0.1:2/2": database 2 where the first address has 1; one client takes one`},
 		{"a database on several addresses", []string{"-namespace", "ns", "-redis", "127.0.0.1:1,redis://127.0.0.1:2/3", "list"}, `database 3 on a Cluster, which has database 0 alone`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
