@@ -10,6 +10,7 @@ import (
 
 	"github.com/lockreg/lockreg"
 	"github.com/lockreg/lockreg/internal/keytext"
+	"github.com/lockreg/lockreg/internal/protocol"
 )
 
 // InstrumentTracing traces what reg does as the spans described in the
@@ -27,9 +28,10 @@ func InstrumentTracing(reg *lockreg.Registry, opts ...Option) error {
 func tracingHooks(namespace string, opts []Option) lockreg.Hooks {
 	c := newConfig(namespace, opts)
 	t := &tracing{
-		tracer: c.tp.Tracer(scope),
-		start:  []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(c.baseAttributes()...)},
-		keys:   c.keys,
+		tracer:    c.tp.Tracer(scope),
+		namespace: namespace,
+		start:     []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(c.baseAttributes()...)},
+		keys:      c.keys,
 	}
 	return lockreg.Hooks{
 		AcquireStart:   t.acquireStart,
@@ -42,9 +44,10 @@ func tracingHooks(namespace string, opts []Option) lockreg.Hooks {
 
 // tracing makes a registry's spans.
 type tracing struct {
-	tracer trace.Tracer
-	start  []trace.SpanStartOption // every span's
-	keys   bool                    // WithLockKeys
+	tracer    trace.Tracer
+	start     []trace.SpanStartOption // every span's
+	keys      bool                    // WithLockKeys
+	namespace string                  // the registry's, in the Redis keys that errors name
 }
 
 // spanKey keys a tracing's span in the context of the acquisition or
@@ -110,11 +113,14 @@ func (t *tracing) releaseDone(ctx context.Context, e lockreg.ReleaseEvent) {
 }
 
 // fail sets span's status to an error described by err's message, in
-// which lockreg quotes the key, whole or, if long, cut (keytext.Short):
-// that stays out without WithLockKeys.
+// which lockreg quotes the key, whole or, if long, cut (keytext.Short),
+// and may name one of the lock's keys in Redis, <namespace>:{<key>} and a
+// suffix (a queue or a marker of another type fails a call naming it):
+// the key stays out of both without WithLockKeys.
 func (t *tracing) fail(span trace.Span, key string, err error) {
 	msg := err.Error()
 	if !t.keys {
+		msg = strings.ReplaceAll(msg, protocol.LockKeys(t.namespace, key).Lock(), t.namespace+":{…}")
 		msg = strings.ReplaceAll(msg, strconv.Quote(key), `"…"`)
 		msg = strings.ReplaceAll(msg, strconv.Quote(keytext.Short(key)), `"…"`)
 	}

@@ -238,6 +238,46 @@ func TestSpansKeepALongKeyOut(t *testing.T) {
 	require.Equal(t, `lockreg: lock not obtained: key "…": context deadline exceeded`, ended[0].Status().Description)
 }
 
+// TestSpansKeepTheKeyOutOfRedisKeyNames: an error that names one of the
+// lock's keys in Redis (<namespace>:{<key>}:queue, say: a queue or a
+// marker of another type, made by hand, fails the call naming it) keeps
+// the key out of the status without WithLockKeys, as a quoted key is.
+func TestSpansKeepTheKeyOutOfRedisKeyNames(t *testing.T) {
+	ctx := context.Background()
+	r, other, namespace, client := contenders(t)
+	s := newSpans(t)
+	s.instrument(t, r)
+	const key = "order-{42}" // braces are escaped in Redis keys
+	lock := namespace + ":{order-%7B42%7D}"
+	t.Cleanup(func() { client.Del(ctx, lock+":queue", lock+":waiting") })
+
+	held, err := other.Obtain(key).Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, client.Set(ctx, lock+":queue", "x", 0).Err())
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = r.Obtain(key).Acquire(short)
+	require.ErrorIs(t, err, lockreg.ErrRedis)
+	require.ErrorContains(t, err, lock+":queue", "the error names the queue")
+	require.NoError(t, client.Del(ctx, lock+":queue").Err())
+	require.NoError(t, held.Release(ctx))
+
+	h, err := r.Obtain(key).Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, client.HSet(ctx, lock+":waiting", "field", "value").Err())
+	err = h.Release(ctx)
+	require.ErrorIs(t, err, lockreg.ErrRedis)
+	require.ErrorContains(t, err, lock+":waiting", "the error names the marker")
+
+	ended := s.ended()
+	require.Len(t, ended, 3)
+	for _, span := range []sdktrace.ReadOnlySpan{ended[0], ended[2]} {
+		require.Equal(t, codes.Error, span.Status().Code, span.Name())
+		require.NotContains(t, span.Status().Description, "42", span.Name())
+		require.Contains(t, span.Status().Description, namespace+":{…}", span.Name())
+	}
+}
+
 // TestSpansWithLockKeysAndAttributes: with WithLockKeys spans name their
 // key, in attributes and error descriptions; WithAttributes' go on all.
 func TestSpansWithLockKeysAndAttributes(t *testing.T) {
