@@ -379,12 +379,13 @@ func (a *acquisition) letGo(granted bool) {
 }
 
 // notAcquired turns the reason an acquisition stopped into its error: a
-// Redis error that retrying would not mend ends it with that error.
+// Redis error that retrying would not mend ends it with that error, as
+// does any failed attempt of a TryLock, which does not retry.
 func (l *Lock) notAcquired(ctx context.Context, reason, lastErr error) error {
 	switch {
 	case reason == errBusy:
 		return errBusy
-	case errors.Is(reason, ErrRedis):
+	case errors.Is(reason, ErrRedis) || errors.Is(reason, ErrNotReplicated):
 		return errors.Join(fmt.Errorf("%w: key %q", ErrNotObtained, printedKey(l.key)), reason)
 	case errors.Is(reason, ErrClosed):
 		return fmt.Errorf("%w: cannot lock %q", ErrClosed, printedKey(l.key))

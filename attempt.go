@@ -128,6 +128,11 @@ func (a *acquisition) attempt() (*Hold, error) {
 			a.l.r.publishSoon() // a long wait outlives the owner name's time to live
 		}
 	}
+	if !a.wait && err != nil {
+		// TryLock's attempt failed: the key was not found held, and the
+		// hooks (an error, to them) must hear what failed.
+		return nil, a.abandon(err)
+	}
 	if !a.wait {
 		return nil, a.abandon(errBusy)
 	}

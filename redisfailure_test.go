@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -536,4 +537,31 @@ func TestAHoldWhoseRenewalsAreRefusedSaysSo(t *testing.T) {
 	requireFires(t, h.Lost(), 5*time.Second, "the hold whose renewals Redis refused was lost")
 	require.ErrorIs(t, h.Err(), ErrLockLost)
 	require.ErrorContains(t, h.Err(), "renewals failing")
+}
+
+// TestATryLockThatRedisFailsIsAnErrorToTheHooks: a TryLock whose attempt
+// Redis failed (a broken connection) did not find the key held: the hooks
+// hear of an error that says what failed, not of a key not obtained.
+func TestATryLockThatRedisFailsIsAnErrorToTheHooks(t *testing.T) {
+	var failing atomic.Bool
+	client := redistest.Shared(t).Client(t, redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if !failing.Load() {
+				return next(ctx, cmd)
+			}
+			err := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+			cmd.SetErr(err)
+			return err
+		}
+	}})
+	r := newRegistry(t, client)
+	var told []AcquireEvent
+	r.AddHooks(Hooks{AcquireDone: func(_ context.Context, e AcquireEvent) { told = append(told, e) }})
+	failing.Store(true)
+	require.False(t, r.Obtain("k").TryLock())
+	require.Len(t, told, 1)
+	require.Equal(t, OutcomeError, told[0].Outcome)
+	require.ErrorIs(t, told[0].Err, ErrNotObtained)
+	require.ErrorIs(t, told[0].Err, ErrRedis, "%v", told[0].Err)
+	require.ErrorIs(t, told[0].Err, syscall.ECONNRESET)
 }
