@@ -22,8 +22,14 @@ const (
 	operationAttr = attribute.Key("lockreg.operation") // lockreg.RedisOp
 )
 
-// ErrNoRegistry is returned for a nil registry.
-var ErrNoRegistry = errors.New("lockregotel: no registry")
+var (
+	// ErrNoRegistry is returned for a nil registry.
+	ErrNoRegistry = errors.New("lockregotel: no registry")
+	// ErrInstrumented is returned for a registry instrumented already into
+	// the same provider, whose measurements would all count twice, and
+	// whose acquisitions and releases would each make two spans.
+	ErrInstrumented = errors.New("lockregotel: registry instrumented already")
+)
 
 // recordWith is an attribute set as the option histograms take, made
 // once, so that recording with it allocates nothing.

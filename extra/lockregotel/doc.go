@@ -12,10 +12,11 @@
 //		return err
 //	}
 //
-// Instrument each registry once; the providers are the global ones
-// (otel.GetMeterProvider, otel.GetTracerProvider) unless WithMeterProvider
-// or WithTracerProvider name others (a nil one keeps the global provider,
-// and a nil Option is ignored).
+// Instrument each registry once: a second time into the same provider
+// returns ErrInstrumented, and changes nothing. The providers are the
+// global ones (otel.GetMeterProvider, otel.GetTracerProvider) unless
+// WithMeterProvider or WithTracerProvider name others (a nil one keeps the
+// global provider, and a nil Option is ignored).
 //
 // # Metrics
 //

@@ -22,7 +22,8 @@ var durationBuckets = []float64{
 }
 
 // InstrumentMetrics reports what reg does as the metrics listed in the
-// package documentation, from now on. Instrument a registry once.
+// package documentation, from now on. Instrument a registry once: a second
+// time into the same meter provider returns ErrInstrumented.
 func InstrumentMetrics(reg *lockreg.Registry, opts ...Option) error {
 	if reg == nil {
 		return ErrNoRegistry
@@ -30,8 +31,15 @@ func InstrumentMetrics(reg *lockreg.Registry, opts ...Option) error {
 	// lockreg.holds counts as Stats does, the holds taken before too: the
 	// hooks see only the acquisitions that begin from now on, and would
 	// count the releases of the earlier holds below zero.
+	// Refused before the instruments are made: their callback would
+	// observe the registry all the same.
+	forget, err := instrumentOnce(reg, newConfig(reg.Key(), opts).mp)
+	if err != nil {
+		return err
+	}
 	hooks, err := metricsHooks(reg.Key(), func() int64 { return reg.Stats().Held }, opts)
 	if err != nil {
+		forget()
 		return err
 	}
 	reg.AddHooks(hooks)

@@ -14,10 +14,14 @@ import (
 )
 
 // InstrumentTracing traces what reg does as the spans described in the
-// package documentation, from now on. Instrument a registry once.
+// package documentation, from now on. Instrument a registry once: a second
+// time into the same tracer provider returns ErrInstrumented.
 func InstrumentTracing(reg *lockreg.Registry, opts ...Option) error {
 	if reg == nil {
 		return ErrNoRegistry
+	}
+	if _, err := instrumentOnce(reg, newConfig(reg.Key(), opts).tp); err != nil {
+		return err
 	}
 	reg.AddHooks(tracingHooks(reg.Key(), opts))
 	return nil
