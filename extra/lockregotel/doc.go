@@ -32,8 +32,11 @@
 //   - lockreg.lost, a counter: holds lost; lockreg.cause (expired,
 //     max_hold, deleted, restart, closed, forced, overwritten, flushed,
 //     evicted, as lockreg.LossCause names them). A loss that the hold's
-//     release found first counts then: expired or max_hold if its lease
-//     ran out, deleted if Redis said the key was not the registry's.
+//     release found first counts then, by the cause it found
+//     (lockreg.ReleaseEvent.FoundLost): expired or max_hold if its lease
+//     ran out; if Redis said the key was not the registry's, deleted, or
+//     overwritten or forced where the registry can tell; or the cause that
+//     the read confirming a local hand-off found.
 //   - lockreg.redis.calls, an observed counter: calls sent to Redis;
 //     lockreg.operation (acquire, release, renew, token, withdraw, check,
 //     track, as lockreg.RedisOp names them).
