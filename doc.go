@@ -31,6 +31,7 @@
 // acquisitions, waits for the holds to be released (renewing them
 // meanwhile) until its context ends, then releases what is left. Close
 // ends it at once: held keys stay in Redis until their leases run out.
+// Registry.Done closes when either has closed it.
 //
 // # The model
 //

@@ -116,6 +116,12 @@ func (r *Registry) Shutdown(ctx context.Context) error {
 	return nil
 }
 
+// Done returns a channel that is closed once the registry is closed: when
+// Close stops its background work, which Shutdown does at its end. Code
+// that watches a registry (instrumentation, a health check) lets go of it
+// then.
+func (r *Registry) Done() <-chan struct{} { return r.life.stopCtx.Done() }
+
 // refuse makes the registry refuse acquisitions, and ends the waiting ones.
 func (r *Registry) refuse() {
 	r.life.mu.Lock()

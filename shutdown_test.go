@@ -139,6 +139,34 @@ func TestShutdownWithNothingHeldReturnsNil(t *testing.T) {
 	assert.NoError(t, r.Shutdown(ctx), "idempotent")
 }
 
+// TestDoneClosesOnceTheRegistryIsClosed: by Close, or at the end of
+// Shutdown, which waits for the holds first.
+func TestDoneClosesOnceTheRegistryIsClosed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Run("Close", func(t *testing.T) {
+		r := newRegistry(t, redistest.Shared(t).Client(t))
+		require.False(t, isClosed(r.Done()), "Done closed while open")
+		require.NoError(t, r.Close())
+		require.True(t, isClosed(r.Done()))
+	})
+	t.Run("Shutdown", func(t *testing.T) {
+		r := newRegistry(t, redistest.Shared(t).Client(t))
+		h, err := r.Obtain("k").Acquire(ctx)
+		require.NoError(t, err)
+		ended := make(chan error, 1)
+		go func() { ended <- r.Shutdown(ctx) }()
+		select {
+		case <-r.Done():
+			t.Fatal("Done closed while Shutdown waited for a hold")
+		case <-time.After(50 * time.Millisecond):
+		}
+		require.NoError(t, h.Release(ctx))
+		requireFires(t, r.Done(), 5*time.Second, "Done closes at Shutdown's end")
+		require.NoError(t, <-ended)
+	})
+}
+
 // TestShutdownsReleaseConfirmsTheHoldsHandedOffBeforeIt: a release that
 // handed its key off locally waits for a read of the key after the
 // hand-off (tenure.go). When Shutdown releases that key, its release

@@ -236,11 +236,11 @@ func (c *stressChecker) enter(h *stressHold, lost <-chan struct{}) {
 	k.last[h.reg] = h
 	c.pathCount[hn.path]++
 	c.note(k, "enter hold %d (%s, registry %d, %s, tenure %s)", h.id, h.way, h.reg, hn.path, c.since(h.tenure))
-	if isClosedChan(lost) {
+	if isClosed(lost) {
 		c.toldLocked(h, now, "lost")
 	} else {
 		for _, o := range k.inside {
-			if isClosedChan(o.lost) {
+			if isClosed(o.lost) {
 				c.toldLocked(o, now, "lost")
 				continue
 			}
@@ -265,15 +265,6 @@ func (c *stressChecker) enter(h *stressHold, lost <-chan struct{}) {
 	}()
 }
 
-func isClosedChan(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
 func (c *stressChecker) told(h *stressHold, at time.Time, by string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -296,7 +287,7 @@ func (c *stressChecker) exit(h *stressHold) {
 	defer c.mu.Unlock()
 	k := c.keys[h.key]
 	h.exit = now
-	if isClosedChan(h.lost) {
+	if isClosed(h.lost) {
 		c.toldLocked(h, now, "lost")
 	}
 	k.inside = slices.DeleteFunc(k.inside, func(o *stressHold) bool { return o == h })
@@ -312,7 +303,7 @@ func (c *stressChecker) released(h *stressHold, err, holdErr error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	h.released, h.releaseErr = now, err
-	if isClosedChan(h.lost) {
+	if isClosed(h.lost) {
 		c.toldLocked(h, now, "lost")
 	}
 	switch {

@@ -23,7 +23,9 @@ var durationBuckets = []float64{
 
 // InstrumentMetrics reports what reg does as the metrics listed in the
 // package documentation, from now on. Instrument a registry once: a second
-// time into the same meter provider returns ErrInstrumented.
+// time into the same meter provider returns ErrInstrumented. Once reg is
+// closed (Registry.Done), lockreg.holds and lockreg.redis.calls no longer
+// observe it, and the provider keeps it no more.
 func InstrumentMetrics(reg *lockreg.Registry, opts ...Option) error {
 	if reg == nil {
 		return ErrNoRegistry
@@ -37,7 +39,7 @@ func InstrumentMetrics(reg *lockreg.Registry, opts ...Option) error {
 	if err != nil {
 		return err
 	}
-	hooks, err := metricsHooks(reg.Key(), func() int64 { return reg.Stats().Held }, opts)
+	hooks, err := metricsHooks(reg.Key(), func() int64 { return reg.Stats().Held }, reg.Done(), opts)
 	if err != nil {
 		forget()
 		return err
@@ -47,10 +49,11 @@ func InstrumentMetrics(reg *lockreg.Registry, opts ...Option) error {
 }
 
 // metricsHooks are the hooks that InstrumentMetrics adds to a registry of
-// namespace, whose holds held counts (Stats().Held).
-func metricsHooks(namespace string, held func() int64, opts []Option) (lockreg.Hooks, error) {
+// namespace, whose holds held counts (Stats().Held), and which closes done
+// (Registry.Done) once closed.
+func metricsHooks(namespace string, held func() int64, done <-chan struct{}, opts []Option) (lockreg.Hooks, error) {
 	c := newConfig(namespace, opts)
-	m, err := newMetrics(&c, held)
+	m, err := newMetrics(&c, held, done)
 	if err != nil {
 		return lockreg.Hooks{}, err
 	}
@@ -88,7 +91,7 @@ type acquireKind struct {
 	path    lockreg.Path
 }
 
-func newMetrics(c *config, held func() int64) (*metrics, error) {
+func newMetrics(c *config, held func() int64, done <-chan struct{}) (*metrics, error) {
 	meter := c.mp.Meter(scope)
 	var errs [6]error
 	m := &metrics{base: c.baseAttributes(), keys: c.keys, held: held}
@@ -104,9 +107,23 @@ func newMetrics(c *config, held func() int64) (*metrics, error) {
 		metric.WithDescription("Holds acquired and not released yet."))
 	m.redisCalls, errs[4] = meter.Int64ObservableCounter("lockreg.redis.calls", metric.WithUnit("{call}"),
 		metric.WithDescription("Calls sent to Redis, by operation."))
-	_, errs[5] = meter.RegisterCallback(m.observe, m.holds, m.redisCalls)
+	var observing metric.Registration
+	observing, errs[5] = meter.RegisterCallback(m.observe, m.holds, m.redisCalls)
 	if err := errors.Join(errs[:]...); err != nil {
+		if observing != nil {
+			_ = observing.Unregister()
+		}
 		return nil, fmt.Errorf("lockregotel: %w", err)
+	}
+	if done != nil {
+		// The callback keeps the registry (held reads it) for as long as
+		// the provider lives: a closed registry is let go. Not from the
+		// callback: the SDK holds the lock that Unregister takes while it
+		// runs callbacks.
+		go func() {
+			<-done
+			_ = observing.Unregister()
+		}()
 	}
 	if m.keys {
 		m.live.byKey = map[string]int64{}

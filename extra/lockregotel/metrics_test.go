@@ -3,6 +3,7 @@ package lockregotel_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strconv"
 	"strings"
@@ -302,6 +303,40 @@ func TestMetricsOfClose(t *testing.T) {
 	require.EqualValues(t, 2, total(t, points["lockreg.acquire.duration"]).count, "the first, and the one Close ended")
 	require.Equal(t, []point{{attrs: map[string]string{"lockreg.registry": namespace, "lockreg.cause": "closed"}, value: 1}}, points["lockreg.lost"])
 	require.EqualValues(t, 0, total(t, points["lockreg.holds"]).value)
+}
+
+// TestAClosedRegistryIsLetGo: a closed registry is no longer observed,
+// and its meter provider does not keep it: an application that makes and
+// closes registries (one per tenant, or per test) leaks none.
+func TestAClosedRegistryIsLetGo(t *testing.T) {
+	ctx := context.Background()
+	// Not openRegistry's: its cleanup would keep the registry.
+	namespace := fmt.Sprintf("lockregotel-test:%s", t.Name())
+	r, err := lockreg.New(redistest.Shared(t).Client(t), namespace, lockreg.WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	m := newMeters(t, namespace)
+	m.instrument(t, r)
+	h, err := r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, h.Release(ctx))
+	require.NotEmpty(t, m.collect(t)["lockreg.redis.calls"])
+	freed := make(chan struct{})
+	runtime.AddCleanup(r, func(freed chan struct{}) { close(freed) }, freed)
+	require.NoError(t, r.Close())
+	r, h = nil, nil // for the collector
+	require.Eventually(t, func() bool {
+		points := m.collect(t)
+		return len(points["lockreg.holds"]) == 0 && len(points["lockreg.redis.calls"]) == 0
+	}, 5*time.Second, 10*time.Millisecond, "the closed registry is still observed")
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		select {
+		case <-freed:
+			return true
+		default:
+			return false
+		}
+	}, 5*time.Second, 10*time.Millisecond, "the meter provider keeps the closed registry")
 }
 
 // TestMetricsWithLockKeysAndAttributes: with WithLockKeys every
