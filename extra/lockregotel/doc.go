@@ -28,7 +28,9 @@
 //     acquisition to their release or loss; lockreg.cause if lost.
 //   - lockreg.holds, an observed up-down counter: holds acquired and not
 //     released yet. A lost hold counts until its owner releases it, as in
-//     Stats. With WithLockKeys, a key held no more has no series.
+//     Stats, and so do holds taken before the registry was instrumented.
+//     With WithLockKeys it counts, by key, only the holds acquired since
+//     (the hooks tell their keys), and a key held no more has no series.
 //   - lockreg.lost, a counter: holds lost; lockreg.cause (expired,
 //     max_hold, deleted, restart, closed, forced, overwritten, flushed,
 //     evicted, as lockreg.LossCause names them). A loss that the hold's
