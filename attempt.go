@@ -169,19 +169,19 @@ func (a *acquisition) firstAttemptHere() (*Hold, error) {
 	}
 	sent := time.Now()
 	held, wentOut, err := l.setIfFree(a.ctx, false)
-	if wentOut {
-		l.r.attempting(a.ctx, l.key)
-	}
 	switch {
 	case !wentOut:
 		return nil, nil
-	case held:
-		return l.took(sent), nil
-	case err == nil:
+	case !held && err == nil:
 		// Another owner holds the key: obtain.lua follows aside, marking
-		// this registry as waiting.
+		// this registry as waiting, as the rest of this attempt, which
+		// tells the hooks of it (and Stats counts it once, failed).
 		l.r.contention.saw(l.key)
 		return nil, nil
+	}
+	l.r.attempting(a.ctx, l.key)
+	if held {
+		return l.took(sent), nil
 	}
 	l.r.stats.failed.Add(1)
 	a.settleDoubt(err)

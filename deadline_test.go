@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/protocol"
@@ -318,6 +319,45 @@ func TestAnAttemptCutShortAfterTheKeyWasFoundHeldIsNoRedisError(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.NotErrorIs(t, err, ErrRedis, "Redis answered: the key was held")
 	holder.Unlock()
+}
+
+// TestAFirstAttemptFinishedAsideIsToldOnce: with a deadline, on a client
+// that ends its calls at it, the first attempt's SET runs on the calling
+// goroutine and, the key held, obtain.lua ends that attempt aside. The
+// hooks hear of one attempt per attempt, as Stats counts them.
+func TestAFirstAttemptFinishedAsideIsToldOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := redistest.Shared(t)
+	holder := newRegistry(t, srv.Client(t)).Obtain("k")
+	holder.Lock()
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	r := newRegistry(t, client)
+	var attempts atomic.Int64
+	var path atomic.Value
+	r.AddHooks(Hooks{
+		AcquireAttempt: func(context.Context, string) { attempts.Add(1) },
+		AcquireDone:    func(_ context.Context, e AcquireEvent) { path.Store(e.Path) },
+	})
+	lockCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	acquired := make(chan *Hold, 1)
+	go func() {
+		h, err := r.Obtain("k").Acquire(lockCtx)
+		assert.NoError(t, err)
+		acquired <- h
+	}()
+	require.Eventually(t, func() bool { return r.Stats().FailedAttempts > 0 }, 5*time.Second, time.Millisecond)
+	holder.Unlock()
+	h := <-acquired
+	require.NotNil(t, h)
+	taken := r.Stats().FailedAttempts
+	if path.Load() == PathRedis {
+		taken++
+	}
+	require.Equal(t, taken, attempts.Load(), "attempts told (the key came by %v)", path.Load())
+	require.NoError(t, h.Release(ctx))
 }
 
 func TestLockContextReturnsAtItsDeadlineWhileSubscribing(t *testing.T) {
