@@ -50,8 +50,9 @@ var lossCauses = [...]struct{ name, meaning string }{
 	LossEvicted:     {"evicted", "Redis evicted its key (maxmemory)"},
 }
 
-// String names the cause as metrics and logs do; a value that names no
-// cause reads "LossCause(n)".
+// String names the cause as metrics and logs do. The zero value, no loss
+// (a ReleaseEvent's FoundLost when the release found none), reads "none";
+// a value beyond the causes reads "LossCause(n)".
 func (c LossCause) String() string {
 	if int(c) < len(lossCauses) {
 		return lossCauses[c].name

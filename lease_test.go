@@ -581,3 +581,11 @@ func TestAKeyOfAnotherTypeIsLostAloneAsOverwritten(t *testing.T) {
 		})
 	}
 }
+
+// TestALossCauseNamesItselfAndNoneForZero: ReleaseEvent.FoundLost is zero
+// when the release found no loss, which reads "none", not "LossCause(0)".
+func TestALossCauseNamesItselfAndNoneForZero(t *testing.T) {
+	require.Equal(t, "none", LossCause(0).String())
+	require.Equal(t, "overwritten", LossOverwritten.String())
+	require.Equal(t, "LossCause(200)", LossCause(200).String())
+}
