@@ -55,9 +55,9 @@ type config struct {
 }
 
 // WithExpireAfter sets the lease of a lock's Redis key: if the holder's
-// process dies, other processes can take the lock this long after its last
-// acquisition. Default 30s; at least 1ms, at most 10 years, in whole
-// milliseconds.
+// process dies, other processes can take the lock at most this long after
+// its last acquisition or renewal. Default 30s; at least 1ms, at most 10
+// years, in whole milliseconds.
 func WithExpireAfter(d time.Duration) Option {
 	return func(c *config) {
 		switch {
