@@ -410,3 +410,36 @@ func TestATokenDrawNamesAForcedUnlockWhoseNoteCameFirst(t *testing.T) {
 		requireTokenRefused(t, h, LossForced)
 	}
 }
+
+// TestAGrantedHoldsTokenCostsNoCall: a grant carries the token its
+// release drew, so the grantee's Token asks Redis nothing (Hold.Token:
+// "keys another registry passed to this one cost nothing").
+func TestAGrantedHoldsTokenCostsNoCall(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client)
+	grantee := newRegistry(t, client)
+	var draws atomic.Int64
+	grantee.AddHooks(Hooks{RedisCalls: func(op RedisOp, n int) {
+		if op == OpToken {
+			draws.Add(int64(n))
+		}
+	}})
+	held, err := holder.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	holderToken := mustHoldToken(t, held)
+	granted := make(chan *Hold, 1)
+	go func() {
+		h, err := grantee.Obtain("k").Acquire(ctx)
+		assert.NoError(t, err)
+		granted <- h
+	}()
+	waitUntilWaiting(t, grantee)
+	require.NoError(t, held.Release(ctx))
+	h := <-granted
+	require.NotNil(t, h)
+	require.Equal(t, int64(1), grantee.Stats().Grants, "the release granted the key")
+	require.Greater(t, mustHoldToken(t, h), holderToken)
+	require.Zero(t, draws.Load(), "the grant's token, drawn by the release")
+	require.NoError(t, h.Release(ctx))
+}
