@@ -573,3 +573,27 @@ func TestCloseNamesALapseThatCameBeforeIt(t *testing.T) {
 	requireCause(t, h, LossExpired)
 	require.ErrorContains(t, h.Release(ctx), LossExpired.explain())
 }
+
+// TestAShutdownCalledUnderAHoldWaitsForItUntilItsContextEnds: a Shutdown
+// in Do's fn waits for fn's own hold too (as http.Server.Shutdown from a
+// handler would), so until its ctx ends; then it releases that key, and
+// fn's context ends with the loss.
+func TestAShutdownCalledUnderAHoldWaitsForItUntilItsContextEnds(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	r := newRegistry(t, client)
+	var shutdownErr, fnCause error
+	err := r.Do(ctx, "k", func(fnCtx context.Context) error {
+		deadline, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		shutdownErr = r.Shutdown(deadline)
+		<-fnCtx.Done()
+		fnCause = context.Cause(fnCtx)
+		return nil
+	})
+	require.ErrorIs(t, shutdownErr, ErrClosed)
+	require.ErrorIs(t, shutdownErr, context.DeadlineExceeded, "it waited for fn's hold until its ctx ended")
+	require.ErrorIs(t, fnCause, ErrLockLost)
+	require.ErrorIs(t, err, ErrLockLost)
+	require.Zero(t, client.Exists(ctx, r.Obtain("k").keys().Lock()).Val(), "Shutdown released the key")
+}
