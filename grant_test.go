@@ -576,3 +576,23 @@ func TestAGiveBackThatTakesAHoldersKeyLosesTheHold(t *testing.T) {
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost)
 	taken.Unlock()
 }
+
+// TestTheGrantLeaseIsTwoRetryIntervalsAtLeast100msAtMostTheLease, as
+// docs/PROTOCOL.md says; none without grants.
+func TestTheGrantLeaseIsTwoRetryIntervalsAtLeast100msAtMostTheLease(t *testing.T) {
+	client := redistest.Shared(t).Client(t)
+	retry10ms := WithRetryInterval(10 * time.Millisecond)
+	for _, c := range []struct {
+		opts []Option
+		want time.Duration
+	}{
+		{nil, 200 * time.Millisecond},
+		{[]Option{retry10ms}, 100 * time.Millisecond},
+		{[]Option{retry10ms, WithExpireAfter(50 * time.Millisecond)}, 50 * time.Millisecond},
+		{[]Option{WithPubSub(false)}, 0},
+	} {
+		cfg, err := newConfig(client, "ns", c.opts)
+		require.NoError(t, err)
+		require.Equal(t, c.want, cfg.grantLease(), "%d options", len(c.opts))
+	}
+}
