@@ -30,8 +30,9 @@
 // Registry.Shutdown ends a registry gracefully: it refuses new
 // acquisitions, waits for the holds to be released (renewing them
 // meanwhile) until its context ends, then releases what is left. Close
-// ends it at once: held keys stay in Redis until their leases run out.
-// Registry.Done closes when either has closed it.
+// ends it at once: held keys stay in Redis until their holders release
+// them or their leases run out. Registry.Done closes when either has
+// closed it.
 //
 // # The model
 //
