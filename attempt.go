@@ -308,7 +308,7 @@ func (l *Lock) setIfFree(ctx context.Context, queue bool) (held, wentOut bool, e
 	}
 	r.countCalls(OpAcquire, 1)
 	if held, err = protocol.ReadSetIfFree(cmd); err != nil {
-		return false, true, fmt.Errorf("%w: attempt: %w", ErrRedis, err)
+		return false, true, fmt.Errorf("%w: attempt: %w", ErrRedis, l.cutKeys(err))
 	}
 	return held, true, nil
 }
@@ -318,7 +318,7 @@ func (l *Lock) obtain(ctx context.Context, wait, marked bool) (protocol.ObtainRe
 	l.r.countCalls(OpAcquire, 1)
 	found, err := protocol.ReadObtain(l.runScript(ctx, l.r.peer.Obtain(l.keys(), wait, marked), nil))
 	if err != nil {
-		return protocol.ObtainReply{}, fmt.Errorf("%w: attempt: %w", ErrRedis, err)
+		return protocol.ObtainReply{}, fmt.Errorf("%w: attempt: %w", ErrRedis, l.cutKeys(err))
 	}
 	return found, nil
 }
@@ -329,7 +329,7 @@ func (l *Lock) obtainReplicated(ctx context.Context, wait, marked bool) (protoco
 	r.countCalls(OpAcquire, 1)
 	found, acked, waitErr, err := protocol.ObtainReplicated(ctx, r.client, r.peer.Obtain(l.keys(), wait, marked), r.cfg.waitReplicas, r.cfg.waitTimeout)
 	if err != nil {
-		return protocol.ObtainReply{}, fmt.Errorf("%w: attempt: %w", ErrRedis, err)
+		return protocol.ObtainReply{}, fmt.Errorf("%w: attempt: %w", ErrRedis, l.cutKeys(err))
 	}
 	if !found.Held || acked >= int64(r.cfg.waitReplicas) {
 		return found, nil

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/lockreg/lockreg/internal/protocol"
 	"github.com/lockreg/lockreg/internal/redistest"
 )
 
@@ -172,4 +173,48 @@ func TestNewsErrorsGiveNoAdvice(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidOption)
 	require.ErrorContains(t, err, "redis.Ring with 2 shards")
 	require.NotContains(t, err.Error(), ";", "no advice after the fact")
+}
+
+// TestALongKeyIsCutInTheRedisKeysErrorsName: the scripts name the lock's
+// keys in Redis (<namespace>:{<key>}:queue and so on) when a call on one
+// fails: a queue, marker or fence of another type, or an ACL that forbids
+// a command on it. Those names hold the key whole: an error must cut it
+// there too, not carry a megabyte.
+func TestALongKeyIsCutInTheRedisKeysErrorsName(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	key := strings.Repeat("k", 1<<20)
+	keys := protocol.LockKeys("lockreg-test:"+t.Name(), key)
+	// After the registries closed: the release that failed left the key.
+	t.Cleanup(func() { client.Del(ctx, keys.Lock(), keys.Queue(), keys.Marker(), keys.Fence()) })
+	r := newRegistry(t, client)
+	other := newRegistry(t, client)
+	requireShort := func(err error, what string) {
+		t.Helper()
+		require.ErrorIs(t, err, ErrRedis, what)
+		require.Contains(t, err.Error(), "WRONGTYPE", what)
+		require.Less(t, len(err.Error()), 1000, "%s: the key cut where it is quoted and in the Redis key named, and Redis's message", what)
+	}
+
+	// An attempt that marks its registry as waiting, on a queue that is a
+	// string.
+	held, err := other.Obtain(key).Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, client.Set(ctx, keys.Queue(), "x", 0).Err())
+	_, err = r.Obtain(key).Acquire(ctx)
+	requireShort(err, "the attempt")
+	require.NoError(t, client.Del(ctx, keys.Queue()).Err())
+	require.NoError(t, held.Release(ctx))
+
+	// A draw of the token, on a fence that is a hash.
+	h, err := r.Obtain(key).Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, client.HSet(ctx, keys.Fence(), "f", "v").Err())
+	_, err = h.Token(ctx)
+	requireShort(err, "the token")
+	require.NoError(t, client.Del(ctx, keys.Fence()).Err())
+
+	// A release, on a marker that is a hash.
+	require.NoError(t, client.HSet(ctx, keys.Marker(), "f", "v").Err())
+	requireShort(h.Release(ctx), "the release")
 }

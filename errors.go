@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/lockreg/lockreg/internal/keytext"
 )
@@ -91,6 +92,32 @@ func (k printedKey) String() string { return keytext.Short(string(k)) }
 
 // LogValue prints the key as String does, for slog's handlers.
 func (k printedKey) LogValue() slog.Value { return slog.StringValue(k.String()) }
+
+// keysCut is a Redis error on a key's calls whose message may name the
+// key's keys in Redis: a script names the queue, marker or fence whose
+// call failed (a key of another type, an ACL). Those names hold the key
+// whole, escaped; its message cuts a long one there as printedKey cuts
+// the key, so that a huge key does not make a huge error. It unwraps to
+// the error itself.
+type keysCut struct {
+	err      error
+	lockKey  string // <namespace>:{<key>}, every other key's prefix
+	shortKey string // the same, the key cut
+}
+
+func (e *keysCut) Error() string { return strings.ReplaceAll(e.err.Error(), e.lockKey, e.shortKey) }
+func (e *keysCut) Unwrap() error { return e.err }
+
+// cutKeys returns err, a Redis error of one of l's calls, with l's keys
+// in Redis cut in its message if the key is long.
+func (l *Lock) cutKeys(err error) error {
+	keys := l.keys()
+	printed, cut := keys.PrintedLock(l.r.namespace)
+	if !cut {
+		return err
+	}
+	return &keysCut{err: err, lockKey: keys.Lock(), shortKey: printed}
+}
 
 // refused says that err ended an acquisition because Redis refused it
 // for good (see notAcquired), not because its context ended.

@@ -81,7 +81,7 @@ func (r *Registry) forceUnlock(ctx context.Context, key, only string) (bool, err
 	r.forcing.end(key)
 	switch {
 	case err != nil:
-		return false, fmt.Errorf("%w: force %q open: %w", ErrRedis, printedKey(key), err)
+		return false, fmt.Errorf("%w: force %q open: %w", ErrRedis, printedKey(key), l.cutKeys(err))
 	case !held:
 		return false, nil
 	}

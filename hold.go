@@ -263,7 +263,7 @@ func (h *Hold) Token(ctx context.Context) (int64, error) {
 		return 0, errReleasedWhileDrawn(l.key)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, printedKey(l.key), err)
+		return 0, fmt.Errorf("%w: draw the token of %q: %w", ErrRedis, printedKey(l.key), l.cutKeys(err))
 	}
 	// A reply after the lease found the key the registry's, but it may
 	// have lapsed and come back since (a grant): it carries no hold on.

@@ -380,7 +380,7 @@ func (l *Lock) releaseRedis(ctx context.Context, o protocol.Release) (protocol.R
 		r.countCalls(OpRelease, 1)
 		found, err := protocol.ReadRelease(cmd)
 		if err != nil {
-			return protocol.ReleaseReply{}, fmt.Errorf("%w: release %q: %w", ErrRedis, printedKey(l.key), err)
+			return protocol.ReleaseReply{}, fmt.Errorf("%w: release %q: %w", ErrRedis, printedKey(l.key), l.cutKeys(err))
 		}
 		if found.NoteRefused != "" && r.notes.noteRefusalTold.CompareAndSwap(false, true) {
 			// The key was deleted or granted all the same: the waiters,

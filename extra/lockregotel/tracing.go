@@ -119,12 +119,17 @@ func (t *tracing) releaseDone(ctx context.Context, e lockreg.ReleaseEvent) {
 // fail sets span's status to an error described by err's message, in
 // which lockreg quotes the key, whole or, if long, cut (keytext.Short),
 // and may name one of the lock's keys in Redis, <namespace>:{<key>} and a
-// suffix (a queue or a marker of another type fails a call naming it):
-// the key stays out of both without WithLockKeys.
+// suffix (a queue or a marker of another type fails a call naming it),
+// the key in it whole or, if long, cut alike (Keys.PrintedLock): the key
+// stays out of both without WithLockKeys.
 func (t *tracing) fail(span trace.Span, key string, err error) {
 	msg := err.Error()
 	if !t.keys {
-		msg = strings.ReplaceAll(msg, protocol.LockKeys(t.namespace, key).Lock(), t.namespace+":{…}")
+		keys := protocol.LockKeys(t.namespace, key)
+		msg = strings.ReplaceAll(msg, keys.Lock(), t.namespace+":{…}")
+		if printed, cut := keys.PrintedLock(t.namespace); cut {
+			msg = strings.ReplaceAll(msg, printed, t.namespace+":{…}")
+		}
 		msg = strings.ReplaceAll(msg, strconv.Quote(key), `"…"`)
 		msg = strings.ReplaceAll(msg, strconv.Quote(keytext.Short(key)), `"…"`)
 	}

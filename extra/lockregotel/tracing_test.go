@@ -278,6 +278,34 @@ func TestSpansKeepTheKeyOutOfRedisKeyNames(t *testing.T) {
 	}
 }
 
+// TestSpansKeepALongKeyOutOfRedisKeyNames: lockreg cuts a long key in
+// the keys in Redis that an error names, as where it quotes it; without
+// WithLockKeys neither form reaches the status.
+func TestSpansKeepALongKeyOutOfRedisKeyNames(t *testing.T) {
+	ctx := context.Background()
+	r, other, namespace, client := contenders(t)
+	s := newSpans(t)
+	s.instrument(t, r)
+	key := "customer-alice@example.com/" + strings.Repeat("x", 250)
+	queue := namespace + ":{" + key + "}:queue"
+	t.Cleanup(func() { client.Del(ctx, queue) })
+
+	held, err := other.Obtain(key).Acquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, client.Set(ctx, queue, "x", 0).Err())
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = r.Obtain(key).Acquire(short)
+	require.ErrorIs(t, err, lockreg.ErrRedis)
+	require.ErrorContains(t, err, ":queue", "the error names the queue")
+	require.NoError(t, held.Release(ctx))
+
+	ended := s.ended()
+	require.Len(t, ended, 1)
+	require.NotContains(t, ended[0].Status().Description, "alice")
+	require.Contains(t, ended[0].Status().Description, namespace+":{…}:queue")
+}
+
 // TestSpansWithLockKeysAndAttributes: with WithLockKeys spans name their
 // key, in attributes and error descriptions; WithAttributes' go on all.
 func TestSpansWithLockKeysAndAttributes(t *testing.T) {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/lockreg/lockreg/internal/keytext"
 )
 
 // Keys are one lock's keys in Redis. The lock itself is
@@ -38,6 +40,20 @@ func LockKeys(namespace, key string) Keys {
 // Lock is the lock's key: the owner's client id, with the lease as its
 // time to live.
 func (k Keys) Lock() string { return k.marker[:max(0, len(k.marker)-len(markerSuffix))] }
+
+// PrintedLock is the lock's key in Redis as errors print it, where the
+// scripts name it or a key it begins (a queue of another type, say): a
+// key longer than keytext.Max is cut there as keytext.Short cuts it, so
+// that a huge key does not make a huge error. ok is false for a key that
+// is printed whole.
+func (k Keys) PrintedLock(namespace string) (printed string, ok bool) {
+	lock := k.Lock()
+	escaped := lock[len(namespace)+len(":{") : len(lock)-len("}")]
+	if len(escaped) <= keytext.Max {
+		return lock, false
+	}
+	return namespace + ":{" + keytext.Short(escaped) + "}", true
+}
 
 // Fence holds the last fencing token drawn.
 func (k Keys) Fence() string { return k.Lock() + fenceSuffix }
