@@ -2,6 +2,7 @@ package lockreg
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -113,4 +114,146 @@ func TestARenewalRefusedForGoodIsWarnedOfOnce(t *testing.T) {
 	}
 	require.ErrorIs(t, h.Err(), ErrLockLost)
 	require.Equal(t, 1, strings.Count(logs.String(), "renewal"), logs.String())
+}
+
+// aclPassword is the password of the users TestEveryForbiddenCommand
+// makes: no error may carry it.
+const aclPassword = "pw-9Zq-never-printed"
+
+// TestEveryForbiddenCommandEndsInAnErrorOrAWarningAndLosesNothing: for
+// each command the registry runs (its scripts' inner ones too), a user
+// whose ACL forbids only that one. Whatever the calls return must be nil
+// or a short error that matches a sentinel and carries no password; an
+// acquisition refused for good ends at once, not at its deadline; a hold
+// whose renewal is refused is told lost, never lost unsaid; a key the
+// registry held or was refused to release is free again within its lease;
+// a ForceUnlock that says it forced nothing forced nothing; Close returns.
+func TestEveryForbiddenCommandEndsInAnErrorOrAWarningAndLosesNothing(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	for _, command := range []string{
+		"evalsha", "eval", "get", "mget", "set", "pexpire", "del", "exists", "time", "pttl",
+		"zadd", "zrem", "zscore", "zrangebyscore", "zpopmin", "zrange", "hset", "hget", "scan",
+		"publish", "subscribe", "client|id", "client|tracking", "info", "ping", "hello", "wait",
+	} {
+		t.Run(command, func(t *testing.T) {
+			t.Parallel()
+			user := "no-" + strings.ReplaceAll(command, "|", "-")
+			require.NoError(t, admin.Do(context.Background(), "ACL", "SETUSER", user, "on", ">"+aclPassword, "~*", "&*", "+@all", "-"+command).Err())
+			client := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: user, Password: aclPassword})
+			t.Cleanup(func() { _ = client.Close() })
+			forbiddenCommandLosesNothing(t, admin, client, command == "wait")
+		})
+	}
+}
+
+func forbiddenCommandLosesNothing(t *testing.T, admin, client *redis.Client, replicated bool) {
+	ctx := context.Background()
+	const lease = 600 * time.Millisecond
+	opts := []Option{WithExpireAfter(lease), WithRetryInterval(50 * time.Millisecond)}
+	if replicated {
+		opts = append(opts, WithWaitReplicas(1, 100*time.Millisecond))
+	}
+	r := newRegistry(t, client, opts...)
+	other := newRegistry(t, admin, WithRetryInterval(50*time.Millisecond))
+	var said []error
+	check := func(err error, what string) error {
+		t.Helper()
+		if err != nil {
+			require.True(t, matchesASentinel(err), "%s: %v matches no sentinel", what, err)
+			require.NotContains(t, err.Error(), aclPassword, what)
+			require.Less(t, len(err.Error()), 500, what)
+			said = append(said, err)
+		}
+		return err
+	}
+	refusedAtOnce := func(err error, what string) {
+		t.Helper()
+		require.ErrorIs(t, err, ErrNotObtained, what)
+		require.ErrorIs(t, err, ErrRedis, what)
+		require.NotErrorIs(t, err, context.DeadlineExceeded, "%s: refused for good, it ends at once", what)
+	}
+	ownedBy := func(key string) string { return admin.Get(ctx, r.Obtain(key).keys().Lock()).Val() }
+	freeWithinLease := func(key, what string) {
+		t.Helper()
+		require.Eventually(t, func() bool { return ownedBy(key) != r.clientID }, 3*lease, 10*time.Millisecond, "%s: the key is ours no more", what)
+	}
+	bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+
+	// It holds "held" past several leases while another registry waits,
+	// inspects it, and releases it to the waiter.
+	h, err := r.Obtain("held").Acquire(bounded)
+	if check(err, "Acquire") != nil {
+		refusedAtOnce(err, "Acquire")
+		freeWithinLease("held", "a refused acquisition")
+	} else {
+		waited := make(chan error, 1)
+		go func() {
+			wh, err := other.Obtain("held").Acquire(bounded)
+			if err == nil {
+				err = wh.Release(ctx)
+			}
+			waited <- err
+		}()
+		time.Sleep(3 * lease)
+		select {
+		case <-h.Lost():
+			require.ErrorIs(t, check(h.Err(), "Err"), ErrLockLost)
+		default:
+			require.Equal(t, r.clientID, ownedBy("held"), "a hold not told lost is held")
+		}
+		info, err := r.Inspect(bounded, "held")
+		if check(err, "Inspect") == nil && !isClosed(h.Lost()) {
+			require.Equal(t, r.clientID, info.OwnerID, "Inspect names the holder")
+		}
+		if check(h.Release(bounded), "Release") != nil {
+			freeWithinLease("held", "a release that failed")
+		}
+		require.NoError(t, <-waited, "the waiter takes the key")
+	}
+
+	// It waits for "wanted", which another registry holds and releases.
+	held, err := other.Obtain("wanted").Acquire(bounded)
+	require.NoError(t, err)
+	took := make(chan error, 1)
+	go func() {
+		wh, err := r.Obtain("wanted").Acquire(bounded)
+		if check(err, "Acquire after waiting") != nil {
+			refusedAtOnce(err, "Acquire after waiting")
+		} else {
+			err = check(wh.Release(bounded), "Release after waiting")
+		}
+		took <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	require.NoError(t, held.Release(ctx))
+	<-took
+	freeWithinLease("wanted", "a key waited for")
+
+	// It forces open a key another registry holds.
+	held, err = other.Obtain("forced").Acquire(bounded)
+	require.NoError(t, err)
+	forced, err := r.ForceUnlock(bounded, "forced")
+	if check(err, "ForceUnlock") != nil || !forced {
+		require.Equal(t, other.clientID, admin.Get(ctx, other.Obtain("forced").keys().Lock()).Val(), "nothing was forced")
+		require.NoError(t, held.Release(ctx))
+	} else {
+		requireFires(t, held.Lost(), 3*lease, "the hold forced open is told")
+	}
+	require.NoError(t, r.Close())
+	t.Logf("errors: %v", said)
+}
+
+// matchesASentinel says whether err is, or wraps, one of the package's
+// sentinel errors.
+func matchesASentinel(err error) bool {
+	for _, sentinel := range []error{ErrNotObtained, ErrNotHeld, ErrLockLost, ErrClosed, ErrInvalidOption,
+		ErrInvalidKey, ErrInvalidArgument, ErrRedis, ErrNotReplicated, ErrServerEvicts} {
+		if errors.Is(err, sentinel) {
+			return true
+		}
+	}
+	return false
 }
