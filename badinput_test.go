@@ -218,3 +218,13 @@ func TestALongKeyIsCutInTheRedisKeysErrorsName(t *testing.T) {
 	require.NoError(t, client.HSet(ctx, keys.Marker(), "f", "v").Err())
 	requireShort(h.Release(ctx), "the release")
 }
+
+// New names a namespace it refuses cut as errors cut keys: a namespace
+// built from input could be huge.
+func TestALongNamespaceIsCutInNewsError(t *testing.T) {
+	namespace := strings.Repeat("n", 1<<20) + "{}"
+	_, err := New(redistest.Shared(t).Client(t), namespace)
+	require.ErrorIs(t, err, ErrInvalidOption)
+	require.ErrorContains(t, err, `starts a Cluster hash tag with "{}"`)
+	require.Less(t, len(err.Error()), 400, "the namespace's first bytes and its length")
+}

@@ -128,7 +128,8 @@ func CheckNamespace(namespace string) error {
 		return errors.New("is empty")
 	}
 	if open := strings.IndexByte(namespace, '{'); open >= 0 && strings.HasPrefix(namespace[open+1:], "}") {
-		return fmt.Errorf(`%q starts a Cluster hash tag with "{}", which would split a lock's keys across slots`, namespace)
+		// Cut as keys are in errors: a namespace built from input could be huge.
+		return fmt.Errorf(`%q starts a Cluster hash tag with "{}", which would split a lock's keys across slots`, keytext.Short(namespace))
 	}
 	return nil
 }
