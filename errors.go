@@ -85,7 +85,7 @@ var (
 
 // printedKey is a key as errors and logs print it: a key longer than
 // 200 bytes is cut to its head and its length (keytext.Short), so that a
-// huge key does not make a huge error.
+// huge key does not make a huge error. Logs print an owner's name so too.
 type printedKey string
 
 func (k printedKey) String() string { return keytext.Short(string(k)) }

@@ -93,7 +93,9 @@ func (r *Registry) forceUnlock(ctx context.Context, key, only string) (bool, err
 		r.receiveForced(key)
 	}
 	owners, _ := protocol.ReadOwners(ctx, r.client, r.namespace, []string{holder}) // the warning goes out all the same
-	r.cfg.logger.Warn("lockreg: lock forced open", "key", printedKey(key), "owner", owners[holder].Name, "owner_id", holder)
+	// The owner's name is what its registry wrote (WithOwner), of any
+	// length: cut as a key is.
+	r.cfg.logger.Warn("lockreg: lock forced open", "key", printedKey(key), "owner", printedKey(owners[holder].Name), "owner_id", holder)
 	return true, nil
 }
 

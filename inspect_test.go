@@ -270,6 +270,24 @@ func TestForceUnlockFreesTheKeyAndTellsTheHolder(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidKey)
 }
 
+// A forced unlock's warning names the holder's owner as that registry
+// wrote it in Redis, which may be any length (WithOwner): cut as a key is.
+func TestForceUnlocksWarningCutsALongOwnerName(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	holder := newRegistry(t, client, WithOwner(strings.Repeat("o", 1<<20)))
+	var logs syncBuffer
+	operator := newRegistry(t, client, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	_, err := holder.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	requireSettled(t, holder) // the owner name is written
+	found, err := operator.ForceUnlock(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Contains(t, logs.String(), "(1048576 bytes)", "the owner is named")
+	require.Less(t, len(logs.String()), 600, "by its first bytes and its length")
+}
+
 // TestForceUnlockDuringASlotMigration: while the lock's slot is half way
 // between two primaries, the forced unlock runs on the lock's key alone.
 func TestForceUnlockDuringASlotMigration(t *testing.T) {
