@@ -43,7 +43,10 @@ type Waiter struct {
 // at most: the lock's keys, then the owners' names. It needs only to read
 // the namespace (the README's inspector ACL), and works on a closed
 // registry too. An empty key is an ErrInvalidKey error; Redis failures are
-// ErrRedis errors.
+// ErrRedis errors. ctx bounds the calls as far as the client honours it:
+// go-redis applies its deadline with ContextTimeoutEnabled set, and
+// otherwise its own timeouts and retries, so that an operator's look at a
+// paused server may outlast ctx (as Locks and ForceUnlock may).
 func (r *Registry) Inspect(ctx context.Context, key string) (LockInfo, error) {
 	if key == "" {
 		return LockInfo{}, fmt.Errorf("%w: Inspect with an empty key", ErrInvalidKey)
