@@ -101,3 +101,28 @@ func TestARenewalCountsItsLeaseFromWhenItWasSent(t *testing.T) {
 	require.Less(t, h.tenure.leaseEnd.Load(), int64(instantOf(before.Add(r.cfg.expireAfter+pause/2))),
 		"the lease was counted from the renewal's reply, not from when it was sent")
 }
+
+// TestTheLapseTimerIsSetToTheFirstLeaseToEnd: the watchdog's lapse timer
+// fires at the end of the first live lease, so that a lease that runs out
+// unrenewed is lost then, not up to a renewal interval later; set to a
+// later lease's end, it would leave the first to the next tick.
+func TestTheLapseTimerIsSetToTheFirstLeaseToEnd(t *testing.T) {
+	ctx := context.Background()
+	r := newRegistry(t, redistest.Shared(t).Client(t))
+	now := time.Now()
+	var first int64
+	for i, after := range []time.Duration{2 * time.Minute, time.Minute, 3 * time.Minute} {
+		h, err := r.Obtain(string(rune('a' + i))).Acquire(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = h.Release(ctx) })
+		end := int64(instantOf(now.Add(after)))
+		h.tenure.leaseEnd.Store(end)
+		if first == 0 || end < first {
+			first = end
+		}
+	}
+	lapse := newLapseTimer()
+	defer lapse.timer.Stop()
+	r.nextLapse(lapse)
+	require.Equal(t, first, lapse.at, "the lapse timer waits for a later lease than the first to end")
+}
