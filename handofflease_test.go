@@ -81,3 +81,21 @@ func TestWithoutRenewalALateHoldIsNotHandedOff(t *testing.T) {
 	time.Sleep(handOffLeaseLease * 4 / 5) // a fifth of the lease left
 	requireALeaseOfItsOwn(t, first, next, admin, handOffLeaseLease/2)
 }
+
+// A key whose change tracking has not read yet (an invalidation on its
+// way to its verify) may have passed to another owner already: handed off
+// locally, the change would go on unseen under the next hold. Its release
+// goes to Redis instead, whose owner check tells the releasing hold, and
+// the waiter takes the key in Redis.
+func TestAKeyWithAnUncheckedChangeIsNotHandedOff(t *testing.T) {
+	t.Parallel()
+	first, next, _ := holdWithAWaiter(t)
+	require.Eventually(t, first.local.waited, 5*time.Second, time.Millisecond, "the second acquisition waits")
+	first.local.unchecked.Add(1) // as an invalidation does until its read
+	require.NoError(t, first.Release(context.Background()))
+	h, ok := <-next
+	require.True(t, ok, "the waiter took the key")
+	first.local.unchecked.Add(-1)
+	require.NotEqual(t, viaHandoff, h.via, "the key was handed off with a change unchecked")
+	require.NoError(t, h.Release(context.Background()))
+}
