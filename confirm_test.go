@@ -118,3 +118,34 @@ func heldAndWaitedFor(t *testing.T, r *Registry, key string) (first *Hold, next 
 	require.Eventually(t, func() bool { return waitersOf(r, key) == 1 }, 5*time.Second, time.Millisecond)
 	return first, waiter
 }
+
+// A read whose reply comes after the tenure's lease ran out confirms no
+// hand-off, even if it finds the key the registry's: the key may have
+// lapsed in Redis and come back since. Here the key certainly outlives
+// the lease in Redis (extended before the lease ends, where
+// TestAHandOffIsNotToldTheLapseOfALaterHold extends it after, when Redis
+// may have expired it already), so the read after the lease finds it.
+func TestAReadAfterTheLeaseConfirmsNoHandOffThoughItFindsTheKey(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	client := aclClient(t, srv, "+@all", "-client")
+	const lease = time.Second
+	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour), WithRetryInterval(10*time.Millisecond),
+		WithExpireAfter(lease), WithRenewal(false))
+	first, next := heldAndWaitedFor(t, r, "k")
+	time.Sleep(lease / 3)                                                       // the release's wait for its confirmation outlasts the lease
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "-get").Err()) // no check confirms it in the lease
+	released := make(chan error, 1)
+	go func() { released <- first.Release(ctx) }()
+	h := <-next
+	require.NotNil(t, h, "the waiter got the key")
+	require.Equal(t, viaHandoff, h.via)
+	require.True(t, admin.PExpire(ctx, h.redisKey(), time.Minute).Val(), "the key outlives the lease in Redis")
+	require.Eventually(t, h.leaseOver, 2*lease, time.Millisecond)
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "+get").Err())
+	err := <-released
+	require.ErrorIs(t, err, ErrRedis, "a read after the lease confirmed the hand-off")
+	require.NotErrorIs(t, err, ErrLockLost, "the lapse is the next hold's")
+	require.ErrorIs(t, h.Release(ctx), ErrLockLost, "the next hold's lease ran out")
+}
