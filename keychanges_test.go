@@ -88,3 +88,35 @@ func TestAKeySwappedOutOfItsDatabaseCannotPassOnUnseen(t *testing.T) {
 		requireCause(t, h, LossDeleted)
 	})
 }
+
+// TestATrackerTurnTellsEachKeyItsOwnRead: a turn of the tracker reads
+// several held keys in one pipeline; each hold learns its own key's
+// fate, so that a key deleted next to one still held loses its hold, and
+// only its hold.
+func TestATrackerTurnTellsEachKeyItsOwnRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	r := newRegistry(t, srv.Client(t))
+	reads := trackingReads(r)
+	kept, err := r.Obtain("kept").Acquire(ctx)
+	require.NoError(t, err)
+	deleted, err := r.Obtain("deleted").Acquire(ctx)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return reads.Load() >= 2 }, 5*time.Second, time.Millisecond, "both keys are armed")
+	tr := r.trackerFor(deleted.redisKey())
+	require.NotNil(t, tr)
+	// One turn reads both keys, the deleted one last; the invalidation of
+	// the DEL waits for the queue, and reads it again after them.
+	tr.mu.Lock()
+	require.NoError(t, admin.Del(ctx, deleted.redisKey()).Err())
+	tr.queue = append(tr.queue, armRequest{h: kept, cause: LossDeleted}, armRequest{h: deleted, cause: LossDeleted})
+	tr.mu.Unlock()
+	tr.wake()
+	requireFires(t, deleted.Lost(), 5*time.Second, "the deleted key's hold is lost")
+	requireCause(t, deleted, LossDeleted)
+	readsSettled(reads)
+	requireOpen(t, kept.Lost(), "the key still held lost its hold for another key's read")
+	require.NoError(t, kept.Release(ctx))
+}
