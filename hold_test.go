@@ -562,3 +562,19 @@ func TestAReleaseWaitsForAGiveBackWhateverEndsMeanwhile(t *testing.T) {
 		})
 	}
 }
+
+// TestAReleaseAfterTheLeaseRanOutSaysTheHoldWasLost: a release that comes
+// after the hold's lease ran out, before anything signalled it (the
+// process stood still past the lease), finds the key with the registry's
+// client id whether or not it passed through another owner meanwhile: it
+// releases the key, and says the hold was lost.
+func TestAReleaseAfterTheLeaseRanOutSaysTheHoldWasLost(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Shared(t).Client(t)
+	_, lock, h := holdPastItsLease(t, client, "k")
+	requireOpen(t, h.Lost(), "nothing signalled the lapse yet")
+	err := lock.UnlockContext(ctx)
+	require.ErrorIs(t, err, ErrLockLost, "the release did not count the lapse")
+	require.ErrorContains(t, err, LossExpired.explain())
+	require.Zero(t, client.Exists(ctx, lock.keys().Lock()).Val(), "and it released the key all the same")
+}
