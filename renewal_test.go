@@ -84,22 +84,26 @@ func TestARenewalThatFindsAKeyOfAnotherTypeNamesTheCause(t *testing.T) {
 // answers late (a paused server, a slow network) extends the lease from
 // when it was sent, not from its reply: Redis counted the key's new time
 // to live from the moment it ran, which may be any time in between, so a
-// lease counted from the reply could outlive the key.
+// lease counted from the reply could outlive the key. So on the registry's
+// client and on a tracking connection, which stamp their sends apart.
 func TestARenewalCountsItsLeaseFromWhenItWasSent(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
-	r := newRegistry(t, srv.Client(t))
-	h := unarmedHold(r, "answered-late", r.cfg.expireAfter)
-	require.NoError(t, admin.Set(ctx, h.redisKey(), r.OwnerID(), time.Minute).Err())
-	const pause = time.Second
-	require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", pause.Milliseconds(), "ALL").Err())
-	before := time.Now()
-	r.renew(ctx, [][]*Hold{{h}})
-	require.False(t, h.isLost(), "a renewal answered within the lease carries the hold on")
-	// The renewal went out just after before; its reply, a pause later.
-	require.Less(t, h.tenure.leaseEnd.Load(), int64(instantOf(before.Add(r.cfg.expireAfter+pause/2))),
-		"the lease was counted from the renewal's reply, not from when it was sent")
+	tracked := newRegistry(t, srv.Client(t))
+	requireTracking(t, tracked)
+	for name, r := range map[string]*Registry{"tracked": tracked, "untracked": untrackedRegistry(t, srv)} {
+		h := unarmedHold(r, "answered-late", r.cfg.expireAfter)
+		require.NoError(t, admin.Set(ctx, h.redisKey(), r.OwnerID(), time.Minute).Err())
+		const pause = time.Second
+		require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", pause.Milliseconds(), "ALL").Err())
+		before := time.Now()
+		r.renew(ctx, [][]*Hold{{h}})
+		require.False(t, h.isLost(), "%s: a renewal answered within the lease carries the hold on", name)
+		// The renewal went out just after before; its reply, a pause later.
+		require.Less(t, h.tenure.leaseEnd.Load(), int64(instantOf(before.Add(r.cfg.expireAfter+pause/2))),
+			"%s: the lease was counted from the renewal's reply, not from when it was sent", name)
+	}
 }
 
 // TestTheLapseTimerIsSetToTheFirstLeaseToEnd: the watchdog's lapse timer
