@@ -124,6 +124,18 @@ func TestAGrantDrawsAboveAStoredTokenAheadOfTheClock(t *testing.T) {
 	e.requireGranted(c.k, c.waiter, c.grants, ahead+1)
 }
 
+// A stored token just above the one handed out: the draw's floor, the
+// token handed out + 1, is the stored token itself, and the grant's token
+// must still be past it, not the stored token again.
+func TestAGrantDrawsAboveAStoredTokenJustAboveTheTokenHandedOut(t *testing.T) {
+	e := newEnv(t)
+	c := e.contended()
+	ahead := e.serverMicros() + int64(time.Hour/time.Microsecond)
+	require.NoError(t, e.client.Set(e.ctx, c.k.Fence(), ahead, time.Minute).Err())
+	require.Equal(t, Granted, e.release(c.holder, c.k, Release{HandedOut: ahead - 1}).Outcome)
+	e.requireGranted(c.k, c.waiter, c.grants, ahead+1)
+}
+
 // markInTurn marks each of peers as waiting for k, in order, each in a
 // later millisecond than the last: the queue's scores are milliseconds.
 func (e *env) markInTurn(k Keys, peers ...*Peer) {
