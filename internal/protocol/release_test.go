@@ -55,6 +55,21 @@ func TestReleaseWithTheClientIDAloneDeletesOurKeyPastALapsedMark(t *testing.T) {
 	require.Empty(t, e.owner(k))
 }
 
+// A lapsed mark is no waiter even while its marker lives on, kept by a
+// longer mark withdrawn since: the client id alone still deletes the key.
+func TestReleaseWithTheClientIDAloneDeletesOurKeyPastALapsedMarkInALiveMarker(t *testing.T) {
+	e := newEnv(t)
+	p, k := e.holder()
+	withdrawn := e.peer()
+	e.wait(withdrawn, k)
+	e.wait(e.peer(lapsing), k)
+	e.runAll(withdrawn.Withdraw(k))
+	time.Sleep(2*shortRetry + 5*time.Millisecond)
+	require.Positive(t, e.pttl(k.Marker()), "the withdrawn mark's time to live keeps the marker")
+	require.Equal(t, ReleaseReply{Outcome: Deleted}, e.release(p, k, Release{}))
+	require.Empty(t, e.owner(k))
+}
+
 // contended is a key held by a holder that a waiter, taking grants,
 // marked as waiting, with a subscription to the waiter's grant channel.
 type contended struct {
