@@ -183,6 +183,21 @@ func TestARenewedMarkKeepsItsPlaceInTheQueue(t *testing.T) {
 	require.Equal(t, first.ClientID(), e.owner(k))
 }
 
+// A mark new to the marker starts a wait: a place left in the queue by an
+// earlier one (a withdrawal, two ZREMs in a pipeline, cut off after the
+// marker's) is replaced, not kept ahead of those who waited since.
+func TestANewWaitReplacesAPlaceLeftInTheQueue(t *testing.T) {
+	e := newEnv(t)
+	holder, k := e.holder()
+	returning, waiting := e.peer(), e.peer()
+	e.markInTurn(k, waiting)
+	left := redis.Z{Score: 1, Member: markOf(returning, testGrantLease)}
+	require.NoError(t, e.client.ZAdd(e.ctx, k.Queue(), left).Err())
+	e.wait(returning, k)
+	require.Equal(t, Granted, e.release(holder, k, Release{Full: true}).Outcome)
+	require.Equal(t, waiting.ClientID(), e.owner(k))
+}
+
 func TestAGrantSkipsALapsedMark(t *testing.T) {
 	e := newEnv(t)
 	holder, k := e.holder()
