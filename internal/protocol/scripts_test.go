@@ -237,6 +237,34 @@ func TestForceUnlockDeletesTheKeyWhoeverHoldsIt(t *testing.T) {
 	}
 }
 
+// fenceTTL is the raised fence's least time to live: a fence that lives
+// longer keeps its own, so that a stored token ahead of the clock does not
+// expire before the clock passes it.
+func TestForceUnlockKeepsALongerTimeToLiveOfTheFence(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		fenceTTL time.Duration // of the stored token; 0 stores none
+		least    time.Duration // the raised fence's least time to live
+	}{
+		{"a fence that lives longer keeps its time to live", time.Minute, 50 * time.Second},
+		{"none is raised for fenceTTL", 0, time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			_, k := e.holder()
+			if c.fenceTTL != 0 {
+				ahead := e.serverMicros() + int64(time.Hour/time.Microsecond)
+				require.NoError(t, e.client.Set(e.ctx, k.Fence(), ahead, c.fenceTTL).Err())
+			}
+			_, held, err := ReadForceUnlock(e.run(e.peer(noGrants).ForceUnlock(k, "k", 1000, 2*time.Second, "")))
+			require.NoError(t, err)
+			require.True(t, held)
+			require.Greater(t, e.pttl(k.Fence()), c.least)
+			require.LessOrEqual(t, e.pttl(k.Fence()), max(c.fenceTTL, 2*time.Second))
+		})
+	}
+}
+
 func TestForceUnlockOfAFreeKeyRepliesNotHeld(t *testing.T) {
 	e := newEnv(t)
 	p := e.peer()
