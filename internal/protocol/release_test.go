@@ -255,6 +255,29 @@ func TestHandedOutRaisesTheStoredToken(t *testing.T) {
 	}
 }
 
+// A release of a key taken from this registry leaves the key alone and
+// raises the fence to the token handed out, if it is behind it: never
+// lower.
+func TestAReleaseOfAKeyNotOursRaisesTheFenceOnlyIfBehind(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		ahead int64 // how far the token handed out is past the stored one
+		want  int64 // how far the stored token moves
+	}{
+		{"past the stored token", 1000, 1000},
+		{"not below it", -1000, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			holder, k := e.holder()
+			token := e.drawToken(holder, k)
+			require.Equal(t, NotOurs, e.release(e.peer(), k, Release{HandedOut: token + c.ahead}).Outcome)
+			require.Equal(t, holder.ClientID(), e.owner(k))
+			require.Equal(t, token+c.want, e.fence(k))
+		})
+	}
+}
+
 // A give-back returns a grant nobody took, but must spare a hold the
 // grantee took of the key since.
 func TestAGiveBackDeletesTheGrantOnlyWhileItIsUntouched(t *testing.T) {
