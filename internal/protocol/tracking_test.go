@@ -60,6 +60,34 @@ func TestARenewalOnTheTrackingConnectionKeepsItsKeysTracked(t *testing.T) {
 	}
 }
 
+// A forced unlock publishes its note on the holder's forced-unlock
+// channel before the DEL that invalidates the key: the holder's target,
+// subscribed to both (TrackingChannels), reads the cause first, so the
+// loss names it (forced) rather than deleted.
+func TestAForcedUnlockTellsTheHoldersTargetBeforeTheInvalidation(t *testing.T) {
+	e := newEnv(t)
+	holder, k := e.holder()
+	target, conn := e.trackingConnection()
+	forced := ForcedChannel(e.namespace, holder.ClientID())
+	require.Equal(t, []string{InvalidationChannel, forced}, holder.TrackingChannels())
+	require.NoError(t, target.Subscribe(e.ctx, forced))
+	_, err := target.ReceiveTimeout(e.ctx, time.Second)
+	require.NoError(t, err, "subscribed")
+	require.NoError(t, conn.Do(e.ctx, holder.Arm(k.Lock()).Args...).Err(), "armed")
+
+	_, held, err := ReadForceUnlock(e.run(e.peer(noGrants).ForceUnlock(k, "k", 1000, 2*time.Second, "")))
+	require.NoError(t, err)
+	require.True(t, held)
+	msg, err := target.ReceiveTimeout(e.ctx, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, &redis.Message{Channel: forced, Payload: "f" + holder.ClientID() + ":k"}, msg, "the note first")
+	msg, err = target.ReceiveTimeout(e.ctx, time.Second)
+	require.NoError(t, err)
+	changed, ok := ReadInvalidation(msg.(*redis.Message))
+	require.True(t, ok, "then the invalidation: %v", msg)
+	require.Equal(t, []string{k.Lock()}, changed)
+}
+
 // trackingConnection is a registry's pair for the shared server: a RESP2
 // target subscribed to the invalidations, and a connection tracking with
 // NOLOOP that redirects to it.
