@@ -33,6 +33,17 @@ func TestReleaseSparesAnotherOwnersKey(t *testing.T) {
 	}
 }
 
+// A release of a key taken from this registry grants it to nobody, even
+// with a registry waiting: the key stays its holder's, and the waiter
+// keeps its mark and its place.
+func TestAReleaseOfAKeyNotOursGrantsItToNobody(t *testing.T) {
+	e := newEnv(t)
+	c := e.contended()
+	require.Equal(t, ReleaseReply{Outcome: NotOurs}, e.release(e.peer(), c.k, Release{Full: true}))
+	require.Equal(t, c.holder.ClientID(), e.owner(c.k))
+	e.requireMarked(c.k, markOf(c.waiter, testGrantLease), true)
+}
+
 // The client id alone cannot grant: a release that finds a live mark
 // asks for every argument rather than delete the key under a waiter.
 func TestReleaseWithTheClientIDAloneNeedsArgumentsWhenAnotherRegistryWaits(t *testing.T) {
