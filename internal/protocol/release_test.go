@@ -325,6 +325,24 @@ func TestAGiveBackDeletesTheGrantOnlyWhileItIsUntouched(t *testing.T) {
 	}
 }
 
+// Where the grant lease is the whole lease (a retry interval of half the
+// lease or more), a hold the grantee took since has a time to live within
+// the grant lease: only its newer token spares it from the give-back.
+func TestAGiveBackSparesAHoldWhoseLeaseIsTheGrantLease(t *testing.T) {
+	e := newEnv(t)
+	holder, k := e.holder()
+	waiter := e.peer(func(cfg *Config) { cfg.Lease = cfg.GrantLease })
+	e.wait(waiter, k)
+	require.Equal(t, Granted, e.release(holder, k, Release{Full: true}).Outcome)
+	token := e.fence(k)
+	found, err := ReadObtain(e.run(waiter.Obtain(k, true, true)))
+	require.NoError(t, err)
+	require.True(t, found.Held)
+	require.LessOrEqual(t, e.pttl(k.Lock()), testGrantLease, "within the grant lease")
+	require.Equal(t, NotOurs, e.release(waiter, k, Release{GiveBack: token}).Outcome)
+	require.Equal(t, waiter.ClientID(), e.owner(k))
+}
+
 // Beyond 2^53 (a fence written by hand), where Lua's doubles skip
 // integers, an attempt still replies the key's last token exactly, a grant
 // draws exactly one past a stored or handed-out token and a release keeps
