@@ -382,10 +382,12 @@ func TestRaiseFenceRaisesOnlyAFenceBehind(t *testing.T) {
 	require.Positive(t, e.pttl(k.Fence()))
 	require.Equal(t, int64(0), e.run(p.RaiseFence(k, 999)).Val())
 	require.Equal(t, int64(1000), e.fence(k), "never lowered")
+	require.Equal(t, int64(0), e.run(p.RaiseFence(k, 1000)).Val(), "a fence at the token is not behind it")
 	require.NoError(t, e.client.Set(e.ctx, k.Fence(), "9007199254740993", time.Minute).Err())
 	require.Equal(t, int64(1), e.run(p.RaiseFence(k, 9007199254740994)).Val())
 	require.Equal(t, "9007199254740994", e.client.Get(e.ctx, k.Fence()).Val())
 	require.Equal(t, int64(0), e.run(p.RaiseFence(k, 9007199254740993)).Val(), "beyond 2^53")
+	require.Equal(t, int64(0), e.run(p.RaiseFence(k, 9007199254740994)).Val(), "beyond 2^53, at the token")
 	require.Equal(t, "9007199254740994", e.client.Get(e.ctx, k.Fence()).Val())
 	require.Equal(t, p.ClientID(), e.owner(k), "the lock key is left alone")
 }
