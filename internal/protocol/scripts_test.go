@@ -265,6 +265,20 @@ func TestForceUnlockKeepsALongerTimeToLiveOfTheFence(t *testing.T) {
 	}
 }
 
+// Registries of earlier versions send no sixth argument, the only holder
+// to force open: the script reads none as any, as it reads an empty one.
+func TestForceUnlockFromAnEarlierVersionForcesAnyHolder(t *testing.T) {
+	e := newEnv(t)
+	holder, k := e.holder()
+	call := e.peer(noGrants).ForceUnlock(k, "k", 1000, 2*time.Second, "")
+	call.Args = call.Args[:5]
+	holderID, held, err := ReadForceUnlock(e.run(call))
+	require.NoError(t, err)
+	require.True(t, held)
+	require.Equal(t, holder.ClientID(), holderID)
+	require.Empty(t, e.owner(k))
+}
+
 func TestForceUnlockOfAFreeKeyRepliesNotHeld(t *testing.T) {
 	e := newEnv(t)
 	p := e.peer()
