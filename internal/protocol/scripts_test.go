@@ -164,6 +164,16 @@ func TestRenewExtendsOnlyOurKeys(t *testing.T) {
 	require.Empty(t, e.owner(free), "a free key stays free")
 }
 
+// The fence lives a lease after the last draw (docs/PROTOCOL.md, Keys),
+// and no longer: a lock no registry uses any more leaves nothing behind.
+func TestTheFenceLivesALeaseAfterTheLastDraw(t *testing.T) {
+	e := newEnv(t)
+	p, k := e.holder()
+	e.drawToken(p, k)
+	require.Positive(t, e.pttl(k.Fence()))
+	require.LessOrEqual(t, e.pttl(k.Fence()), testLease)
+}
+
 func TestDrawTokenGivesStrictlyRisingTokens(t *testing.T) {
 	e := newEnv(t)
 	p, k := e.holder()
