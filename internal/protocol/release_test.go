@@ -245,6 +245,19 @@ func TestAWokenRegistryGoesToTheBackOfTheQueue(t *testing.T) {
 	require.Positive(t, e.pttl(k.Queue()), "the queue expires with the marker")
 }
 
+// A woken registry that was the queue's only member: popping it deleted
+// the queue with its time to live, and the queue it goes back to must
+// expire with the marker all the same.
+func TestAWokenRegistryAloneInTheQueueRequeuesWithATimeToLive(t *testing.T) {
+	e := newEnv(t)
+	holder, k := e.holder()
+	woken := e.peer(noGrants)
+	e.wait(woken, k)
+	require.Equal(t, DeletedWaited, e.release(holder, k, Release{Full: true}).Outcome)
+	require.Equal(t, []string{markOf(woken, 0)}, e.members(k.Queue()))
+	require.Positive(t, e.pttl(k.Queue()), "the queue expires with the marker")
+}
+
 // Local hand-offs raise the token without a round trip: the stored token
 // must not fall behind them.
 func TestHandedOutRaisesTheStoredToken(t *testing.T) {
