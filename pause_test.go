@@ -2,9 +2,11 @@ package lockreg
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -99,4 +101,39 @@ func TestAReleaseHeldUpPastTheLeaseNamesTheKeyExpired(t *testing.T) {
 	require.ErrorIs(t, err, ErrLockLost)
 	require.ErrorContains(t, err, LossExpired.explain())
 	requireCause(t, h, LossExpired)
+}
+
+// TestAReleaseNamesTheLossThatStruckWhileItWasOnItsWay: tracking's read,
+// sent before the release began (it holds the hold), found the key
+// deleted, and its verdict struck the hold while the release's call was on
+// its way; the release, which then finds the key not the registry's, names
+// that loss, not a lapse of the lease (a struck tenure's lease reads as
+// over). The verdict is given here as tracking gives it, at that moment.
+func TestAReleaseNamesTheLossThatStruckWhileItWasOnItsWay(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	var releasing atomic.Bool
+	var r *Registry
+	var h *Hold
+	client := srv.Client(t, redistest.Hook{Process: func(next redis.ProcessHook) redis.ProcessHook {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			if !releasing.CompareAndSwap(true, false) {
+				return next(ctx, cmd)
+			}
+			require.NoError(t, admin.Del(ctx, h.redisKey()).Err())
+			err := next(ctx, cmd)
+			r.changedBehindItsBack(h, LossDeleted, true, false)
+			return err
+		}
+	}})
+	r = newRegistry(t, client, WithRenewal(false))
+	var err error
+	h, err = r.Obtain("k").Acquire(ctx)
+	require.NoError(t, err)
+	releasing.Store(true)
+	err = h.Release(ctx)
+	require.ErrorIs(t, err, ErrLockLost)
+	require.ErrorContains(t, err, LossDeleted.explain())
+	requireCause(t, h, LossDeleted)
 }

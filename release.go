@@ -244,7 +244,8 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		loss.cause = struck
 		lostErr = lossError(l.key, loss.cause)
 	case leaseRanOut:
-		loss.cause = r.lapseCause(h)
+		// A struck tenure's lease reads as over too: its loss names itself.
+		loss.cause = cmp.Or(h.tenure.loss(), r.lapseCause(h))
 		lostErr = lossError(l.key, loss.cause)
 	case (overwritten || err == nil && found.Outcome == protocol.NotOurs) && h.wasForced():
 		// News of a forced unlock came before the check it asked for
@@ -259,7 +260,9 @@ func (h *Hold) releaseKey(ctx context.Context) (releaseLoss, error) {
 		// The lease ran out while the call was on its way (a paused
 		// server, a slow network, a queue): the key most likely expired,
 		// and "deleted" would send an operator looking for who deleted it.
-		loss.cause = r.lapseCause(h)
+		// Or a loss struck the hold meanwhile (tracking's read, sent before
+		// the release began, found the key gone): that loss names itself.
+		loss.cause = cmp.Or(h.tenure.loss(), r.lapseCause(h))
 		lostErr = lossError(l.key, loss.cause)
 	case err == nil && found.Outcome == protocol.NotOurs:
 		loss.cause = LossDeleted
