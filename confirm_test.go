@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/lockreg/lockreg/internal/redistest"
@@ -75,23 +76,8 @@ func TestATenureStruckTwiceTellsEveryHoldTheFirstCause(t *testing.T) {
 // lapse as its own loss.
 func TestAHandOffIsNotToldTheLapseOfALaterHold(t *testing.T) {
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
-	client := aclClient(t, srv, "+@all", "-client")
-	const lease = time.Second
-	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour), WithRetryInterval(10*time.Millisecond),
-		WithExpireAfter(lease), WithRenewal(false))
-	first, next := heldAndWaitedFor(t, r, "k")
-	// The hand-off comes well into the lease, so that the release's wait
-	// for its confirmation outlasts the lease (confirmHandoff).
-	time.Sleep(lease / 3)
-	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "-get").Err()) // no check confirms it
-	released := make(chan error, 1)
-	go func() { released <- first.Release(ctx) }()
-	h := <-next
-	require.NotNil(t, h, "the waiter got the key")
-	require.Equal(t, viaHandoff, h.via)
-	require.Eventually(t, h.leaseOver, 2*lease, time.Millisecond)
+	admin, h, released := handedOffUnconfirmed(t)
+	require.Eventually(t, h.leaseOver, 2*unconfirmedLease, time.Millisecond)
 	// In Redis the key outlives the lease, which is measured from when
 	// the acquisition was sent: a read now still finds it the registry's,
 	// but came after the lease, when the key may have passed through other
@@ -102,6 +88,33 @@ func TestAHandOffIsNotToldTheLapseOfALaterHold(t *testing.T) {
 	require.NotErrorIs(t, err, ErrLockLost, "the lapse is the next hold's")
 	require.ErrorIs(t, err, ErrRedis, "no read confirmed the key")
 	require.ErrorIs(t, h.Release(ctx), ErrLockLost, "the next hold's lease ran out")
+}
+
+// unconfirmedLease is the lease of handedOffUnconfirmed's registry.
+const unconfirmedLease = time.Second
+
+// handedOffUnconfirmed hands a key off locally a third into its lease,
+// on a registry without renewal whose reads Redis refuses (the ACL user
+// "locker" lacks GET), so that no read confirms the hand-off for now: the
+// first hold's release waits on released, and h is the next hold.
+func handedOffUnconfirmed(t *testing.T) (admin *redis.Client, h *Hold, released <-chan error) {
+	t.Helper()
+	srv := redistest.Start(t)
+	admin = srv.Client(t)
+	client := aclClient(t, srv, "+@all", "-client")
+	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour), WithRetryInterval(10*time.Millisecond),
+		WithExpireAfter(unconfirmedLease), WithRenewal(false))
+	first, next := heldAndWaitedFor(t, r, "k")
+	// The hand-off comes well into the lease, so that the release's wait
+	// for its confirmation outlasts the lease (confirmHandoff).
+	time.Sleep(unconfirmedLease / 3)
+	require.NoError(t, admin.Do(context.Background(), "ACL", "SETUSER", "locker", "-get").Err())
+	done := make(chan error, 1)
+	go func() { done <- first.Release(context.Background()) }()
+	h = <-next
+	require.NotNil(t, h, "the waiter got the key")
+	require.Equal(t, viaHandoff, h.via)
+	return admin, h, done
 }
 
 // heldAndWaitedFor takes key on r, and has another goroutine wait for it:
@@ -127,22 +140,9 @@ func heldAndWaitedFor(t *testing.T, r *Registry, key string) (first *Hold, next 
 // may have expired it already), so the read after the lease finds it.
 func TestAReadAfterTheLeaseConfirmsNoHandOffThoughItFindsTheKey(t *testing.T) {
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
-	client := aclClient(t, srv, "+@all", "-client")
-	const lease = time.Second
-	r := newRegistry(t, client, WithLocalHandoff(16, time.Hour), WithRetryInterval(10*time.Millisecond),
-		WithExpireAfter(lease), WithRenewal(false))
-	first, next := heldAndWaitedFor(t, r, "k")
-	time.Sleep(lease / 3)                                                       // the release's wait for its confirmation outlasts the lease
-	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "-get").Err()) // no check confirms it in the lease
-	released := make(chan error, 1)
-	go func() { released <- first.Release(ctx) }()
-	h := <-next
-	require.NotNil(t, h, "the waiter got the key")
-	require.Equal(t, viaHandoff, h.via)
+	admin, h, released := handedOffUnconfirmed(t)
 	require.True(t, admin.PExpire(ctx, h.redisKey(), time.Minute).Val(), "the key outlives the lease in Redis")
-	require.Eventually(t, h.leaseOver, 2*lease, time.Millisecond)
+	require.Eventually(t, h.leaseOver, 2*unconfirmedLease, time.Millisecond)
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "locker", "+get").Err())
 	err := <-released
 	require.ErrorIs(t, err, ErrRedis, "a read after the lease confirmed the hand-off")

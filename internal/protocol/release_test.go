@@ -258,17 +258,22 @@ func TestAWokenRegistryAloneInTheQueueRequeuesWithATimeToLive(t *testing.T) {
 	require.Positive(t, e.pttl(k.Queue()), "the queue expires with the marker")
 }
 
+// fenceRaises are a token handed out past the stored one, and one below
+// it: a release raises the fence to the first, and leaves it for the
+// second.
+var fenceRaises = []struct {
+	name  string
+	ahead int64 // how far the token handed out is past the stored one
+	want  int64 // how far the stored token moves
+}{
+	{"past the stored token", 1000, 1000},
+	{"not below it", -1000, 0},
+}
+
 // Local hand-offs raise the token without a round trip: the stored token
 // must not fall behind them.
 func TestHandedOutRaisesTheStoredToken(t *testing.T) {
-	for _, c := range []struct {
-		name  string
-		ahead int64 // how far the token handed out is past the stored one
-		want  int64 // how far the stored token moves
-	}{
-		{"past the stored token", 1000, 1000},
-		{"not below it", -1000, 0},
-	} {
+	for _, c := range fenceRaises {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t)
 			p, k := e.holder()
@@ -283,14 +288,7 @@ func TestHandedOutRaisesTheStoredToken(t *testing.T) {
 // raises the fence to the token handed out, if it is behind it: never
 // lower.
 func TestAReleaseOfAKeyNotOursRaisesTheFenceOnlyIfBehind(t *testing.T) {
-	for _, c := range []struct {
-		name  string
-		ahead int64 // how far the token handed out is past the stored one
-		want  int64 // how far the stored token moves
-	}{
-		{"past the stored token", 1000, 1000},
-		{"not below it", -1000, 0},
-	} {
+	for _, c := range fenceRaises {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t)
 			holder, k := e.holder()
